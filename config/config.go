@@ -1,0 +1,157 @@
+// Package config is policyd's typed configuration: defaults, loading and
+// validation. It is the only package that imports viper, so the rest of the
+// code sees a plain Config value.
+//
+// # Precedence
+//
+// Load layers four sources, each overriding the one before:
+//
+//  1. Default(): a single node bootstrapping itself in ./data on loopback,
+//     so that `policyd serve` with no configuration at all works;
+//  2. the YAML file (--config); config.example.yaml lists every key;
+//  3. environment variables, for containers where files are awkward;
+//  4. command-line flags that were given explicitly, for one-off overrides.
+//
+// # Keys and environment variables
+//
+// A key is the path of mapstructure tags joined with dots
+// (raft.heartbeat_timeout). Its variable is POLICYD_ plus the key upper-cased
+// with dots as underscores (POLICYD_RAFT_HEARTBEAT_TIMEOUT=200ms). Durations
+// use Go syntax ("200ms", "1h30m"), and a bare number is rejected rather than
+// guessed. Lists are comma-separated in the environment:
+// POLICYD_POLICIES_EXTRA_KINDS=Foo,Bar and POLICYD_RAFT_PEERS=node1=10.0.0.1:7000,node2=10.0.0.2:7000.
+// An empty variable counts as unset. POLICYD_* variables that name no key are
+// ignored, because the CLI uses the same prefix for its own settings.
+//
+// # Strictness
+//
+// A key in the file that Config does not define is an error, with a
+// suggestion when one is close: a misspelt key would otherwise be silently
+// ignored and the default used. Keys are derived from the struct by
+// reflection, so a new field is known (and has a variable) automatically.
+package config
+
+import "time"
+
+// Config is the whole daemon configuration. Keys are the mapstructure tags,
+// joined with dots (raft.heartbeat_timeout); the environment form is
+// POLICYD_ plus the key upper-cased with dots as underscores
+// (POLICYD_RAFT_HEARTBEAT_TIMEOUT).
+type Config struct {
+	// NodeID is this node's Raft server ID. Empty: the ID persisted in
+	// data_dir/node-id, or on first start the host name (then persisted).
+	NodeID string `mapstructure:"node_id"`
+	// DataDir holds state.db (the FSM), raft/ (log, stable store, snapshots)
+	// and node-id.
+	DataDir string    `mapstructure:"data_dir"`
+	Log     Log       `mapstructure:"log"`
+	HTTP    HTTP      `mapstructure:"http"`
+	GRPC    GRPC      `mapstructure:"grpc"`
+	Raft    Raft      `mapstructure:"raft"`
+	Auth    Auth      `mapstructure:"auth"`
+	Policy  Policies  `mapstructure:"policies"`
+	Events  Events    `mapstructure:"events"`
+	Forward Forwarder `mapstructure:"forward"`
+}
+
+// Log configures the process logger.
+type Log struct {
+	Level  string `mapstructure:"level"`  // debug|info|warn|error
+	Format string `mapstructure:"format"` // text|json
+}
+
+// HTTP is the admin REST API (and, later, the WebSocket feed and metrics).
+type HTTP struct {
+	Addr      string `mapstructure:"addr"`
+	Advertise string `mapstructure:"advertise"` // what peers and clients dial; empty = addr
+}
+
+// GRPC is the listener for sidecar discovery and the internal cluster API.
+type GRPC struct {
+	Addr      string `mapstructure:"addr"`
+	Advertise string `mapstructure:"advertise"` // empty = addr
+}
+
+// Peer is one member of the initial cluster.
+type Peer struct {
+	ID      string `mapstructure:"id"`
+	Address string `mapstructure:"address"` // Raft address
+}
+
+// Raft configures consensus.
+type Raft struct {
+	Addr      string `mapstructure:"addr"`
+	Advertise string `mapstructure:"advertise"` // empty = addr
+	// Bootstrap forms the initial cluster from Peers when the node has no
+	// Raft state yet. With no peers, the node bootstraps a single-node
+	// cluster of itself. A node meant to join an existing cluster sets
+	// Bootstrap to false and is added with `policyd cluster join`.
+	Bootstrap          bool          `mapstructure:"bootstrap"`
+	Peers              []Peer        `mapstructure:"peers"`
+	HeartbeatTimeout   time.Duration `mapstructure:"heartbeat_timeout"`
+	ElectionTimeout    time.Duration `mapstructure:"election_timeout"`
+	LeaderLeaseTimeout time.Duration `mapstructure:"leader_lease_timeout"`
+	CommitTimeout      time.Duration `mapstructure:"commit_timeout"`
+	MaxAppendEntries   int           `mapstructure:"max_append_entries"`
+	SnapshotInterval   time.Duration `mapstructure:"snapshot_interval"`
+	SnapshotThreshold  uint64        `mapstructure:"snapshot_threshold"`
+	SnapshotRetain     int           `mapstructure:"snapshot_retain"`
+	TrailingLogs       uint64        `mapstructure:"trailing_logs"`
+	ApplyTimeout       time.Duration `mapstructure:"apply_timeout"`
+}
+
+// Auth configures authentication of every listener.
+type Auth struct {
+	Mode string `mapstructure:"mode"` // none|jwt (sidecar-facing listeners)
+	// AdminTokensFile lists admin API bearer tokens with their roles. Empty:
+	// the admin API is open, which is only accepted on a loopback http.addr
+	// unless AllowOpenAdmin is set.
+	AdminTokensFile string `mapstructure:"admin_tokens_file"`
+	AllowOpenAdmin  bool   `mapstructure:"allow_open_admin"`
+}
+
+// Policies configures policy validation.
+type Policies struct {
+	// ExtraKinds are accepted in addition to ToolPolicy and
+	// ValidatingPolicy, with any JSON object as spec.
+	ExtraKinds []string `mapstructure:"extra_kinds"`
+}
+
+// Events configures the event log.
+type Events struct {
+	Retention       time.Duration `mapstructure:"retention"`
+	CleanupInterval time.Duration `mapstructure:"cleanup_interval"`
+}
+
+// Forwarder configures how followers forward writes to the leader.
+type Forwarder struct {
+	Timeout time.Duration `mapstructure:"timeout"`
+}
+
+// Default returns the embedded default: a single node bootstrapping itself in
+// ./data, listening on loopback only.
+func Default() Config {
+	return Config{
+		DataDir: "./data",
+		Log:     Log{Level: "info", Format: "text"},
+		HTTP:    HTTP{Addr: "127.0.0.1:8080"},
+		GRPC:    GRPC{Addr: "127.0.0.1:9090"},
+		Raft: Raft{
+			Addr:               "127.0.0.1:7000",
+			Bootstrap:          true,
+			HeartbeatTimeout:   1000 * time.Millisecond,
+			ElectionTimeout:    1000 * time.Millisecond,
+			LeaderLeaseTimeout: 500 * time.Millisecond,
+			CommitTimeout:      50 * time.Millisecond,
+			MaxAppendEntries:   512,
+			SnapshotInterval:   120 * time.Second,
+			SnapshotThreshold:  8192,
+			SnapshotRetain:     2,
+			TrailingLogs:       10240,
+			ApplyTimeout:       10 * time.Second,
+		},
+		Auth:    Auth{Mode: "none"},
+		Events:  Events{Retention: 24 * time.Hour, CleanupInterval: time.Hour},
+		Forward: Forwarder{Timeout: 10 * time.Second},
+	}
+}

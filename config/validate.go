@@ -1,0 +1,294 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var (
+	// idPattern bounds node and peer IDs to what is safe in a file name, a
+	// URL path and a log line.
+	idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	// kindPattern is a Kubernetes-style kind name.
+	kindPattern = regexp.MustCompile(`^[A-Z][A-Za-z0-9]{0,62}$`)
+	// hostnamePattern is an RFC 1123 host name (labels of letters, digits and
+	// inner hyphens), optionally fully qualified.
+	hostnamePattern = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$`)
+)
+
+// builtinKinds are validated by policyd itself, so listing them as extra
+// kinds would silently turn their validation off.
+var builtinKinds = []string{"ToolPolicy", "ValidatingPolicy"}
+
+// maxAppendEntries is hashicorp/raft's upper bound for MaxAppendEntries.
+const maxAppendEntries = 1024
+
+// Validate checks every key. Each problem is reported as "key: reason", and
+// all of them are returned at once (errors.Join) so that an operator fixes a
+// config file in one pass.
+func (c *Config) Validate() error {
+	var p problems
+
+	if c.NodeID != "" && !idPattern.MatchString(c.NodeID) {
+		p.add("node_id", "%q must match %s", c.NodeID, idPattern)
+	}
+	if strings.TrimSpace(c.DataDir) == "" {
+		p.add("data_dir", "must not be empty")
+	}
+	p.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	p.oneOf("log.format", c.Log.Format, "text", "json")
+
+	c.validateAddrs(&p)
+	c.validateRaft(&p)
+
+	p.oneOf("auth.mode", c.Auth.Mode, "none", "jwt")
+	if c.Auth.AdminTokensFile == "" && !c.Auth.AllowOpenAdmin {
+		// An unparsable http.addr is reported on its own key already.
+		if host, _, err := splitHostPort(c.HTTP.Addr); err == nil && !isLoopback(host) {
+			p.add("auth.admin_tokens_file", "required because http.addr %q is reachable from other hosts; "+
+				"set auth.admin_tokens_file, or set auth.allow_open_admin: true to serve the admin API without authentication",
+				c.HTTP.Addr)
+		}
+	}
+
+	seenKinds := map[string]int{}
+	for i, k := range c.Policy.ExtraKinds {
+		key := fmt.Sprintf("policies.extra_kinds[%d]", i)
+		switch {
+		case !kindPattern.MatchString(k):
+			p.add(key, "%q must match %s", k, kindPattern)
+		case slices.Contains(builtinKinds, k):
+			p.add(key, "%q is a built-in kind with its own validation", k)
+		}
+		if j, dup := seenKinds[k]; dup {
+			p.add(key, "%q duplicates policies.extra_kinds[%d]", k, j)
+		} else {
+			seenKinds[k] = i
+		}
+	}
+
+	p.positive("events.retention", c.Events.Retention)
+	p.positive("events.cleanup_interval", c.Events.CleanupInterval)
+	p.positive("forward.timeout", c.Forward.Timeout)
+
+	return p.err()
+}
+
+func (c *Config) validateAddrs(p *problems) {
+	type listener struct {
+		key, addr, advKey, adv string
+		host                   string
+		port                   int
+		ok                     bool
+	}
+	ls := []*listener{
+		{key: "http.addr", addr: c.HTTP.Addr, advKey: "http.advertise", adv: c.HTTP.Advertise},
+		{key: "grpc.addr", addr: c.GRPC.Addr, advKey: "grpc.advertise", adv: c.GRPC.Advertise},
+		{key: "raft.addr", addr: c.Raft.Addr, advKey: "raft.advertise", adv: c.Raft.Advertise},
+	}
+	for _, l := range ls {
+		host, port, err := splitHostPort(l.addr)
+		if err != nil {
+			p.add(l.key, "%q is not host:port (%v)", l.addr, err)
+		} else {
+			l.host, l.port, l.ok = host, port, true
+		}
+		if l.adv != "" {
+			if err := checkDialAddr(l.adv); err != nil {
+				p.add(l.advKey, "%v", err)
+			}
+		}
+	}
+
+	if raft := ls[2]; raft.ok && isUnspecified(raft.host) && c.Raft.Advertise == "" {
+		// The advertised Raft address is stored in the cluster configuration
+		// and dialled by every peer; "0.0.0.0" would make them dial themselves.
+		p.add("raft.advertise", "required because raft.addr %q listens on all interfaces; set the address peers should dial", c.Raft.Addr)
+	}
+
+	for i, a := range ls {
+		for _, b := range ls[i+1:] {
+			if !a.ok || !b.ok || a.port == 0 || a.port != b.port {
+				continue // port 0 picks a free port, so it never collides
+			}
+			if strings.EqualFold(a.host, b.host) || isUnspecified(a.host) || isUnspecified(b.host) {
+				p.add(b.key, "%q conflicts with %s %q: the listen addresses must be distinct", b.addr, a.key, a.addr)
+			}
+		}
+	}
+}
+
+func (c *Config) validateRaft(p *problems) {
+	r := &c.Raft
+	durations := []struct {
+		key string
+		d   time.Duration
+	}{
+		{"raft.heartbeat_timeout", r.HeartbeatTimeout},
+		{"raft.election_timeout", r.ElectionTimeout},
+		{"raft.leader_lease_timeout", r.LeaderLeaseTimeout},
+		{"raft.commit_timeout", r.CommitTimeout},
+		{"raft.snapshot_interval", r.SnapshotInterval},
+		{"raft.apply_timeout", r.ApplyTimeout},
+	}
+	for _, d := range durations {
+		p.positive(d.key, d.d)
+	}
+	// hashicorp/raft refuses to start with either ordering reversed; saying so
+	// here names the keys instead of failing deep inside raft.NewRaft.
+	if r.HeartbeatTimeout > 0 && r.ElectionTimeout > 0 && r.ElectionTimeout < r.HeartbeatTimeout {
+		p.add("raft.election_timeout", "%v must be >= raft.heartbeat_timeout (%v)", r.ElectionTimeout, r.HeartbeatTimeout)
+	}
+	if r.HeartbeatTimeout > 0 && r.LeaderLeaseTimeout > r.HeartbeatTimeout {
+		p.add("raft.leader_lease_timeout", "%v must be <= raft.heartbeat_timeout (%v)", r.LeaderLeaseTimeout, r.HeartbeatTimeout)
+	}
+	if r.MaxAppendEntries < 1 || r.MaxAppendEntries > maxAppendEntries {
+		p.add("raft.max_append_entries", "%d must be between 1 and %d", r.MaxAppendEntries, maxAppendEntries)
+	}
+	if r.SnapshotRetain < 1 {
+		p.add("raft.snapshot_retain", "%d must be >= 1", r.SnapshotRetain)
+	}
+	if r.SnapshotThreshold < 1 {
+		p.add("raft.snapshot_threshold", "must be >= 1")
+	}
+
+	ids := map[string]int{}
+	addrs := map[string]int{}
+	self := false
+	for i, peer := range r.Peers {
+		key := fmt.Sprintf("raft.peers[%d]", i)
+		switch {
+		case peer.ID == "":
+			p.add(key+".id", "must not be empty")
+		case !idPattern.MatchString(peer.ID):
+			p.add(key+".id", "%q must match %s", peer.ID, idPattern)
+		}
+		if j, dup := ids[peer.ID]; dup && peer.ID != "" {
+			p.add(key+".id", "%q duplicates raft.peers[%d].id", peer.ID, j)
+		} else {
+			ids[peer.ID] = i
+		}
+		if err := checkDialAddr(peer.Address); err != nil {
+			p.add(key+".address", "%v", err)
+		}
+		norm := strings.ToLower(peer.Address)
+		if j, dup := addrs[norm]; dup && peer.Address != "" {
+			p.add(key+".address", "%q duplicates raft.peers[%d].address", peer.Address, j)
+		} else {
+			addrs[norm] = i
+		}
+		if peer.ID == c.NodeID {
+			self = true
+		}
+	}
+	if len(r.Peers) > 0 {
+		switch {
+		case c.NodeID == "":
+			// A generated ID could never be in the list, and a bootstrapping
+			// node must find itself in it.
+			p.add("node_id", "required when raft.peers is set")
+		case r.Bootstrap && !self:
+			p.add("raft.peers", "must include this node (node_id %q) to bootstrap", c.NodeID)
+		}
+	}
+}
+
+// HTTPAdvertise is the address others use to reach the HTTP listener.
+func (c *Config) HTTPAdvertise() string { return advertise(c.HTTP.Advertise, c.HTTP.Addr) }
+
+// GRPCAdvertise is the address others use to reach the gRPC listener.
+func (c *Config) GRPCAdvertise() string { return advertise(c.GRPC.Advertise, c.GRPC.Addr) }
+
+// RaftAdvertise is the address peers dial for Raft.
+func (c *Config) RaftAdvertise() string { return advertise(c.Raft.Advertise, c.Raft.Addr) }
+
+func advertise(adv, addr string) string {
+	if adv != "" {
+		return adv
+	}
+	return addr
+}
+
+// splitHostPort parses a listen address: host may be empty (all
+// interfaces), an IP or a host name, and port is numeric, 0 included.
+func splitHostPort(addr string) (host string, port int, err error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return "", 0, errors.New(ae.Err) // the address is quoted by the caller
+		}
+		return "", 0, err
+	}
+	p, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q is not a number from 0 to 65535", portStr)
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil && !hostnamePattern.MatchString(host) {
+			return "", 0, fmt.Errorf("host %q is neither an IP address nor a host name", host)
+		}
+	}
+	return host, int(p), nil
+}
+
+// checkDialAddr checks an address that other nodes dial: it needs a real
+// port and a host that means this machine from elsewhere.
+func checkDialAddr(addr string) error {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port (%v)", addr, err)
+	}
+	if port == 0 {
+		return fmt.Errorf("%q needs a non-zero port", addr)
+	}
+	if isUnspecified(host) {
+		return fmt.Errorf("%q needs a host that others can dial, not an unspecified address", addr)
+	}
+	return nil
+}
+
+func isUnspecified(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsUnspecified()
+}
+
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// problems collects validation errors in the "key: reason" form.
+type problems struct{ errs []error }
+
+func (p *problems) add(key, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+}
+
+func (p *problems) oneOf(key, val string, allowed ...string) {
+	if slices.Contains(allowed, val) {
+		return
+	}
+	p.add(key, "%q must be one of %s", val, strings.Join(allowed, ", "))
+}
+
+func (p *problems) positive(key string, d time.Duration) {
+	if d <= 0 {
+		p.add(key, "must be > 0 (got %v)", d)
+	}
+}
+
+func (p *problems) err() error { return errors.Join(p.errs...) }

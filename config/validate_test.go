@@ -1,0 +1,154 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestValidate(t *testing.T) {
+	threePeers := []Peer{
+		{ID: "node1", Address: "127.0.0.1:7001"},
+		{ID: "node2", Address: "127.0.0.1:7002"},
+		{ID: "node3", Address: "127.0.0.1:7003"},
+	}
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		want   []string // fragments of the error; none means valid
+	}{
+		// Valid configurations, so that each rule is shown not to over-reach.
+		{name: "default", mutate: func(c *Config) {}},
+		{name: "node_id at the pattern's limits", mutate: func(c *Config) { c.NodeID = "a" + strings.Repeat("b._-", 15) + "cd" }},
+		{name: "port 0 everywhere", mutate: func(c *Config) {
+			c.HTTP.Addr, c.GRPC.Addr, c.Raft.Addr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		}},
+		{name: "IPv6 loopback and localhost", mutate: func(c *Config) {
+			c.HTTP.Addr, c.GRPC.Addr, c.Raft.Addr = "[::1]:8080", "localhost:9090", "[::1]:7000"
+		}},
+		{name: "all interfaces with advertise and tokens", mutate: func(c *Config) {
+			c.HTTP.Addr, c.GRPC.Addr, c.Raft.Addr = "0.0.0.0:8080", ":9090", "[::]:7000"
+			c.HTTP.Advertise, c.GRPC.Advertise, c.Raft.Advertise = "10.0.0.1:8080", "node1.policyd.svc:9090", "[2001:db8::1]:7000"
+			c.Auth.AdminTokensFile = "/etc/policyd/tokens"
+		}},
+		{name: "open admin allowed explicitly", mutate: func(c *Config) {
+			c.HTTP.Addr = "10.0.0.1:8080"
+			c.Auth.AllowOpenAdmin = true
+		}},
+		{name: "election equals heartbeat, lease equals heartbeat", mutate: func(c *Config) {
+			c.Raft.HeartbeatTimeout, c.Raft.ElectionTimeout, c.Raft.LeaderLeaseTimeout = time.Second, time.Second, time.Second
+		}},
+		{name: "max_append_entries bounds", mutate: func(c *Config) { c.Raft.MaxAppendEntries = 1024 }},
+		{name: "bootstrap with self among peers", mutate: func(c *Config) { c.NodeID, c.Raft.Peers = "node2", threePeers }},
+		{name: "joining node need not be among peers", mutate: func(c *Config) {
+			c.NodeID, c.Raft.Bootstrap, c.Raft.Peers = "node4", false, threePeers
+		}},
+		{name: "extra kinds", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"RateLimitPolicy", "X"} }},
+		{name: "jwt mode", mutate: func(c *Config) { c.Auth.Mode = "jwt" }},
+
+		// One rule each.
+		{name: "bad node_id", mutate: func(c *Config) { c.NodeID = "-node" }, want: []string{`node_id: "-node" must match`}},
+		{name: "node_id too long", mutate: func(c *Config) { c.NodeID = strings.Repeat("a", 64) }, want: []string{"node_id:"}},
+		{name: "empty data_dir", mutate: func(c *Config) { c.DataDir = " " }, want: []string{"data_dir: must not be empty"}},
+		{name: "log.level", mutate: func(c *Config) { c.Log.Level = "INFO" }, want: []string{`log.level: "INFO" must be one of debug, info, warn, error`}},
+		{name: "log.format", mutate: func(c *Config) { c.Log.Format = "xml" }, want: []string{`log.format: "xml" must be one of text, json`}},
+		{name: "http.addr without port", mutate: func(c *Config) { c.HTTP.Addr = "foo" }, want: []string{`http.addr: "foo" is not host:port`}},
+		{name: "grpc.addr port out of range", mutate: func(c *Config) { c.GRPC.Addr = "127.0.0.1:70000" }, want: []string{`grpc.addr: "127.0.0.1:70000" is not host:port`}},
+		{name: "raft.addr named port", mutate: func(c *Config) { c.Raft.Addr = "127.0.0.1:raft" }, want: []string{`raft.addr: "127.0.0.1:raft" is not host:port`}},
+		{name: "bad host", mutate: func(c *Config) { c.HTTP.Addr = "bad_host!:80" }, want: []string{`http.addr: "bad_host!:80" is not host:port`}},
+		{name: "http.advertise port 0", mutate: func(c *Config) { c.HTTP.Advertise = "10.0.0.1:0" }, want: []string{`http.advertise: "10.0.0.1:0" needs a non-zero port`}},
+		{name: "grpc.advertise unspecified", mutate: func(c *Config) { c.GRPC.Advertise = "0.0.0.0:9090" }, want: []string{"grpc.advertise:", "unspecified"}},
+		{name: "raft.advertise IPv6 unspecified", mutate: func(c *Config) { c.Raft.Advertise = "[::]:7000" }, want: []string{"raft.advertise:", "unspecified"}},
+		{name: "raft.advertise empty host", mutate: func(c *Config) { c.Raft.Advertise = ":7000" }, want: []string{"raft.advertise:", "unspecified"}},
+		{name: "raft.advertise not host:port", mutate: func(c *Config) { c.Raft.Advertise = "10.0.0.1" }, want: []string{`raft.advertise: "10.0.0.1" is not host:port`}},
+		{name: "raft.addr on all interfaces needs advertise", mutate: func(c *Config) { c.Raft.Addr = "0.0.0.0:7000" }, want: []string{"raft.advertise: required because raft.addr"}},
+		{name: "raft.addr empty host needs advertise", mutate: func(c *Config) { c.Raft.Addr = ":7000" }, want: []string{"raft.advertise: required"}},
+		{name: "same listen address", mutate: func(c *Config) { c.GRPC.Addr = c.HTTP.Addr }, want: []string{`grpc.addr: "127.0.0.1:8080" conflicts with http.addr`}},
+		{name: "same port, one on all interfaces", mutate: func(c *Config) {
+			c.Raft.Addr, c.Raft.Advertise = "0.0.0.0:9090", "10.0.0.1:9090"
+		}, want: []string{`raft.addr: "0.0.0.0:9090" conflicts with grpc.addr`}},
+		{name: "heartbeat 0", mutate: func(c *Config) { c.Raft.HeartbeatTimeout = 0 }, want: []string{"raft.heartbeat_timeout: must be > 0"}},
+		{name: "election negative", mutate: func(c *Config) { c.Raft.ElectionTimeout = -time.Second }, want: []string{"raft.election_timeout: must be > 0"}},
+		{name: "lease 0", mutate: func(c *Config) { c.Raft.LeaderLeaseTimeout = 0 }, want: []string{"raft.leader_lease_timeout: must be > 0"}},
+		{name: "commit 0", mutate: func(c *Config) { c.Raft.CommitTimeout = 0 }, want: []string{"raft.commit_timeout: must be > 0"}},
+		{name: "snapshot interval 0", mutate: func(c *Config) { c.Raft.SnapshotInterval = 0 }, want: []string{"raft.snapshot_interval: must be > 0"}},
+		{name: "apply timeout 0", mutate: func(c *Config) { c.Raft.ApplyTimeout = 0 }, want: []string{"raft.apply_timeout: must be > 0"}},
+		{name: "election below heartbeat", mutate: func(c *Config) { c.Raft.ElectionTimeout = 900 * time.Millisecond }, want: []string{"raft.election_timeout: 900ms must be >= raft.heartbeat_timeout (1s)"}},
+		{name: "lease above heartbeat", mutate: func(c *Config) { c.Raft.LeaderLeaseTimeout = 2 * time.Second }, want: []string{"raft.leader_lease_timeout: 2s must be <= raft.heartbeat_timeout (1s)"}},
+		{name: "max_append_entries 0", mutate: func(c *Config) { c.Raft.MaxAppendEntries = 0 }, want: []string{"raft.max_append_entries: 0 must be between 1 and 1024"}},
+		{name: "max_append_entries 1025", mutate: func(c *Config) { c.Raft.MaxAppendEntries = 1025 }, want: []string{"raft.max_append_entries: 1025"}},
+		{name: "snapshot_retain 0", mutate: func(c *Config) { c.Raft.SnapshotRetain = 0 }, want: []string{"raft.snapshot_retain: 0 must be >= 1"}},
+		{name: "snapshot_threshold 0", mutate: func(c *Config) { c.Raft.SnapshotThreshold = 0 }, want: []string{"raft.snapshot_threshold: must be >= 1"}},
+		{name: "peer without id", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{Address: "127.0.0.1:7004"})
+		}, want: []string{"raft.peers[3].id: must not be empty"}},
+		{name: "peer with bad id", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{ID: "no/slash", Address: "127.0.0.1:7004"})
+		}, want: []string{`raft.peers[3].id: "no/slash" must match`}},
+		{name: "peer without address", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{ID: "node4"})
+		}, want: []string{`raft.peers[3].address: "" is not host:port`}},
+		{name: "peer address port 0", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{ID: "node4", Address: "127.0.0.1:0"})
+		}, want: []string{`raft.peers[3].address: "127.0.0.1:0" needs a non-zero port`}},
+		{name: "duplicate peer id", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{ID: "node2", Address: "127.0.0.1:7004"})
+		}, want: []string{`raft.peers[3].id: "node2" duplicates raft.peers[1].id`}},
+		{name: "duplicate peer address", mutate: func(c *Config) {
+			c.NodeID = "node1"
+			c.Raft.Peers = append(threePeers[:3:3], Peer{ID: "node4", Address: "127.0.0.1:7003"})
+		}, want: []string{`raft.peers[3].address: "127.0.0.1:7003" duplicates raft.peers[2].address`}},
+		{name: "peers without node_id", mutate: func(c *Config) { c.Raft.Peers = threePeers }, want: []string{"node_id: required when raft.peers is set"}},
+		{name: "bootstrap without self among peers", mutate: func(c *Config) { c.NodeID, c.Raft.Peers = "node4", threePeers }, want: []string{`raft.peers: must include this node (node_id "node4")`}},
+		{name: "auth.mode", mutate: func(c *Config) { c.Auth.Mode = "mtls" }, want: []string{`auth.mode: "mtls" must be one of none, jwt`}},
+		{name: "open admin on a routable address", mutate: func(c *Config) { c.HTTP.Addr = "10.0.0.1:8080" }, want: []string{"auth.admin_tokens_file: required", "auth.allow_open_admin"}},
+		{name: "open admin on all interfaces", mutate: func(c *Config) { c.HTTP.Addr = ":8080" }, want: []string{"auth.admin_tokens_file: required"}},
+		{name: "open admin on a host name", mutate: func(c *Config) { c.HTTP.Addr = "policyd.example.com:8080" }, want: []string{"auth.admin_tokens_file: required"}},
+		{name: "extra kind pattern", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"lowerKind"} }, want: []string{`policies.extra_kinds[0]: "lowerKind" must match`}},
+		{name: "extra kind empty", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{""} }, want: []string{`policies.extra_kinds[0]: "" must match`}},
+		{name: "extra kind duplicate", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"A", "B", "A"} }, want: []string{`policies.extra_kinds[2]: "A" duplicates policies.extra_kinds[0]`}},
+		{name: "extra kind ToolPolicy", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"ToolPolicy"} }, want: []string{`policies.extra_kinds[0]: "ToolPolicy" is a built-in kind`}},
+		{name: "extra kind ValidatingPolicy", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"ValidatingPolicy"} }, want: []string{`policies.extra_kinds[0]: "ValidatingPolicy" is a built-in kind`}},
+		{name: "events.retention", mutate: func(c *Config) { c.Events.Retention = 0 }, want: []string{"events.retention: must be > 0"}},
+		{name: "events.cleanup_interval", mutate: func(c *Config) { c.Events.CleanupInterval = -1 }, want: []string{"events.cleanup_interval: must be > 0"}},
+		{name: "forward.timeout", mutate: func(c *Config) { c.Forward.Timeout = 0 }, want: []string{"forward.timeout: must be > 0"}},
+		{name: "every problem is reported", mutate: func(c *Config) {
+			c.DataDir, c.Log.Level, c.Auth.Mode, c.Forward.Timeout = "", "loud", "magic", 0
+		}, want: []string{"data_dir:", "log.level:", "auth.mode:", "forward.timeout:"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			tc.mutate(&c)
+			err := c.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			wantErrContaining(t, err, tc.want...)
+		})
+	}
+}
+
+func TestAdvertise(t *testing.T) {
+	c := Default()
+	c.HTTP.Advertise = "10.0.0.1:8080"
+	c.GRPC.Addr = "0.0.0.0:9090"
+	c.Raft.Advertise = "node1.policyd:7000"
+	for _, tc := range []struct{ name, got, want string }{
+		{"http advertise set", c.HTTPAdvertise(), "10.0.0.1:8080"},
+		{"grpc falls back to addr", c.GRPCAdvertise(), "0.0.0.0:9090"},
+		{"raft advertise set", c.RaftAdvertise(), "node1.policyd:7000"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, tc.got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,340 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests run the built binary exactly as the README tells a user to:
+// `policyd serve` in a clean directory, then the CLI against it, and the
+// 3-node walkthrough with examples/cluster.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	errBuild  error
+)
+
+// policydBinary builds the binary once per test run.
+func policydBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "policyd-bin-")
+		if err != nil {
+			errBuild = err
+			return
+		}
+		binPath = filepath.Join(dir, "policyd")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			errBuild = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if errBuild != nil {
+		t.Fatal(errBuild)
+	}
+	return binPath
+}
+
+// cleanEnv is the environment without POLICYD_* variables, so the user's
+// settings don't leak into "no config" runs.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POLICYD_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// daemon is a running `policyd serve`.
+type daemon struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startDaemon(t *testing.T, dir string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(policydBinary(t), append([]string{"serve"}, args...)...)
+	cmd.Dir = dir
+	cmd.Env = cleanEnv()
+	d := &daemon{cmd: cmd, logs: &syncBuffer{}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = d.logs, d.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("daemon %v logs:\n%s", args, d.logs)
+		}
+	})
+	return d
+}
+
+// interrupt sends Ctrl-C and waits for a clean exit within a few seconds.
+func (d *daemon) interrupt(t *testing.T) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := d.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("daemon exited with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("daemon did not stop within 10s of SIGINT")
+	}
+	return time.Since(start)
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+	t.Fatalf("%s/readyz never became ready", base)
+}
+
+// cli runs the CLI and returns stdout, failing on a non-zero exit.
+func cli(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	out, err := cliErr(t, dir, args...)
+	if err != nil {
+		t.Fatalf("policyd %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func cliErr(t *testing.T, dir string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, policydBinary(t), args...)
+	cmd.Dir = dir
+	cmd.Env = cleanEnv()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+const examplePolicy = `# YAML works as well as JSON
+name: acme.deny-shell
+kind: ToolPolicy
+scope: {org: acme}
+spec:
+  tool_name: Bash
+  action: deny
+  reason: Shell commands blocked
+  conditions: {patterns: ["rm -rf"]}
+`
+
+// TestReadmeSingleNode: `policyd serve` with no config in a clean directory,
+// a PUT and GET through the CLI, Ctrl-C, restart: the policy is still there.
+func TestReadmeSingleNode(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(examplePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, dir)
+	waitReady(t, "http://127.0.0.1:8080")
+	if out := cli(t, dir, "policy", "apply", "-f", "policy.yaml"); !strings.Contains(out, "policy/acme.deny-shell applied") {
+		t.Fatalf("apply output: %s", out)
+	}
+	var p struct {
+		Name     string `json:"name"`
+		Revision uint64 `json:"revision"`
+	}
+	if err := json.Unmarshal([]byte(cli(t, dir, "policy", "get", "acme.deny-shell")), &p); err != nil || p.Revision == 0 {
+		t.Fatalf("get: %+v %v", p, err)
+	}
+	if out, err := cliErr(t, dir, "policy", "get", "missing"); err == nil || !strings.Contains(out, "404 not_found") {
+		t.Fatalf("get missing: %v %s", err, out)
+	}
+	took := d.interrupt(t)
+	t.Logf("shutdown took %v", took)
+	logs := d.logs.String()
+	// Listeners first, then raft and bbolt: "shut down" is the last step.
+	if i, j := strings.Index(logs, "shutting down"), strings.Index(logs, "msg=\"shut down\""); i < 0 || j < i {
+		t.Fatalf("no ordered shutdown in logs:\n%s", logs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "state.db")); err != nil {
+		t.Fatalf("embedded default did not use ./data: %v", err)
+	}
+
+	d2 := startDaemon(t, dir)
+	waitReady(t, "http://127.0.0.1:8080")
+	var again struct {
+		Revision uint64 `json:"revision"`
+	}
+	if err := json.Unmarshal([]byte(cli(t, dir, "policy", "get", "acme.deny-shell")), &again); err != nil || again.Revision != p.Revision {
+		t.Fatalf("after restart: %+v %v", again, err)
+	}
+	if out := cli(t, dir, "events", "list"); !strings.Contains(out, "acme.deny-shell") {
+		t.Fatalf("events list: %s", out)
+	}
+	d2.interrupt(t)
+}
+
+// TestReadmeClusterWalkthrough: the three example configs form a cluster;
+// a write through one node is read on another; membership changes at run
+// time.
+func TestReadmeClusterWalkthrough(t *testing.T) {
+	dir := t.TempDir()
+	for i := 1; i <= 3; i++ {
+		name := fmt.Sprintf("node%d.yaml", i)
+		b, err := os.ReadFile(filepath.Join("examples", "cluster", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(examplePolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var ds []*daemon
+	for i := 1; i <= 3; i++ {
+		ds = append(ds, startDaemon(t, dir, "--config", fmt.Sprintf("node%d.yaml", i)))
+	}
+	for i := 1; i <= 3; i++ {
+		waitReady(t, fmt.Sprintf("http://127.0.0.1:808%d", i))
+	}
+	cli(t, dir, "--server", "http://127.0.0.1:8082", "policy", "apply", "-f", "policy.yaml")
+	resp, err := http.Get("http://127.0.0.1:8083/v1/policies/acme.deny-shell?consistent=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("consistent read on node3: %d", resp.StatusCode)
+	}
+	var st struct {
+		LeaderID string `json:"leader_id"`
+		Members  []struct {
+			ID       string `json:"id"`
+			HTTPAddr string `json:"http_addr"`
+		} `json:"members"`
+	}
+	waitForCLI(t, "three registered members", func() error {
+		if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
+			return err
+		}
+		if len(st.Members) != 3 {
+			return fmt.Errorf("%d members", len(st.Members))
+		}
+		for _, m := range st.Members {
+			if m.HTTPAddr == "" {
+				return fmt.Errorf("%s has not registered", m.ID)
+			}
+		}
+		return nil
+	})
+	victim := "node3"
+	if st.LeaderID == victim {
+		victim = "node2"
+	}
+	cli(t, dir, "--server", "http://127.0.0.1:8081", "cluster", "remove", victim)
+	waitForCLI(t, "two members", func() error {
+		if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
+			return err
+		}
+		if len(st.Members) != 2 {
+			return fmt.Errorf("%d members", len(st.Members))
+		}
+		return nil
+	})
+	for _, d := range ds {
+		d.interrupt(t)
+	}
+}
+
+func waitForCLI(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // poll interval
+	}
+	t.Fatalf("timed out waiting for %s: %v", what, err)
+}
+
+// TestCLIUsageErrors: bad invocations fail with a message, not a panic.
+func TestCLIUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		args    []string
+		mention string
+	}{
+		{[]string{"policy", "apply"}, "-f"},
+		{[]string{"policy", "get"}, "arg"},
+		{[]string{"nope"}, "unknown command"},
+		{[]string{"serve", "--config", "missing.yaml"}, "missing.yaml"},
+		{[]string{"--server", "http://127.0.0.1:1", "policy", "list"}, "127.0.0.1:1"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := cliErr(t, dir, tc.args...)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("want a non-zero exit, got %v: %s", err, out)
+			}
+			if !strings.Contains(out, tc.mention) || strings.Contains(out, "panic") {
+				t.Fatalf("output %q does not mention %q", out, tc.mention)
+			}
+		})
+	}
+	if out := cli(t, dir, "version"); !strings.HasPrefix(out, "policyd ") {
+		t.Fatalf("version: %q", out)
+	}
+}

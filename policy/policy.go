@@ -1,0 +1,133 @@
+// Package policy holds policyd's domain types (Policy, Scope, Employee), the
+// rule that decides which policies apply to an identity, their canonical
+// encoding, and their validation.
+//
+// Validation happens once, on the node that receives a write, before the
+// write is proposed to Raft. Apply never re-validates: a CEL or regexp
+// library upgrade that changes what compiles must not make replicas disagree
+// about entries that are already committed.
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Built-in policy kinds.
+const (
+	KindToolPolicy       = "ToolPolicy"
+	KindValidatingPolicy = "ValidatingPolicy"
+)
+
+// Employee statuses.
+const (
+	StatusActive   = "active"
+	StatusInactive = "inactive"
+)
+
+// Scope says who a policy is for. All fields empty means global. A non-empty
+// field must match the identity for the policy to apply.
+type Scope struct {
+	Org      string `json:"org"`
+	Team     string `json:"team"`
+	Employee string `json:"employee"`
+}
+
+// Identity is who a sidecar or feed connection acts for.
+type Identity = Scope
+
+// IsGlobal reports whether s applies to everyone.
+func (s Scope) IsGlobal() bool { return s == Scope{} }
+
+// String renders s as org/team/employee, for logs and metric labels.
+func (s Scope) String() string { return s.Org + "/" + s.Team + "/" + s.Employee }
+
+// AppliesTo reports whether a policy with scope s applies to identity id: every
+// global policy, plus those of id's org, team and id itself. Each non-empty
+// field of s must equal the identity's.
+func (s Scope) AppliesTo(id Identity) bool {
+	if s.Org != "" && s.Org != id.Org {
+		return false
+	}
+	if s.Team != "" && s.Team != id.Team {
+		return false
+	}
+	if s.Employee != "" && s.Employee != id.Employee {
+		return false
+	}
+	return true
+}
+
+// Policy is one named authorization policy.
+//
+// Revision, CreatedAt and UpdatedAt are managed by the cluster: Revision is the
+// Raft index of the last change. Values a client sends in these fields are
+// ignored; compare-and-set goes through If-Match.
+type Policy struct {
+	Name      string            `json:"name"`
+	Kind      string            `json:"kind"`
+	Scope     Scope             `json:"scope"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Spec      json.RawMessage   `json:"spec"`
+	Revision  uint64            `json:"revision"`
+	CreatedAt time.Time         `json:"created_at"`
+	UpdatedAt time.Time         `json:"updated_at"`
+}
+
+// Employee is an identity policies apply to. Its status is authoritative for
+// access: deactivating or deleting it revokes access.
+type Employee struct {
+	ID        string    `json:"id"`
+	Org       string    `json:"org"`
+	Team      string    `json:"team"`
+	Status    string    `json:"status"`
+	Revision  uint64    `json:"revision"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Identity returns the identity the employee acts as.
+func (e *Employee) Identity() Identity {
+	return Identity{Org: e.Org, Team: e.Team, Employee: e.ID}
+}
+
+// Active reports whether the employee may connect.
+func (e *Employee) Active() bool { return e.Status == StatusActive }
+
+// Canonical returns p's stored form: JSON with a canonical spec (keys sorted,
+// numbers kept exactly as written, no insignificant space). Every replica
+// stores these same bytes, so policy-set versions computed from them agree.
+func (p *Policy) Canonical() ([]byte, error) {
+	cp := *p
+	spec, err := canonicalJSON(p.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("canonical spec: %w", err)
+	}
+	cp.Spec = spec
+	b, err := json.Marshal(&cp)
+	if err != nil {
+		return nil, fmt.Errorf("encode policy %q: %w", p.Name, err)
+	}
+	return b, nil
+}
+
+// canonicalJSON re-encodes raw with sorted object keys. json.Number keeps
+// large integers exact.
+func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return json.RawMessage("{}"), nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}

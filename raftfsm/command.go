@@ -1,0 +1,166 @@
+package raftfsm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store"
+)
+
+// Type is a command's type byte. Numbers are never reused: a retired command
+// keeps its number, commented out, so an old log never decodes as something
+// else.
+type Type uint8
+
+// IgnoreUnknown is the flag bit that lets a node skip a command type it does
+// not know (a newer node's optional command during a rolling upgrade).
+// Without it, an unknown type stops the node: skipping would diverge state.
+const IgnoreUnknown Type = 0x80
+
+// Command types.
+const (
+	TypePutPolicy      Type = 1
+	TypeDeletePolicy   Type = 2
+	TypePutEmployee    Type = 3
+	TypeDeleteEmployee Type = 4
+	TypeRegisterMember Type = 5
+	TypeRemoveMember   Type = 6
+	TypePruneEvents    Type = 7
+)
+
+// ErrInvalidCommand is returned by ResultErr for a command the FSM rejected
+// as malformed (it never changes state).
+var ErrInvalidCommand = errors.New("invalid command")
+
+// NewCommand wraps payload in an envelope of type t. Timestamps are left for
+// the proposer: OriginatedAt by the receiving node, ProcessedAt by the leader.
+func NewCommand(t Type, payload proto.Message) (*commandv1.Command, error) {
+	b, err := proto.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode command type %d: %w", t, err)
+	}
+	return &commandv1.Command{Type: uint32(t), Payload: b}, nil
+}
+
+// PutPolicy builds the command that stores p (server-managed fields are
+// dropped; the FSM sets them).
+func PutPolicy(p *policy.Policy, ifMatch *uint64) (*commandv1.Command, error) {
+	cp := *p
+	cp.Revision, cp.CreatedAt, cp.UpdatedAt = 0, time.Time{}, time.Time{}
+	raw, err := cp.Canonical()
+	if err != nil {
+		return nil, err
+	}
+	return NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: raw, IfMatch: precondition(ifMatch)})
+}
+
+// DeletePolicy builds the command that deletes a policy.
+func DeletePolicy(name string, ifMatch *uint64) (*commandv1.Command, error) {
+	return NewCommand(TypeDeletePolicy, &commandv1.DeletePolicy{Name: name, IfMatch: precondition(ifMatch)})
+}
+
+// PutEmployee builds the command that stores e.
+func PutEmployee(e *policy.Employee, ifMatch *uint64) (*commandv1.Command, error) {
+	cp := *e
+	cp.Revision, cp.CreatedAt, cp.UpdatedAt = 0, time.Time{}, time.Time{}
+	raw, err := json.Marshal(&cp)
+	if err != nil {
+		return nil, fmt.Errorf("encode employee %q: %w", e.ID, err)
+	}
+	return NewCommand(TypePutEmployee, &commandv1.PutEmployee{Employee: raw, IfMatch: precondition(ifMatch)})
+}
+
+// DeleteEmployee builds the command that deletes an employee.
+func DeleteEmployee(id string, ifMatch *uint64) (*commandv1.Command, error) {
+	return NewCommand(TypeDeleteEmployee, &commandv1.DeleteEmployee{Id: id, IfMatch: precondition(ifMatch)})
+}
+
+// RegisterMember builds the command that records a node's addresses.
+func RegisterMember(m store.Member) (*commandv1.Command, error) {
+	return NewCommand(TypeRegisterMember, &commandv1.RegisterMember{
+		Id: m.ID, RaftAddr: m.RaftAddr, HttpAddr: m.HTTPAddr, GrpcAddr: m.GRPCAddr,
+	})
+}
+
+// RemoveMember builds the command that forgets a node's addresses.
+func RemoveMember(id string) (*commandv1.Command, error) {
+	return NewCommand(TypeRemoveMember, &commandv1.RemoveMember{Id: id})
+}
+
+// PruneEvents builds the command that deletes events processed before cutoff.
+func PruneEvents(cutoff time.Time) (*commandv1.Command, error) {
+	return NewCommand(TypePruneEvents, &commandv1.PruneEvents{CutoffUnixNano: cutoff.UnixNano()})
+}
+
+func precondition(ifMatch *uint64) *commandv1.Precondition {
+	if ifMatch == nil {
+		return nil
+	}
+	return &commandv1.Precondition{Revision: *ifMatch}
+}
+
+func fromPrecondition(p *commandv1.Precondition) *uint64 {
+	if p == nil {
+		return nil
+	}
+	v := p.GetRevision()
+	return &v
+}
+
+// Result codes carried in commandv1.Result.Code.
+const (
+	codeNotFound = "not_found"
+	codeConflict = "conflict"
+	codeInvalid  = "invalid"
+)
+
+// result turns a business error from the store into an apply response.
+func result(index, revision uint64, err error) *commandv1.Result {
+	r := &commandv1.Result{Index: index, Revision: revision}
+	switch {
+	case err == nil:
+	case errors.Is(err, store.ErrNotFound):
+		r.Code, r.Message = codeNotFound, err.Error()
+	case errors.Is(err, store.ErrConflict):
+		r.Code, r.Message = codeConflict, err.Error()
+	default:
+		// Not a business error: the transaction may be half-written. Stop
+		// rather than commit it (see ApplyBatch).
+		panic(fmt.Sprintf("raftfsm: entry %d: store: %v", index, err))
+	}
+	return r
+}
+
+// ResultErr turns an apply response back into an error wrapping the store's
+// sentinel (store.ErrNotFound, store.ErrConflict) or ErrInvalidCommand; nil on
+// success. It is the inverse of what Apply returns, also across a forwarded
+// write.
+func ResultErr(r *commandv1.Result) error {
+	if r == nil {
+		return fmt.Errorf("%w: empty apply result", ErrInvalidCommand)
+	}
+	switch r.GetCode() {
+	case "":
+		return nil
+	case codeNotFound:
+		return &resultError{msg: r.GetMessage(), err: store.ErrNotFound}
+	case codeConflict:
+		return &resultError{msg: r.GetMessage(), err: store.ErrConflict}
+	default:
+		return &resultError{msg: r.GetMessage(), err: ErrInvalidCommand}
+	}
+}
+
+type resultError struct {
+	msg string
+	err error
+}
+
+func (e *resultError) Error() string { return e.msg }
+func (e *resultError) Unwrap() error { return e.err }

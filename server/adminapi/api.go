@@ -1,0 +1,331 @@
+// Package adminapi is the admin REST API (DESIGN part 9): policies,
+// employees, the event log (list and Server-Sent Events), cluster status and
+// membership, health, readiness and metrics.
+//
+// Every route declares the role it needs (read for GET, admin for writes);
+// /healthz and /readyz are open so probes need no credentials. Every error,
+// including an unknown path or method, is the JSON envelope
+// {"error": {"code", "message"}}, produced by writeError, the one place where
+// errors become HTTP statuses. Request bodies are capped at 1 MiB (413).
+package adminapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store"
+)
+
+// MaxBodyBytes caps every request body.
+const MaxBodyBytes = 1 << 20
+
+// Backend is the node the API serves. server.Node implements it.
+type Backend interface {
+	// Store is the local replica, read directly for local reads.
+	Store() *store.Store
+	// Validator checks policies and employees before they are proposed.
+	Validator() *policy.Validator
+	// Propose commits a command through the leader. Errors with an
+	// Unavailable() bool method mean "retry later" (503).
+	Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error)
+	// ConsistentRead returns once the local replica holds every write
+	// acknowledged before the call.
+	ConsistentRead(ctx context.Context) error
+	// Join and Remove change Raft membership through the leader.
+	Join(ctx context.Context, id, raftAddr string) (uint64, error)
+	Remove(ctx context.Context, id string) (uint64, error)
+	// Status describes the cluster as this node sees it.
+	Status(ctx context.Context) (*ClusterStatus, error)
+	// Ready is nil when a leader is known and this node has caught up.
+	Ready() error
+}
+
+// ClusterStatus is GET /v1/cluster.
+type ClusterStatus struct {
+	NodeID       string         `json:"node_id"`
+	State        string         `json:"state"`
+	LeaderID     string         `json:"leader_id"`
+	LeaderAddr   string         `json:"leader_raft_addr"`
+	Term         uint64         `json:"term"`
+	CommitIndex  uint64         `json:"commit_index"`
+	LastIndex    uint64         `json:"last_index"`
+	AppliedIndex uint64         `json:"applied_index"`
+	LastContact  string         `json:"last_contact,omitempty"`
+	Digest       string         `json:"digest"`
+	Members      []MemberStatus `json:"members"`
+}
+
+// MemberStatus is one server in the Raft configuration, with the addresses it
+// registered.
+type MemberStatus struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr"`
+	GRPCAddr string `json:"grpc_addr"`
+	Suffrage string `json:"suffrage"`
+	Leader   bool   `json:"leader"`
+}
+
+// Config configures the API.
+type Config struct {
+	// Tokens authenticates requests; nil leaves the API open (the config
+	// refuses that on a non-loopback address unless explicitly allowed).
+	Tokens *auth.AdminTokens
+	// Registry receives the HTTP metrics and is served at /metrics.
+	Registry *prometheus.Registry
+}
+
+// API is the admin HTTP handler.
+type API struct {
+	cfg     Config
+	logger  *slog.Logger
+	b       Backend
+	mux     *http.ServeMux
+	streams context.Context
+	stop    context.CancelFunc
+
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+// New builds the API over b.
+func New(cfg Config, logger *slog.Logger, b Backend) *API {
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	a := &API{cfg: cfg, logger: logger, b: b, mux: http.NewServeMux()}
+	a.streams, a.stop = context.WithCancel(context.Background())
+	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "policyd", Name: "http_requests_total", Help: "Admin API requests by route, method and status code.",
+	}, []string{"route", "method", "code"})
+	a.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "policyd", Name: "http_request_duration_seconds", Help: "Admin API request latency by route.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"route", "method"})
+	cfg.Registry.MustRegister(a.requests, a.latency)
+
+	const open = auth.Role(-1)
+	a.route("GET /healthz", open, a.healthz)
+	a.route("GET /readyz", open, a.readyz)
+	a.route("GET /metrics", auth.RoleRead, a.metrics)
+
+	a.route("GET /v1/policies", auth.RoleRead, a.listPolicies)
+	a.route("GET /v1/policies/{name}", auth.RoleRead, a.getPolicy)
+	a.route("PUT /v1/policies/{name}", auth.RoleAdmin, a.putPolicy)
+	a.route("DELETE /v1/policies/{name}", auth.RoleAdmin, a.deletePolicy)
+
+	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
+	a.route("GET /v1/employees/{id}", auth.RoleRead, a.getEmployee)
+	a.route("PUT /v1/employees/{id}", auth.RoleAdmin, a.putEmployee)
+	a.route("DELETE /v1/employees/{id}", auth.RoleAdmin, a.deleteEmployee)
+
+	a.route("GET /v1/events", auth.RoleRead, a.listEvents)
+	a.route("GET /v1/events/watch", auth.RoleRead, a.watchEvents)
+
+	a.route("GET /v1/cluster", auth.RoleRead, a.clusterStatus)
+	a.route("POST /v1/cluster/join", auth.RoleAdmin, a.clusterJoin)
+	a.route("DELETE /v1/cluster/members/{id}", auth.RoleAdmin, a.clusterRemove)
+
+	a.mux.HandleFunc("/", a.noRoute)
+	return a
+}
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// CloseStreams ends every long-lived response (event watches), so that a
+// graceful HTTP shutdown does not wait for them.
+func (a *API) CloseStreams() { a.stop() }
+
+// handlerFunc returns an error instead of writing one, so the status mapping
+// lives in writeError alone.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// route registers h at pattern, behind auth (unless need is negative), the
+// body limit, panic recovery and metrics.
+func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
+	method, path, _ := strings.Cut(pattern, " ")
+	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if p := recover(); p != nil {
+				a.logger.Error("handler panic", "route", pattern, "panic", p)
+				if sw.status == 0 {
+					a.writeError(sw, r, fmt.Errorf("internal error"))
+				}
+			}
+			a.requests.WithLabelValues(path, method, strconv.Itoa(sw.code())).Inc()
+			a.latency.WithLabelValues(path, method).Observe(time.Since(start).Seconds())
+		}()
+		if need >= 0 && a.cfg.Tokens != nil {
+			if _, err := a.cfg.Tokens.Authorize(r.Header.Get("Authorization"), need); err != nil {
+				a.writeError(sw, r, err)
+				return
+			}
+		}
+		r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
+		if err := h(sw, r); err != nil {
+			a.writeError(sw, r, err)
+		}
+	})
+}
+
+// noRoute answers every unmatched request: 405 with Allow when the path
+// exists for other methods, else 404, both in the error envelope.
+func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, p := a.mux.Handler(probe); p != "/" && p != "" {
+			allowed = append(allowed, m)
+		}
+	}
+	if len(allowed) > 0 {
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, errorBody("invalid", fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", "))))
+		return
+	}
+	writeJSON(w, http.StatusNotFound, errorBody("not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) code() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
+}
+
+// Flush lets Server-Sent Events through the wrapper.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the real writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v) // the client may be gone; nothing useful to do
+}
+
+// readBody reads the (size-limited) request body.
+func readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: "invalid",
+				msg: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+		}
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	if len(b) == 0 {
+		return nil, badRequest("body: empty; a JSON object is required")
+	}
+	return b, nil
+}
+
+// ifMatch parses an If-Match header: absent → nil; a revision number, bare
+// or quoted as our ETags are.
+func ifMatch(r *http.Request) (*uint64, error) {
+	h := strings.TrimSpace(r.Header.Get("If-Match"))
+	if h == "" {
+		return nil, nil
+	}
+	v, err := strconv.ParseUint(strings.Trim(h, `"`), 10, 64)
+	if err != nil {
+		return nil, badRequest(fmt.Sprintf("If-Match: %q is not a revision number (0 means: must not exist)", h))
+	}
+	return &v, nil
+}
+
+// queryBool parses a boolean query parameter strictly.
+func queryBool(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest(fmt.Sprintf("%s: %q is not a boolean", name, v))
+	}
+	return b, nil
+}
+
+func queryUint(r *http.Request, name string) (uint64, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, badRequest(fmt.Sprintf("%s: %q is not a non-negative integer", name, v))
+	}
+	return n, nil
+}
+
+// maybeConsistent waits for a linearizable read point when ?consistent=true.
+func (a *API) maybeConsistent(r *http.Request) error {
+	c, err := queryBool(r, "consistent")
+	if err != nil || !c {
+		return err
+	}
+	return a.b.ConsistentRead(r.Context())
+}
+
+func (a *API) healthz(w http.ResponseWriter, _ *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+func (a *API) readyz(w http.ResponseWriter, _ *http.Request) error {
+	if err := a.b.Ready(); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	return nil
+}
+
+func (a *API) metrics(w http.ResponseWriter, r *http.Request) error {
+	promhttp.HandlerFor(a.cfg.Registry, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+	return nil
+}

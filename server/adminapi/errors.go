@@ -1,0 +1,78 @@
+package adminapi
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store"
+)
+
+// apiError is an error with an explicit status, for request problems the
+// handlers find themselves.
+type apiError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(msg string) error {
+	return &apiError{status: http.StatusBadRequest, code: "invalid", msg: msg}
+}
+
+type envelope struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func errorBody(code, msg string) envelope {
+	var e envelope
+	e.Error.Code, e.Error.Message = code, msg
+	return e
+}
+
+// statusOf is the one mapping from errors to HTTP status and envelope code.
+func statusOf(err error) (int, string) {
+	var ae *apiError
+	var unavailable interface{ Unavailable() bool }
+	switch {
+	case errors.As(err, &ae):
+		return ae.status, ae.code
+	case errors.Is(err, policy.ErrInvalid):
+		return http.StatusBadRequest, "invalid"
+	case errors.Is(err, store.ErrNotFound):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, store.ErrConflict):
+		return http.StatusConflict, "conflict"
+	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, auth.ErrForbidden):
+		return http.StatusForbidden, "forbidden"
+	case errors.As(err, &unavailable) && unavailable.Unavailable(),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return http.StatusServiceUnavailable, "unavailable"
+	default:
+		return http.StatusInternalServerError, "internal"
+	}
+}
+
+func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := statusOf(err)
+	switch status {
+	case http.StatusServiceUnavailable:
+		// Long enough for an election to finish.
+		w.Header().Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
+	}
+	if status >= 500 {
+		a.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+	}
+	writeJSON(w, status, errorBody(code, err.Error()))
+}

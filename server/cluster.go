@@ -1,0 +1,235 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/store"
+)
+
+// Membership errors wrap the sentinels every listener already maps: a bad
+// request is policy.ErrInvalid (400), an address taken by another node is
+// store.ErrConflict (409).
+var (
+	errInvalidJoin  = fmt.Errorf("invalid join request: %w", policy.ErrInvalid)
+	errJoinConflict = fmt.Errorf("conflicting member: %w", store.ErrConflict)
+)
+
+// clusterService is the internal API other nodes call on the leader.
+type clusterService struct {
+	clusterv1.UnimplementedClusterServer
+	n *Node
+}
+
+func (s *clusterService) Apply(ctx context.Context, req *clusterv1.ApplyRequest) (*clusterv1.ApplyResponse, error) {
+	if req.GetCommand() == nil {
+		return nil, toStatus(fmt.Errorf("%w: no command", errInvalidJoin))
+	}
+	if s.n.raft.State() != raft.Leader {
+		return nil, toStatus(ErrNotLeader)
+	}
+	res, err := s.n.applyLocal(ctx, req.GetCommand())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &clusterv1.ApplyResponse{Result: res}, nil
+}
+
+func (s *clusterService) ReadIndex(ctx context.Context, _ *clusterv1.ReadIndexRequest) (*clusterv1.ReadIndexResponse, error) {
+	idx, err := s.n.leaderReadIndex(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &clusterv1.ReadIndexResponse{Index: idx}, nil
+}
+
+func (s *clusterService) Join(ctx context.Context, req *clusterv1.JoinRequest) (*clusterv1.JoinResponse, error) {
+	if s.n.raft.State() != raft.Leader {
+		return nil, toStatus(ErrNotLeader)
+	}
+	idx, err := s.n.joinLocal(req.GetId(), req.GetRaftAddr())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &clusterv1.JoinResponse{Index: idx}, nil
+}
+
+func (s *clusterService) Remove(ctx context.Context, req *clusterv1.RemoveRequest) (*clusterv1.RemoveResponse, error) {
+	if s.n.raft.State() != raft.Leader {
+		return nil, toStatus(ErrNotLeader)
+	}
+	idx, err := s.n.removeLocal(req.GetId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &clusterv1.RemoveResponse{Index: idx}, nil
+}
+
+// Join adds a voter with the given Raft address, through the leader. Joining
+// again with the same ID and address is a no-op.
+func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
+	if !nodeIDPattern.MatchString(id) {
+		return 0, fmt.Errorf("%w: id %q is not a valid node id", errInvalidJoin, id)
+	}
+	if _, _, err := net.SplitHostPort(raftAddr); err != nil {
+		return 0, fmt.Errorf("%w: raft_addr %q is not host:port", errInvalidJoin, raftAddr)
+	}
+	var idx uint64
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+		if leader {
+			var err error
+			idx, err = n.joinLocal(id, raftAddr)
+			return err
+		}
+		resp, err := c.Join(ctx, &clusterv1.JoinRequest{Id: id, RaftAddr: raftAddr})
+		if err != nil {
+			return fromStatus(err)
+		}
+		idx = resp.GetIndex()
+		return nil
+	})
+	return idx, err
+}
+
+func (n *Node) joinLocal(id, addr string) (uint64, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return 0, fmt.Errorf("read configuration: %w", err)
+	}
+	for _, s := range f.Configuration().Servers {
+		switch {
+		case string(s.ID) == id && string(s.Address) == addr:
+			n.logger.Info("join: already a member", "id", id, "raft_addr", addr)
+			return 0, nil
+		case string(s.ID) != id && string(s.Address) == addr:
+			return 0, fmt.Errorf("%w: address %s is used by member %q", errJoinConflict, addr, s.ID)
+		}
+	}
+	af := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.cfg.Raft.ApplyTimeout)
+	if err := af.Error(); err != nil {
+		return 0, raftErr("add voter", err)
+	}
+	n.logger.Info("member joined", "id", id, "raft_addr", addr, "index", af.Index())
+	return af.Index(), nil
+}
+
+// Remove removes a server from the Raft configuration and forgets its
+// addresses, through the leader.
+func (n *Node) Remove(ctx context.Context, id string) (uint64, error) {
+	var idx uint64
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+		if leader {
+			var err error
+			idx, err = n.removeLocal(id)
+			return err
+		}
+		resp, err := c.Remove(ctx, &clusterv1.RemoveRequest{Id: id})
+		if err != nil {
+			return fromStatus(err)
+		}
+		idx = resp.GetIndex()
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	// The member record goes second: if this node removed itself, Propose
+	// finds the next leader.
+	cmd, err := raftfsm.RemoveMember(id)
+	if err != nil {
+		return idx, err
+	}
+	res, err := n.Propose(ctx, cmd)
+	if err != nil {
+		return idx, fmt.Errorf("removed %q from raft, but not its member record: %w", id, err)
+	}
+	return max(idx, res.GetIndex()), nil
+}
+
+func (n *Node) removeLocal(id string) (uint64, error) {
+	if !n.inConfiguration(id) {
+		return 0, fmt.Errorf("member %q: %w", id, store.ErrNotFound)
+	}
+	rf := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.Raft.ApplyTimeout)
+	if err := rf.Error(); err != nil {
+		return 0, raftErr("remove server", err)
+	}
+	n.logger.Info("member removed", "id", id, "index", rf.Index())
+	return rf.Index(), nil
+}
+
+func raftErr(op string, err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
+		return ErrNotLeader
+	case errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown):
+		return &unavailableError{msg: op + ": " + err.Error()}
+	default:
+		return fmt.Errorf("%s: %w", op, err)
+	}
+}
+
+// Status describes the cluster as this node sees it.
+func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
+	leaderAddr, leaderID := n.raft.LeaderWithID()
+	digest, idx, err := n.store.Digest()
+	if err != nil {
+		return nil, err
+	}
+	st := &adminapi.ClusterStatus{
+		NodeID:       n.id,
+		State:        n.raft.State().String(),
+		LeaderID:     string(leaderID),
+		LeaderAddr:   string(leaderAddr),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		LastIndex:    n.raft.LastIndex(),
+		AppliedIndex: idx,
+		Digest:       digest,
+		LastContact:  lastContact(n.raft),
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	members, err := n.store.Members()
+	if err != nil {
+		return nil, err
+	}
+	byID := map[string]store.Member{}
+	for _, m := range members {
+		byID[m.ID] = m
+	}
+	for _, s := range f.Configuration().Servers {
+		m := byID[string(s.ID)]
+		st.Members = append(st.Members, adminapi.MemberStatus{
+			ID:       string(s.ID),
+			RaftAddr: string(s.Address),
+			HTTPAddr: m.HTTPAddr,
+			GRPCAddr: m.GRPCAddr,
+			Suffrage: s.Suffrage.String(),
+			Leader:   s.ID == leaderID,
+		})
+	}
+	return st, nil
+}
+
+func lastContact(r *raft.Raft) string {
+	if r.State() == raft.Leader {
+		return ""
+	}
+	t := r.LastContact()
+	if t.IsZero() {
+		return "never"
+	}
+	return time.Since(t).Round(time.Millisecond).String()
+}

@@ -1,0 +1,322 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// net/http keeps idle client connections' readers until they time out.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// testConfig is a node on loopback with free ports and Raft timeouts short
+// enough for tests (hashicorp/raft's own tests go lower) but safe under -race
+// on two cores.
+func testConfig(t *testing.T, id string) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.NodeID = id
+	cfg.DataDir = filepath.Join(t.TempDir(), id)
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.GRPC.Addr = "127.0.0.1:0"
+	cfg.Raft.Addr = "127.0.0.1:0"
+	cfg.Raft.Bootstrap = false
+	cfg.Raft.HeartbeatTimeout = 300 * time.Millisecond
+	cfg.Raft.ElectionTimeout = 300 * time.Millisecond
+	cfg.Raft.LeaderLeaseTimeout = 150 * time.Millisecond
+	cfg.Raft.CommitTimeout = 5 * time.Millisecond
+	cfg.Raft.ApplyTimeout = 5 * time.Second
+	cfg.Forward.Timeout = 5 * time.Second
+	cfg.Log.Level = "warn"
+	return cfg
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	t.Helper()
+	level := slog.LevelWarn
+	if os.Getenv("POLICYD_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+// testWriter sends logs to t.Log, so they show only for failing tests.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// startNode builds and starts a node and closes it when the test ends.
+func startNode(t *testing.T, cfg config.Config, beforeStart ...func(*Node)) *Node {
+	t.Helper()
+	n, err := New(cfg, testLogger(t), nil)
+	if err != nil {
+		t.Fatalf("start node %s: %v", cfg.NodeID, err)
+	}
+	for _, f := range beforeStart {
+		f(n)
+	}
+	n.Start()
+	t.Cleanup(func() { closeNode(t, n) })
+	return n
+}
+
+func closeNode(t *testing.T, n *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Close(ctx); err != nil {
+		t.Errorf("close node %s: %v", n.ID(), err)
+	}
+}
+
+// waitFor polls cond until it returns nil or the deadline passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval, not a wait for an event
+	}
+	t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
+}
+
+// cluster is a set of nodes on loopback. Node 0 bootstraps; the rest join.
+type cluster struct {
+	t           *testing.T
+	nodes       []*Node
+	cfgs        []config.Config
+	beforeStart []func(*Node)
+}
+
+func newCluster(t *testing.T, size int, mutate func(*config.Config), beforeStart ...func(*Node)) *cluster {
+	t.Helper()
+	c := &cluster{t: t, beforeStart: beforeStart}
+	for i := range size {
+		cfg := testConfig(t, fmt.Sprintf("node%d", i+1))
+		cfg.Raft.Bootstrap = i == 0
+		if mutate != nil {
+			mutate(&cfg)
+		}
+		n := startNode(t, cfg, beforeStart...)
+		cfg.Raft.Addr = n.RaftAddr() // a restart must come back on the same Raft address
+		c.nodes = append(c.nodes, n)
+		c.cfgs = append(c.cfgs, cfg)
+		if i == 0 {
+			c.leader()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := c.nodes[0].Join(ctx, cfg.NodeID, n.RaftAddr()); err != nil {
+			cancel()
+			t.Fatalf("join %s: %v", cfg.NodeID, err)
+		}
+		cancel()
+	}
+	c.waitConverged()
+	return c
+}
+
+// leader waits for a node of the running ones to lead, and for every running
+// node to agree.
+func (c *cluster) leader() *Node {
+	c.t.Helper()
+	var leader *Node
+	waitFor(c.t, 15*time.Second, "a leader all running nodes agree on", func() error {
+		leader = nil
+		for _, n := range c.running() {
+			if n.IsLeader() {
+				leader = n
+			}
+		}
+		if leader == nil {
+			return fmt.Errorf("no leader")
+		}
+		for _, n := range c.running() {
+			if _, id := n.raft.LeaderWithID(); string(id) != leader.ID() {
+				return fmt.Errorf("%s sees leader %q, not %q", n.ID(), id, leader.ID())
+			}
+		}
+		return nil
+	})
+	return leader
+}
+
+func (c *cluster) running() []*Node {
+	var out []*Node
+	for _, n := range c.nodes {
+		if n != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (c *cluster) follower() *Node {
+	c.t.Helper()
+	l := c.leader()
+	for _, n := range c.running() {
+		if n != l {
+			return n
+		}
+	}
+	c.t.Fatal("no follower running")
+	return nil
+}
+
+// waitConverged waits until every running node has applied the same index,
+// has the same state digest, and every member has registered its addresses.
+func (c *cluster) waitConverged() {
+	c.t.Helper()
+	waitFor(c.t, 20*time.Second, "replicas to converge", func() error {
+		nodes := c.running()
+		ref, refIdx, err := nodes[0].store.Digest()
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes[1:] {
+			d, idx, err := n.store.Digest()
+			if err != nil {
+				return err
+			}
+			if idx != refIdx || d != ref {
+				return fmt.Errorf("%s at %d (%.8s), %s at %d (%.8s)", nodes[0].ID(), refIdx, ref, n.ID(), idx, d)
+			}
+		}
+		members, err := nodes[0].store.Members()
+		if err != nil {
+			return err
+		}
+		if len(members) < len(nodes) {
+			return fmt.Errorf("%d of %d members registered", len(members), len(nodes))
+		}
+		return nil
+	})
+}
+
+// stop closes node i (as a crash-free shutdown would).
+func (c *cluster) stop(i int) {
+	c.t.Helper()
+	closeNode(c.t, c.nodes[i])
+	c.nodes[i] = nil
+}
+
+// restart starts node i again on its data directory and Raft address.
+func (c *cluster) restart(i int) *Node {
+	c.t.Helper()
+	cfg := c.cfgs[i]
+	cfg.Raft.Bootstrap = false
+	n := startNode(c.t, cfg, c.beforeStart...)
+	c.nodes[i] = n
+	return n
+}
+
+// api is a minimal REST client for one node.
+type api struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func apiFor(t *testing.T, n *Node) *api {
+	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}
+	t.Cleanup(hc.CloseIdleConnections)
+	return &api{t: t, base: "http://" + n.HTTPAddr(), hc: hc}
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %s: %v", r.body, err)
+	}
+}
+
+// errCode returns the error envelope's code, failing if there is none.
+func (r response) errCode(t *testing.T) string {
+	t.Helper()
+	var env struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(r.body, &env); err != nil || env.Error.Code == "" || env.Error.Message == "" {
+		t.Fatalf("status %d: body %q is not an error envelope", r.status, r.body)
+	}
+	return env.Error.Code
+}
+
+func (a *api) do(method, path string, body []byte, hdr map[string]string) response {
+	a.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, a.base+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		a.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// putPolicy PUTs a valid ToolPolicy and returns the stored policy.
+func (a *api) putPolicy(name, org, reason string) *policy.Policy {
+	a.t.Helper()
+	r := a.do(http.MethodPut, "/v1/policies/"+name, toolPolicy(name, org, reason), nil)
+	if r.status != http.StatusOK {
+		a.t.Fatalf("PUT %s: %d %s", name, r.status, r.body)
+	}
+	var p policy.Policy
+	r.decode(a.t, &p)
+	return &p
+}
+
+func toolPolicy(name, org, reason string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"name": name, "kind": "ToolPolicy",
+		"scope": map[string]string{"org": org},
+		"spec":  map[string]any{"tool_name": "Bash", "action": "deny", "reason": reason, "conditions": map[string]any{"patterns": []string{"rm -rf"}}},
+	})
+	return b
+}

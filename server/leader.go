@@ -1,0 +1,187 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/store"
+)
+
+// leadershipLoop starts the leader tasks when this node gains leadership and
+// stops them, waiting for them to return, when it loses it. A new term's
+// tasks never overlap the previous term's.
+func (n *Node) leadershipLoop() {
+	var term *leaderTerm
+	stop := func() {
+		if term != nil {
+			term.stop()
+			term = nil
+			n.readyTerm.Store(0)
+			n.logger.Info("leader tasks stopped")
+		}
+	}
+	defer stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case leader := <-n.raft.LeaderCh():
+			// LeaderCh may coalesce transitions; always restart cleanly.
+			stop()
+			if leader {
+				term = n.startTerm()
+			}
+		}
+	}
+}
+
+// leaderTerm is one run of the leader tasks.
+type leaderTerm struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (t *leaderTerm) stop() {
+	t.cancel()
+	t.wg.Wait()
+}
+
+func (n *Node) startTerm() *leaderTerm {
+	ctx, cancel := context.WithCancel(n.ctx)
+	t := &leaderTerm{cancel: cancel}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		n.lead(ctx, &t.wg)
+	}()
+	return t
+}
+
+// lead establishes this term's leadership, then starts every leader task.
+func (n *Node) lead(ctx context.Context, wg *sync.WaitGroup) {
+	term := n.raft.CurrentTerm()
+	// The barrier commits an entry of this term and waits until the FSM has
+	// applied everything before it: until then the commit index may lag
+	// what earlier leaders acknowledged, and tasks would act on stale state.
+	for {
+		err := n.raft.Barrier(n.cfg.Raft.ApplyTimeout).Error()
+		if err == nil {
+			break
+		}
+		n.logger.Warn("leader barrier failed", "term", term, "err", err)
+		if n.raft.State() != raft.Leader || !sleepCtx(ctx, 100*time.Millisecond) {
+			return
+		}
+	}
+	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+		return
+	}
+	n.readyTerm.Store(term)
+	n.logger.Info("leading", "term", term, "applied_index", n.store.AppliedIndex())
+	for _, t := range n.leaderTasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.logger.Debug("leader task started", "task", t.Name)
+			t.Run(ctx)
+		}()
+	}
+}
+
+// registerSelfTask makes sure the leader's own addresses are in the FSM,
+// because followers need them to forward writes.
+func (n *Node) registerSelfTask(ctx context.Context) {
+	n.ensureRegistered(ctx)
+}
+
+// registerLoop keeps this node's member record current from any role. It
+// runs for the node's life: a node added later, or one whose addresses
+// changed across a restart, registers as soon as a leader accepts it.
+func (n *Node) registerLoop() {
+	for {
+		n.ensureRegistered(n.ctx)
+		if !sleepCtx(n.ctx, 5*time.Second) {
+			return
+		}
+	}
+}
+
+func (n *Node) ensureRegistered(ctx context.Context) {
+	self := n.self()
+	backoff := 50 * time.Millisecond
+	for {
+		if m, err := n.store.Member(n.id); err == nil && m == self {
+			return
+		}
+		if n.inConfiguration(n.id) {
+			cmd, err := raftfsm.RegisterMember(self)
+			if err != nil {
+				n.logger.Error("encode member registration", "err", err)
+				return
+			}
+			if res, err := n.Propose(ctx, cmd); err != nil {
+				n.logger.Debug("member registration not accepted yet", "err", err)
+			} else if err := n.store.WaitApplied(ctx, res.GetIndex()); err == nil {
+				n.logger.Info("registered member addresses", "http", self.HTTPAddr, "grpc", self.GRPCAddr, "raft", self.RaftAddr)
+			}
+		}
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// pruneEventsTask proposes the retention cutoff every cleanup interval
+// (seed 004's hourly cleanup of events older than 24h by default).
+func (n *Node) pruneEventsTask(ctx context.Context) {
+	t := time.NewTicker(n.cfg.Events.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.pruneEvents(ctx, time.Now().Add(-n.cfg.Events.Retention))
+		}
+	}
+}
+
+func (n *Node) pruneEvents(ctx context.Context, cutoff time.Time) {
+	total := 0
+	for {
+		cmd, err := raftfsm.PruneEvents(cutoff)
+		if err != nil {
+			n.logger.Error("encode prune command", "err", err)
+			return
+		}
+		res, err := n.Propose(ctx, cmd)
+		if err != nil {
+			n.logger.Warn("event pruning failed; retrying next interval", "err", err)
+			return
+		}
+		total += int(res.GetRevision())
+		if res.GetRevision() < store.MaxPrunePerBatch {
+			break
+		}
+	}
+	if total > 0 {
+		n.logger.Info("pruned events", "count", total, "cutoff", cutoff.UTC().Format(time.RFC3339))
+	}
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

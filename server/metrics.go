@@ -1,0 +1,26 @@
+package server
+
+import (
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// registerMetrics exposes the node's Raft position. Raft's own go-metrics
+// (commit times, replication) are bridged into the same registry by main,
+// because hashicorp/raft reports them through a process-global sink.
+func (n *Node) registerMetrics() {
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "policyd", Name: name, Help: help}, f)
+	}
+	n.reg.MustRegister(
+		gauge("raft_is_leader", "1 if this node is the Raft leader.", func() float64 {
+			if n.raft.State() == raft.Leader {
+				return 1
+			}
+			return 0
+		}),
+		gauge("raft_term", "Current Raft term.", func() float64 { return float64(n.raft.CurrentTerm()) }),
+		gauge("raft_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.raft.CommitIndex()) }),
+		gauge("store_applied_index", "Last Raft index applied to the state database.", func() float64 { return float64(n.store.AppliedIndex()) }),
+	)
+}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// nodeIDFile pins a node's Raft identity to its data directory: a node whose
+// host name changes (a re-created container) must not come back as a
+// stranger to its own cluster.
+const nodeIDFile = "node-id"
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// resolveNodeID returns the configured ID, or the one persisted in dataDir, or
+// (first start, nothing configured) the host name, which it then persists. A
+// configured ID that differs from the persisted one is refused: the data
+// directory belongs to another node.
+func resolveNodeID(configured, dataDir string) (string, error) {
+	p := filepath.Join(dataDir, nodeIDFile)
+	raw, err := os.ReadFile(p)
+	switch {
+	case err == nil:
+		persisted := strings.TrimSpace(string(raw))
+		if configured != "" && configured != persisted {
+			return "", fmt.Errorf("node_id %q does not match %q recorded in %s: this data directory belongs to node %q", configured, persisted, p, persisted)
+		}
+		if !nodeIDPattern.MatchString(persisted) {
+			return "", fmt.Errorf("node id %q in %s is not a valid node id", persisted, p)
+		}
+		return persisted, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("read node id %s: %w", p, err)
+	}
+	id := configured
+	if id == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("node_id is empty and the host name is unknown: %w", err)
+		}
+		id = sanitizeHost(host)
+	}
+	if err := os.WriteFile(p, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("persist node id to %s: %w", p, err)
+	}
+	return id, nil
+}
+
+func sanitizeHost(h string) string {
+	h = strings.Split(h, ".")[0]
+	var b strings.Builder
+	for _, r := range h {
+		if r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		}
+	}
+	s := b.String()
+	if s == "" || !nodeIDPattern.MatchString(s) {
+		return "node1"
+	}
+	if len(s) > 63 {
+		s = s[:63]
+	}
+	return s
+}

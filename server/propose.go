@@ -1,0 +1,316 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/store"
+)
+
+// unavailableError marks errors that mean "the cluster could not take this
+// request now; retry later". Listeners map any error with an Unavailable
+// method to 503 / codes.Unavailable.
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string     { return e.msg }
+func (e *unavailableError) Unavailable() bool { return true }
+
+// Sentinel errors.
+var (
+	// ErrNoLeader is returned when no leader is known or reachable within
+	// the leader wait. The request was not applied.
+	ErrNoLeader error = &unavailableError{msg: "no leader is reachable"}
+	// ErrNotLeader is returned by leader-only operations on a follower; Propose
+	// and ConsistentRead retry it by finding the current leader.
+	ErrNotLeader = errors.New("not the leader")
+	// ErrAmbiguous is returned when a write was handed to Raft but its outcome
+	// is unknown (leadership lost, timeout): it may or may not be applied.
+	ErrAmbiguous error = &unavailableError{msg: "write outcome unknown: it may or may not have been applied"}
+)
+
+// leaderWait is how long a request waits for a leader to appear before it
+// fails with ErrNoLeader: three election timeouts cover an ordinary election.
+func (n *Node) leaderWait() time.Duration { return 3 * n.cfg.Raft.ElectionTimeout }
+
+// Propose commits cmd through the leader, forwarding it if this node is a
+// follower, and returns the FSM's result. A business error (conflict, not
+// found) is in the result (see raftfsm.ResultErr); the error is about
+// getting the command committed.
+func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+	if cmd.GetOriginatedAtUnixNano() == 0 {
+		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Forward.Timeout)
+	defer cancel()
+	var res *commandv1.Result
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+		var err error
+		if leader {
+			res, err = n.applyLocal(ctx, cmd)
+			return err
+		}
+		resp, err := c.Apply(ctx, &clusterv1.ApplyRequest{Command: cmd})
+		if err != nil {
+			return fromStatus(err)
+		}
+		res = resp.GetResult()
+		return nil
+	})
+	return res, err
+}
+
+// withLeader runs fn against the current leader: locally (leader true) or
+// through a cluster client to it. It retries only while no leader is known
+// or the addressed node said it is not the leader, which both mean fn had no
+// effect, for up to leaderWait.
+func (n *Node) withLeader(ctx context.Context, fn func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error) error {
+	deadline := time.Now().Add(n.leaderWait())
+	backoff := 10 * time.Millisecond
+	for {
+		err := n.tryLeader(ctx, fn)
+		if err == nil || !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w (%w)", ErrNoLeader, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%w)", ErrNoLeader, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 250*time.Millisecond)
+	}
+}
+
+func (n *Node) tryLeader(ctx context.Context, fn func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error) error {
+	if n.raft.State() == raft.Leader {
+		return fn(ctx, true, nil)
+	}
+	_, leaderID := n.raft.LeaderWithID()
+	if leaderID == "" {
+		return ErrNoLeader
+	}
+	if string(leaderID) == n.id {
+		// We just lost leadership; wait for the next leader.
+		return ErrNotLeader
+	}
+	m, err := n.store.Member(string(leaderID))
+	if err != nil || m.GRPCAddr == "" {
+		// The leader has not registered its addresses yet (it does so
+		// first thing in its term).
+		return fmt.Errorf("leader %s has no registered address: %w", leaderID, ErrNoLeader)
+	}
+	c, err := n.peers.client(m.GRPCAddr)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, false, c)
+}
+
+// applyLocal proposes cmd on this node, which must be the leader. The leader
+// stamps the processed time, so the event log follows one clock.
+func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+	if raftfsm.Type(cmd.GetType()) == raftfsm.TypeRegisterMember {
+		// A node that was removed must not re-register itself through a
+		// leader it can still reach.
+		var reg commandv1.RegisterMember
+		if err := proto.Unmarshal(cmd.GetPayload(), &reg); err != nil {
+			return nil, fmt.Errorf("decode register-member payload: %w", err)
+		}
+		if !n.inConfiguration(reg.GetId()) {
+			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
+		}
+	}
+	cp := proto.Clone(cmd).(*commandv1.Command)
+	cp.ProcessedAtUnixNano = time.Now().UnixNano()
+	data, err := proto.Marshal(cp)
+	if err != nil {
+		return nil, fmt.Errorf("encode command: %w", err)
+	}
+	f := n.raft.Apply(data, n.cfg.Raft.ApplyTimeout)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %w", ErrAmbiguous, ctx.Err())
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, raft.ErrNotLeader):
+		return nil, ErrNotLeader // rejected before it was appended
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return nil, &unavailableError{msg: "raft is overloaded: " + err.Error()}
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return nil, &unavailableError{msg: "node is shutting down"}
+	default:
+		return nil, fmt.Errorf("%w: %w", ErrAmbiguous, err)
+	}
+	res, ok := f.Response().(*commandv1.Result)
+	if !ok || res == nil {
+		return nil, fmt.Errorf("entry %d produced no result", f.Index())
+	}
+	return res, nil
+}
+
+var errNotMember = errors.New("not a member of the raft configuration")
+
+func (n *Node) inConfiguration(id string) bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
+// ConsistentRead returns once this node's local state includes every write
+// acknowledged before the call: the leader confirms it still leads and names
+// its commit index (the read index), and this node waits until it has
+// applied up to it.
+func (n *Node) ConsistentRead(ctx context.Context) error {
+	var idx uint64
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+		if leader {
+			var err error
+			idx, err = n.leaderReadIndex(ctx)
+			return err
+		}
+		resp, err := c.ReadIndex(ctx, &clusterv1.ReadIndexRequest{})
+		if err != nil {
+			return fromStatus(err)
+		}
+		idx = resp.GetIndex()
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return n.store.WaitApplied(ctx, idx)
+}
+
+// leaderReadIndex implements the leader half of a read index: it is valid
+// only once the leader has committed an entry of its own term (the barrier
+// run at the start of every term), and only if a quorum still follows it
+// after the index is taken.
+func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
+	term := n.raft.CurrentTerm()
+	for n.readyTerm.Load() != term {
+		if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+			return 0, ErrNotLeader
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("leader not ready for reads: %w", ErrNoLeader)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	idx := n.raft.CommitIndex()
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return 0, ErrNotLeader
+	}
+	if n.raft.CurrentTerm() != term {
+		return 0, ErrNotLeader
+	}
+	return idx, nil
+}
+
+// peerPool keeps one gRPC client connection per peer address.
+type peerPool struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func newPeerPool() *peerPool { return &peerPool{conns: map[string]*grpc.ClientConn{}} }
+
+func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if cc, ok := p.conns[addr]; ok {
+		return clusterv1.NewClusterClient(cc), nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("dial peer %s: %w", addr, err)
+	}
+	p.conns[addr] = cc
+	return clusterv1.NewClusterClient(cc), nil
+}
+
+func (p *peerPool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for a, cc := range p.conns {
+		_ = cc.Close()
+		delete(p.conns, a)
+	}
+}
+
+// toStatus and fromStatus are the one place where node errors and gRPC codes
+// meet on the internal API.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	var u interface{ Unavailable() bool }
+	switch {
+	case errors.Is(err, ErrNotLeader):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errNotMember):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, errInvalidJoin):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errJoinConflict):
+		return status.Error(codes.AlreadyExists, err.Error())
+	case errors.Is(err, store.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.As(err, &u):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	default:
+		return status.Error(codes.Internal, err.Error())
+	}
+}
+
+func fromStatus(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.FailedPrecondition:
+		return ErrNotLeader
+	case codes.PermissionDenied:
+		return fmt.Errorf("%s: %w", st.Message(), errNotMember)
+	case codes.InvalidArgument:
+		return fmt.Errorf("%s: %w", st.Message(), errInvalidJoin)
+	case codes.AlreadyExists:
+		return fmt.Errorf("%s: %w", st.Message(), errJoinConflict)
+	case codes.NotFound:
+		return fmt.Errorf("%s: %w", st.Message(), store.ErrNotFound)
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		// Sent, outcome unknown from here.
+		return &unavailableError{msg: "leader unreachable: " + st.Message()}
+	default:
+		return fmt.Errorf("leader: %s", st.Message())
+	}
+}

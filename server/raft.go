@@ -1,0 +1,106 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/policyd/policyd/raftfsm"
+)
+
+// setupRaft builds the transport, log store, snapshot store and raft
+// instance, and bootstraps the cluster if configured to and no Raft state
+// exists.
+func (n *Node) setupRaft() error {
+	rc := n.cfg.Raft
+	raftDir := filepath.Join(n.cfg.DataDir, "raft")
+	if err := os.MkdirAll(raftDir, 0o700); err != nil {
+		return fmt.Errorf("create raft dir %q: %w", raftDir, err)
+	}
+	hl := newHCLog(n.logger, "raft")
+
+	// Without an advertise address the transport advertises the bound one
+	// (config validation refuses an unspecified bind host without advertise).
+	var adv net.Addr
+	if a := rc.Advertise; a != "" {
+		tcp, err := net.ResolveTCPAddr("tcp", a)
+		if err != nil {
+			return fmt.Errorf("raft.advertise %q: %w", a, err)
+		}
+		adv = tcp
+	}
+	tr, err := raft.NewTCPTransportWithConfig(rc.Addr, adv, &raft.NetworkTransportConfig{
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  hl.Named("transport"),
+	})
+	if err != nil {
+		return fmt.Errorf("listen raft.addr %s: %w", rc.Addr, err)
+	}
+	n.transport = tr
+
+	logPath := filepath.Join(raftDir, "raft.db")
+	ls, err := raftboltdb.New(raftboltdb.Options{Path: logPath})
+	if err != nil {
+		return fmt.Errorf("open raft log %q: %w", logPath, err)
+	}
+	n.logStore = ls
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, rc.SnapshotRetain, hl.Named("snapshots"))
+	if err != nil {
+		return fmt.Errorf("open raft snapshots in %q: %w", raftDir, err)
+	}
+
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(n.id)
+	conf.Logger = hl
+	conf.HeartbeatTimeout = rc.HeartbeatTimeout
+	conf.ElectionTimeout = rc.ElectionTimeout
+	conf.LeaderLeaseTimeout = rc.LeaderLeaseTimeout
+	conf.CommitTimeout = rc.CommitTimeout
+	conf.SnapshotInterval = rc.SnapshotInterval
+	conf.SnapshotThreshold = rc.SnapshotThreshold
+	conf.TrailingLogs = rc.TrailingLogs
+	// Group entries: the leader sends up to MaxAppendEntries per RPC and
+	// hands the FSM whole batches (one bbolt transaction each).
+	conf.MaxAppendEntries = rc.MaxAppendEntries
+	conf.BatchApplyCh = true
+	// The FSM is persistent: it already holds everything up to its applied
+	// index, and replayed entries at or below it are skipped.
+	conf.NoSnapshotRestoreOnStart = true
+	if err := raft.ValidateConfig(conf); err != nil {
+		return fmt.Errorf("raft config: %w", err)
+	}
+
+	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
+	r, err := raft.NewRaft(conf, fsm, ls, ls, snaps, tr)
+	if err != nil {
+		return fmt.Errorf("start raft: %w", err)
+	}
+	n.raft = r
+
+	has, err := raft.HasExistingState(ls, ls, snaps)
+	if err != nil {
+		return fmt.Errorf("inspect raft state: %w", err)
+	}
+	if has || !rc.Bootstrap {
+		return nil
+	}
+	servers := []raft.Server{{ID: conf.LocalID, Address: tr.LocalAddr(), Suffrage: raft.Voter}}
+	if len(rc.Peers) > 0 {
+		servers = servers[:0]
+		for _, p := range rc.Peers {
+			servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address), Suffrage: raft.Voter})
+		}
+	}
+	n.logger.Info("bootstrapping cluster", "servers", len(servers))
+	if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		return fmt.Errorf("bootstrap cluster: %w", err)
+	}
+	return nil
+}

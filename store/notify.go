@@ -1,0 +1,110 @@
+package store
+
+import (
+	"sync"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Change is what one committed batch changed.
+type Change struct {
+	// Index is the applied index after the batch.
+	Index uint64
+	// Resync means the subscriber cannot rely on Entities: the whole state
+	// was replaced (snapshot restore) or the subscriber fell too far behind.
+	// It must reload what it serves from the store.
+	Resync bool
+	// Entities lists each changed entity in apply order.
+	Entities []EntityChange
+}
+
+// EntityChange is one entity's change within a batch.
+type EntityChange struct {
+	Type   EntityType
+	ID     string
+	Action Action
+	// Index is the Raft index of the command (the event ID and revision).
+	Index uint64
+	// Scopes the change touches: for a policy its new scope and, if it
+	// moved, its old one; for an employee its identity before and after.
+	Scopes []policy.Scope
+}
+
+// maxPending bounds a subscriber's queue. Past it, the queue is replaced by a
+// single Resync: memory stays bounded and the writer never waits.
+const maxPending = 1024
+
+// Subscription receives change notifications. Ready fires when Next has
+// something; Next drains everything queued so far.
+type Subscription struct {
+	s       *Store
+	ready   chan struct{}
+	mu      sync.Mutex
+	pending []Change
+	done    bool
+}
+
+// Subscribe registers a subscriber. Call Close when done.
+func (s *Store) Subscribe() *Subscription {
+	sub := &Subscription{s: s, ready: make(chan struct{}, 1)}
+	s.subMu.Lock()
+	s.subs[sub] = struct{}{}
+	s.subMu.Unlock()
+	return sub
+}
+
+// Ready is signalled (at most one pending signal) when changes are queued, and
+// closed when the store closes.
+func (sub *Subscription) Ready() <-chan struct{} { return sub.ready }
+
+// Next returns and clears the queued changes; nil if none.
+func (sub *Subscription) Next() []Change {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	out := sub.pending
+	sub.pending = nil
+	return out
+}
+
+// Close unregisters the subscription.
+func (sub *Subscription) Close() {
+	sub.s.subMu.Lock()
+	delete(sub.s.subs, sub)
+	sub.s.subMu.Unlock()
+	sub.close()
+}
+
+func (sub *Subscription) close() {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if !sub.done {
+		sub.done = true
+		close(sub.ready)
+	}
+}
+
+func (sub *Subscription) push(c Change) {
+	sub.mu.Lock()
+	if sub.done {
+		sub.mu.Unlock()
+		return
+	}
+	if len(sub.pending) >= maxPending {
+		sub.pending = []Change{{Index: c.Index, Resync: true}}
+	} else {
+		sub.pending = append(sub.pending, c)
+	}
+	sub.mu.Unlock()
+	select {
+	case sub.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) publish(c Change) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	for sub := range s.subs {
+		sub.push(c)
+	}
+}

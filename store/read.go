@@ -1,0 +1,310 @@
+package store
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Event is one recorded change (seed 004). ID is the Raft index of the
+// command, so events are totally ordered and identical on every node.
+type Event struct {
+	ID           uint64          `json:"id"`
+	EntityType   EntityType      `json:"entity_type"`
+	Org          string          `json:"org"`
+	Action       Action          `json:"action"`
+	EntityID     string          `json:"entity_id"`
+	Data         json.RawMessage `json:"data"`
+	OriginatedAt time.Time       `json:"originated_at"`
+	ProcessedAt  time.Time       `json:"processed_at"`
+}
+
+// EntityState is the version of one entity type in one org: the Raft index of
+// its last change.
+type EntityState struct {
+	EntityType EntityType `json:"entity_type"`
+	Org        string     `json:"org"`
+	Version    uint64     `json:"version"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+}
+
+// GetPolicy returns the named policy or ErrNotFound.
+func (s *Store) GetPolicy(name string) (*policy.Policy, error) {
+	var p policy.Policy
+	err := s.view(func(tx *bolt.Tx) error {
+		found, err := getJSON(tx.Bucket(bucketPolicies), name, &p)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("policy %q: %w", name, ErrNotFound)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// PolicyFilter selects policies. Zero values select everything.
+type PolicyFilter struct {
+	// Identity, when set, keeps only the policies that apply to it.
+	Identity *policy.Identity
+	Kind     string
+}
+
+// ListPolicies returns the policies matching f, sorted by name.
+func (s *Store) ListPolicies(f PolicyFilter) ([]*policy.Policy, error) {
+	var out []*policy.Policy
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
+			var p policy.Policy
+			if err := json.Unmarshal(v, &p); err != nil {
+				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			}
+			if f.Kind != "" && p.Kind != f.Kind {
+				return nil
+			}
+			if f.Identity != nil && !p.Scope.AppliesTo(*f.Identity) {
+				return nil
+			}
+			out = append(out, &p)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// PolicySet is the set of policies that apply to one identity, with its
+// version.
+type PolicySet struct {
+	Identity policy.Identity
+	// Version is the lowercase hex SHA-256 over the applicable policies
+	// sorted by name, feeding each name and then its stored bytes. It
+	// depends only on content, so every replica computes the same one.
+	Version string
+	// Index is the applied index the set was read at.
+	Index    uint64
+	Policies []*policy.Policy
+}
+
+// PolicySet reads the policies that apply to id and their version, in one
+// transaction.
+func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
+	set := &PolicySet{Identity: id}
+	err := s.view(func(tx *bolt.Tx) error {
+		set.Index = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
+		h := sha256.New()
+		// ForEach visits keys in byte order, which is name order.
+		err := tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
+			var p policy.Policy
+			if err := json.Unmarshal(v, &p); err != nil {
+				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			}
+			if !p.Scope.AppliesTo(id) {
+				return nil
+			}
+			h.Write(k)
+			h.Write(v)
+			set.Policies = append(set.Policies, &p)
+			return nil
+		})
+		set.Version = hex.EncodeToString(h.Sum(nil))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return set, nil
+}
+
+// GetEmployee returns the employee or ErrNotFound.
+func (s *Store) GetEmployee(id string) (*policy.Employee, error) {
+	var e policy.Employee
+	err := s.view(func(tx *bolt.Tx) error {
+		found, err := getJSON(tx.Bucket(bucketEmploy), id, &e)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("employee %q: %w", id, ErrNotFound)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
+}
+
+// ListEmployees returns employees, optionally only those of org (and team),
+// sorted by ID.
+func (s *Store) ListEmployees(org, team string) ([]*policy.Employee, error) {
+	var out []*policy.Employee
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketEmploy).ForEach(func(k, v []byte) error {
+			var e policy.Employee
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("decode stored employee %q: %w", k, err)
+			}
+			if (org != "" && e.Org != org) || (team != "" && e.Team != team) {
+				return nil
+			}
+			out = append(out, &e)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// EventFilter selects events. Zero values select everything; Limit 0 means no
+// limit.
+type EventFilter struct {
+	Type  EntityType
+	Org   string
+	After uint64
+	Limit int
+	// OrgSet distinguishes "org = global (empty)" from "any org".
+	OrgSet bool
+}
+
+// EventPage is a page of events in ID order.
+type EventPage struct {
+	Events []Event `json:"events"`
+	// PrunedThrough is the highest event ID removed by retention. A reader
+	// whose After is below it has missed events and must resynchronise.
+	PrunedThrough uint64 `json:"pruned_through"`
+	// LastID is the highest event ID examined; pass it as After to continue.
+	LastID uint64 `json:"last_id"`
+}
+
+// ListEvents returns events after f.After, in ID order.
+func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
+	page := &EventPage{Events: []Event{}, LastID: f.After}
+	err := s.view(func(tx *bolt.Tx) error {
+		page.PrunedThrough = getUint(tx.Bucket(bucketMeta), keyPrunedThrough)
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, v := c.Seek(u64(f.After + 1)); k != nil; k, v = c.Next() {
+			if f.Limit > 0 && len(page.Events) >= f.Limit {
+				break
+			}
+			id := binary.BigEndian.Uint64(k)
+			page.LastID = id
+			var ev Event
+			if len(v) < 8 {
+				return fmt.Errorf("stored event %d is truncated", id)
+			}
+			if err := json.Unmarshal(v[8:], &ev); err != nil {
+				return fmt.Errorf("decode stored event %d: %w", id, err)
+			}
+			if f.Type != "" && ev.EntityType != f.Type {
+				continue
+			}
+			if (f.OrgSet || f.Org != "") && ev.Org != f.Org {
+				continue
+			}
+			page.Events = append(page.Events, ev)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return page, nil
+}
+
+// EntityStates returns every entity-state version.
+func (s *Store) EntityStates() ([]EntityState, error) {
+	var out []EntityState
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketStates).ForEach(func(k, v []byte) error {
+			var st EntityState
+			if err := json.Unmarshal(v, &st); err != nil {
+				return fmt.Errorf("decode entity state %q: %w", k, err)
+			}
+			out = append(out, st)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Members returns every registered member, sorted by ID.
+func (s *Store) Members() ([]Member, error) {
+	var out []Member
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMembers).ForEach(func(k, v []byte) error {
+			var m Member
+			if err := json.Unmarshal(v, &m); err != nil {
+				return fmt.Errorf("decode member %q: %w", k, err)
+			}
+			out = append(out, m)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Member returns one member or ErrNotFound.
+func (s *Store) Member(id string) (Member, error) {
+	var m Member
+	err := s.view(func(tx *bolt.Tx) error {
+		found, err := getJSON(tx.Bucket(bucketMembers), id, &m)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("member %q: %w", id, ErrNotFound)
+		}
+		return nil
+	})
+	return m, err
+}
+
+// Digest returns a SHA-256 over every replicated bucket (not the applied
+// index) and the applied index it was taken at, from one transaction.
+// Replicas at the same index must have equal digests; tests and operators
+// compare them.
+func (s *Store) Digest() (digest string, index uint64, err error) {
+	s.digestMu.Lock()
+	defer s.digestMu.Unlock()
+	if s.digest != "" && s.digestIndex == s.AppliedIndex() {
+		return s.digest, s.digestIndex, nil
+	}
+	err = s.view(func(tx *bolt.Tx) error {
+		index = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
+		h := sha256.New()
+		var n [8]byte
+		writeLen := func(b []byte) {
+			binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+			h.Write(n[:])
+			h.Write(b)
+		}
+		writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
+		for _, name := range dataBuckets {
+			writeLen(name)
+			if err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+				writeLen(k)
+				writeLen(v)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		digest = hex.EncodeToString(h.Sum(nil))
+		return nil
+	})
+	if err != nil {
+		return "", 0, fmt.Errorf("digest %q: %w", s.path, err)
+	}
+	s.digest, s.digestIndex = digest, index
+	return digest, index, nil
+}

@@ -1,0 +1,406 @@
+// Package store is policyd's replicated state in one bbolt file
+// (data_dir/state.db): policies, employees, the event log, entity-state
+// versions and cluster members, plus the index of the last applied Raft entry.
+//
+// The store knows nothing of Raft. Its writer (raftfsm) hands it batches of
+// already-decided changes: the Raft index, the proposer's timestamps and the
+// entity. One batch is one bbolt transaction; it writes every entity, its
+// event and its entity-state version, and the applied index, together. A crash
+// therefore never leaves an entity without its event, or a replayed entry
+// applied twice.
+//
+// After each committed batch the store tells its subscribers what changed
+// (see Subscribe). Subscribers never block the writer.
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Sentinel errors. Business errors (ErrNotFound, ErrConflict) come back as a
+// command's result; they leave the state unchanged.
+var (
+	// ErrNotFound is returned when the named entity does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict is returned when a compare-and-set precondition fails.
+	ErrConflict = errors.New("conflict")
+	// ErrForeignDB is returned by Open when the file is a valid bbolt
+	// database that policyd did not create.
+	ErrForeignDB = errors.New("not a policyd state database")
+	// ErrClosed is returned by operations on a closed store.
+	ErrClosed = errors.New("store closed")
+)
+
+// schemaMagic marks a state.db as ours. A new schema gets a new value and a
+// migration; a node never guesses at a file it does not recognise.
+const schemaMagic = "policyd-state-v1"
+
+var (
+	bucketMeta     = []byte("meta")
+	bucketPolicies = []byte("policies")
+	bucketEmploy   = []byte("employees")
+	bucketEvents   = []byte("events")
+	bucketStates   = []byte("entity_states")
+	bucketMembers  = []byte("members")
+
+	// dataBuckets is every bucket that holds replicated state, in digest order.
+	dataBuckets = [][]byte{bucketPolicies, bucketEmploy, bucketEvents, bucketStates, bucketMembers}
+
+	keyMagic         = []byte("magic")
+	keyAppliedIndex  = []byte("applied_index")
+	keyPrunedThrough = []byte("events_pruned_through")
+)
+
+// Store is the bbolt-backed state. All methods are safe for concurrent use.
+type Store struct {
+	path   string
+	logger *slog.Logger
+
+	// mu guards db: every transaction holds it for reading, and only Restore
+	// and Close, which replace or close the file, hold it for writing.
+	mu     sync.RWMutex
+	db     *bolt.DB
+	closed bool
+
+	applied atomic.Uint64
+
+	waitMu sync.Mutex
+	waitCh chan struct{} // closed and replaced whenever applied advances
+
+	subMu sync.Mutex
+	subs  map[*Subscription]struct{}
+
+	digestMu    sync.Mutex
+	digestIndex uint64
+	digest      string
+}
+
+// Open opens or creates the state database at path. It refuses a file that is
+// corrupt or was not written by policyd, naming the file, and never writes to
+// such a file.
+func Open(path string, logger *slog.Logger) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir for %q: %w", path, err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+		// Inspect read-only first: bbolt writes to a file it opens read-write.
+		if err := checkFile(path); err != nil {
+			return nil, err
+		}
+	}
+	db, err := openBolt(path, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.Update(initBuckets); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("initialise state db %q: %w", path, err)
+	}
+	s := &Store{
+		path:   path,
+		logger: logger,
+		db:     db,
+		waitCh: make(chan struct{}),
+		subs:   make(map[*Subscription]struct{}),
+	}
+	idx, err := s.readApplied()
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s.applied.Store(idx)
+	return s, nil
+}
+
+func openBolt(path string, readOnly bool) (*bolt.DB, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:  2 * time.Second, // another process holds the lock: fail, don't hang
+		ReadOnly: readOnly,
+		// A snapshot is a long read transaction; a remap while it is open would
+		// stall writers, so reserve address space up front.
+		InitialMmapSize: 256 << 20,
+		FreelistType:    bolt.FreelistMapType,
+		NoFreelistSync:  true,
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("open state db %q: locked by another process", path)
+		}
+		return nil, fmt.Errorf("open state db %q: %w (the file was left untouched)", path, err)
+	}
+	return db, nil
+}
+
+// checkFile verifies, read-only, that path is a policyd state database.
+func checkFile(path string) error {
+	db, err := openBolt(path, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("open state db %q: %w (no meta bucket; the file was left untouched)", path, ErrForeignDB)
+		}
+		if got := meta.Get(keyMagic); !bytes.Equal(got, []byte(schemaMagic)) {
+			return fmt.Errorf("open state db %q: %w (schema %q, want %q; the file was left untouched)", path, ErrForeignDB, got, schemaMagic)
+		}
+		return nil
+	})
+}
+
+func initBuckets(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	if meta.Get(keyMagic) == nil {
+		if err := meta.Put(keyMagic, []byte(schemaMagic)); err != nil {
+			return err
+		}
+	}
+	for _, b := range dataBuckets {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) readApplied() (uint64, error) {
+	var idx uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		idx = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read applied index from %q: %w", s.path, err)
+	}
+	return idx, nil
+}
+
+// Path is the state database file.
+func (s *Store) Path() string { return s.path }
+
+// AppliedIndex is the index of the last Raft entry applied to the store.
+func (s *Store) AppliedIndex() uint64 { return s.applied.Load() }
+
+// WaitApplied blocks until the applied index reaches idx or ctx ends.
+func (s *Store) WaitApplied(ctx context.Context, idx uint64) error {
+	for {
+		s.waitMu.Lock()
+		ch := s.waitCh
+		s.waitMu.Unlock()
+		if s.applied.Load() >= idx {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for applied index %d (at %d): %w", idx, s.applied.Load(), ctx.Err())
+		}
+	}
+}
+
+func (s *Store) advance(idx uint64) {
+	s.applied.Store(idx)
+	s.waitMu.Lock()
+	close(s.waitCh)
+	s.waitCh = make(chan struct{})
+	s.waitMu.Unlock()
+}
+
+// view runs fn in a read transaction.
+func (s *Store) view(fn func(tx *bolt.Tx) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return s.db.View(fn)
+}
+
+// Close closes the database and ends every subscription.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.subMu.Lock()
+	for sub := range s.subs {
+		sub.close()
+	}
+	s.subs = map[*Subscription]struct{}{}
+	s.subMu.Unlock()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close state db %q: %w", s.path, err)
+	}
+	return nil
+}
+
+// Snapshot is a consistent, point-in-time view of the whole database, for
+// Raft snapshots. Writers keep going while it is open.
+type Snapshot struct {
+	tx      *bolt.Tx
+	release sync.Once
+	unlock  func()
+}
+
+// Snapshot opens a read transaction over the whole database. The caller must
+// call Release.
+func (s *Store) Snapshot() (*Snapshot, error) {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		s.mu.RUnlock()
+		return nil, fmt.Errorf("begin snapshot of %q: %w", s.path, err)
+	}
+	return &Snapshot{tx: tx, unlock: s.mu.RUnlock}, nil
+}
+
+// Index is the applied index the snapshot contains.
+func (sn *Snapshot) Index() uint64 { return getUint(sn.tx.Bucket(bucketMeta), keyAppliedIndex) }
+
+// WriteTo streams the database file as of the snapshot.
+func (sn *Snapshot) WriteTo(w io.Writer) (int64, error) { return sn.tx.WriteTo(w) }
+
+// Release ends the snapshot's transaction. Safe to call more than once.
+func (sn *Snapshot) Release() {
+	sn.release.Do(func() {
+		_ = sn.tx.Rollback()
+		sn.unlock()
+	})
+}
+
+// Restore replaces the whole state with the database read from r (a
+// Snapshot's WriteTo output). The new file is written beside the old one,
+// fsynced, checked, and renamed over it, so a crash leaves either the old or
+// the new state, never a mix. Subscribers receive a Resync change.
+func (s *Store) Restore(r io.Reader) error {
+	tmp := s.path + ".restore"
+	if err := writeFileSync(tmp, r); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := checkFile(tmp); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("restore: received snapshot is not a state db: %w", err)
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = os.Remove(tmp)
+		return ErrClosed
+	}
+	if err := s.db.Close(); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("restore: close %q: %w", s.path, err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("restore: rename %q over %q: %w", tmp, s.path, err)
+	}
+	if err := syncDir(filepath.Dir(s.path)); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("restore: %w", err)
+	}
+	db, err := openBolt(s.path, false)
+	if err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("restore: reopen: %w", err)
+	}
+	s.db = db
+	idx, err := s.readApplied()
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	s.logger.Info("state restored from snapshot", "applied_index", idx)
+	s.advance(idx)
+	s.publish(Change{Index: idx, Resync: true})
+	return nil
+}
+
+func writeFileSync(path string, r io.Reader) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("restore: create %q: %w", path, err)
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("restore: write %q: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("restore: fsync %q: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("restore: close %q: %w", path, err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open dir %q: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir %q: %w", dir, err)
+	}
+	return nil
+}
+
+func putUint(b *bolt.Bucket, key []byte, v uint64) error {
+	return b.Put(key, u64(v))
+}
+
+func getUint(b *bolt.Bucket, key []byte) uint64 {
+	v := b.Get(key)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+func u64(v uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], v)
+	return k[:]
+}
+
+// getJSON decodes the value at key in bucket into v; found reports presence.
+func getJSON(b *bolt.Bucket, key string, v any) (found bool, err error) {
+	raw := b.Get([]byte(key))
+	if raw == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return true, fmt.Errorf("decode stored %q: %w", key, err)
+	}
+	return true, nil
+}
