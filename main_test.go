@@ -39,7 +39,7 @@ func policydBinary(t *testing.T) string {
 		binPath = filepath.Join(dir, "policyd")
 		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
-			errBuild = fmt.Errorf("go build: %v\n%s", err, out)
+			errBuild = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if errBuild != nil {
@@ -98,7 +98,9 @@ func startDaemon(t *testing.T, dir string, args ...string) *daemon {
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
-			<-d.done
+			if err := <-d.done; err == nil {
+				t.Logf("daemon %v exited cleanly before it was killed", args)
+			}
 		}
 		if t.Failed() {
 			t.Logf("daemon %v logs:\n%s", args, d.logs)

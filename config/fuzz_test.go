@@ -24,7 +24,7 @@ func FuzzLoadFile(f *testing.F) {
 	for _, seed := range []string{
 		"",
 		"raft: 5\n",
-		"raft:\n  peers: [1, null, {id: a, adress: b}, [x]]\n",
+		"raft:\n  peers: [1, null, {id: a, adress: b}, [x]]\n", //nolint:misspell // the typo is the test input
 		"raft:\n  peers:\n    - {ID: a, Address: '127.0.0.1:1'}\n",
 		"node_id: [a\n",
 		"log:\n  level: info\n   format: json\n",

@@ -36,22 +36,23 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	d := Default()
 	fs.String(configFlag, "", "path to the YAML config file (see config.example.yaml)")
 	for _, f := range flagKeys {
-		switch f.key {
-		case "raft.bootstrap":
-			fs.Bool(f.flag, d.Raft.Bootstrap, f.usage)
-		default:
-			fs.String(f.flag, defaultString(d, f.key), f.usage)
+		def := fieldOf(&d, leaf(f.key))
+		if def.Kind() == reflect.Bool {
+			fs.Bool(f.flag, def.Bool(), f.usage)
+		} else {
+			fs.String(f.flag, fmt.Sprint(def.Interface()), f.usage)
 		}
 	}
 }
 
-func defaultString(d Config, key string) string {
+// leaf returns the schema node of a known key; flagKeys is checked by a test.
+func leaf(key string) *node {
 	for _, l := range schema().leaves() {
 		if l.key == key {
-			return fmt.Sprint(fieldOf(&d, l).Interface())
+			return l
 		}
 	}
-	panic("config: flag for unknown key " + key)
+	panic("config: unknown key " + key)
 }
 
 // Load builds a Config from, lowest precedence first: Default(), the YAML

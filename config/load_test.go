@@ -296,8 +296,8 @@ func TestLoadFileErrors(t *testing.T) {
 		},
 		{
 			name: "unknown key inside a peers entry",
-			file: "node_id: a\nraft:\n  peers:\n    - id: a\n      address: 127.0.0.1:7001\n    - id: b\n      adress: 127.0.0.1:7002\n",
-			want: []string{`unknown key "raft.peers[1].adress"`, `did you mean "raft.peers[1].address"?`},
+			file: "node_id: a\nraft:\n  peers:\n    - id: a\n      address: 127.0.0.1:7001\n    - id: b\n      adress: 127.0.0.1:7002\n", //nolint:misspell // the typo is the test input
+			want: []string{`unknown key "raft.peers[1].adress"`, `did you mean "raft.peers[1].address"?`},                                //nolint:misspell // the typo is the test input
 		},
 		{
 			name: "key under the wrong section",

@@ -107,10 +107,13 @@ func (c *Config) validateAddrs(p *problems) {
 		}
 	}
 
-	if raft := ls[2]; raft.ok && isUnspecified(raft.host) && c.Raft.Advertise == "" {
-		// The advertised Raft address is stored in the cluster configuration
-		// and dialled by every peer; "0.0.0.0" would make them dial themselves.
-		p.add("raft.advertise", "required because raft.addr %q listens on all interfaces; set the address peers should dial", c.Raft.Addr)
+	// Every advertised address is stored in the replicated state (member
+	// records, Raft configuration) and dialled by other nodes; "0.0.0.0"
+	// would make them dial themselves.
+	for _, l := range ls {
+		if l.ok && isUnspecified(l.host) && l.adv == "" {
+			p.add(l.advKey, "required because %s %q listens on all interfaces; set the address other nodes should dial", l.key, l.addr)
+		}
 	}
 
 	for i, a := range ls {
@@ -244,7 +247,7 @@ func splitHostPort(addr string) (host string, port int, err error) {
 func checkDialAddr(addr string) error {
 	host, port, err := splitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("%q is not host:port (%v)", addr, err)
+		return fmt.Errorf("%q is not host:port (%w)", addr, err)
 	}
 	if port == 0 {
 		return fmt.Errorf("%q needs a non-zero port", addr)

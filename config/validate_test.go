@@ -62,6 +62,10 @@ func TestValidate(t *testing.T) {
 		{name: "raft.advertise empty host", mutate: func(c *Config) { c.Raft.Advertise = ":7000" }, want: []string{"raft.advertise:", "unspecified"}},
 		{name: "raft.advertise not host:port", mutate: func(c *Config) { c.Raft.Advertise = "10.0.0.1" }, want: []string{`raft.advertise: "10.0.0.1" is not host:port`}},
 		{name: "raft.addr on all interfaces needs advertise", mutate: func(c *Config) { c.Raft.Addr = "0.0.0.0:7000" }, want: []string{"raft.advertise: required because raft.addr"}},
+		{name: "grpc.addr on all interfaces needs advertise", mutate: func(c *Config) { c.GRPC.Addr = "0.0.0.0:9090" }, want: []string{"grpc.advertise: required because grpc.addr"}},
+		{name: "http.addr on all interfaces needs advertise", mutate: func(c *Config) {
+			c.HTTP.Addr, c.Auth.AllowOpenAdmin = "[::]:8080", true
+		}, want: []string{"http.advertise: required because http.addr"}},
 		{name: "raft.addr empty host needs advertise", mutate: func(c *Config) { c.Raft.Addr = ":7000" }, want: []string{"raft.advertise: required"}},
 		{name: "same listen address", mutate: func(c *Config) { c.GRPC.Addr = c.HTTP.Addr }, want: []string{`grpc.addr: "127.0.0.1:8080" conflicts with http.addr`}},
 		{name: "same port, one on all interfaces", mutate: func(c *Config) {

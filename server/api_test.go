@@ -55,7 +55,7 @@ func TestBadInputIsRejectedAndStoresNothing(t *testing.T) {
 		{"not an object", "PUT", "/v1/policies/p", `[1,2]`, 400, "invalid", ""},
 		{"empty body", "PUT", "/v1/policies/p", ``, 400, "invalid", "body"},
 		{"wrong type", "PUT", "/v1/policies/p", `{"kind":"ToolPolicy","scope":{"org":5},"spec":{}}`, 400, "invalid", "scope.org"},
-		{"unknown field", "PUT", "/v1/policies/p", `{"kind":"ToolPolicy","nmae":"p","spec":{}}`, 400, "invalid", "nmae"},
+		{"unknown field", "PUT", "/v1/policies/p", `{"kind":"ToolPolicy","title":"p","spec":{}}`, 400, "invalid", "title"},
 		{"unknown spec field", "PUT", "/v1/policies/p", `{"kind":"ToolPolicy","spec":{"tool_name":"B","action":"deny","extra":1}}`, 400, "invalid", "spec.extra"},
 		{"invalid name in path", "PUT", "/v1/policies/Bad_Name", `{"kind":"ToolPolicy","spec":{"tool_name":"B","action":"deny"}}`, 400, "invalid", "name"},
 		{"name mismatch", "PUT", "/v1/policies/p", `{"name":"q","kind":"ToolPolicy","spec":{"tool_name":"B","action":"deny"}}`, 400, "invalid", "name"},

@@ -250,7 +250,7 @@ func TestEventsListAndWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := a.hc.Do(req)
+	resp, err := a.hc.Do(req) //nolint:bodyclose // closed by the deferred Close below; the linter misses it across the goroutine
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +429,7 @@ func TestMembershipRemoveAndJoin(t *testing.T) {
 	leader := c.leader()
 	waitFor(t, 10*time.Second, "member record removed", func() error {
 		if _, err := leader.store.Member(victim.ID()); !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("member %s still recorded (%v)", victim.ID(), err)
+			return fmt.Errorf("member %s still recorded (%w)", victim.ID(), err)
 		}
 		return nil
 	})

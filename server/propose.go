@@ -135,6 +135,8 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Raft.ApplyTimeout)
+	defer cancel()
 	cp := proto.Clone(cmd).(*commandv1.Command)
 	cp.ProcessedAtUnixNano = time.Now().UnixNano()
 	data, err := proto.Marshal(cp)
