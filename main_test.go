@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -198,6 +199,21 @@ func TestReadmeSingleNode(t *testing.T) {
 	}
 	if out, err := cliErr(t, dir, "policy", "get", "missing"); err == nil || !strings.Contains(out, "404 not_found") {
 		t.Fatalf("get missing: %v %s", err, out)
+	}
+	// raft's go-metrics are bridged into the same registry as ours.
+	resp, err := http.Get("http://127.0.0.1:8080/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"policyd_raft_apply", "policyd_http_requests_total", "policyd_store_applied_index", "go_goroutines"} {
+		if !bytes.Contains(metrics, []byte(m)) {
+			t.Errorf("/metrics lacks %s", m)
+		}
 	}
 	took := d.interrupt(t)
 	t.Logf("shutdown took %v", took)

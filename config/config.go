@@ -142,7 +142,7 @@ func Default() Config {
 			HeartbeatTimeout:   1000 * time.Millisecond,
 			ElectionTimeout:    1000 * time.Millisecond,
 			LeaderLeaseTimeout: 500 * time.Millisecond,
-			CommitTimeout:      50 * time.Millisecond,
+			CommitTimeout:      10 * time.Millisecond,
 			MaxAppendEntries:   512,
 			SnapshotInterval:   120 * time.Second,
 			SnapshotThreshold:  8192,

@@ -229,7 +229,8 @@ func (n *Node) Close(ctx context.Context) error {
 		// election timeout.
 		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 			if err := n.raft.LeadershipTransfer().Error(); err != nil {
-				n.logger.Warn("leadership transfer before shutdown failed", "err", err)
+				// Expected when the whole cluster is stopping at once.
+			n.logger.Info("leadership transfer before shutdown failed", "err", err)
 			}
 		}
 		n.closeErr = n.release()

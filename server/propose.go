@@ -309,7 +309,11 @@ func fromStatus(err error) error {
 		return fmt.Errorf("%s: %w", st.Message(), errJoinConflict)
 	case codes.NotFound:
 		return fmt.Errorf("%s: %w", st.Message(), store.ErrNotFound)
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+	case codes.Canceled:
+		return fmt.Errorf("forwarded request: %w", context.Canceled)
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("forwarded request: %w", context.DeadlineExceeded)
+	case codes.Unavailable:
 		// Sent, outcome unknown from here.
 		return &unavailableError{msg: "leader unreachable: " + st.Message()}
 	default:

@@ -71,7 +71,12 @@ func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case http.StatusUnauthorized:
 		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
 	}
-	if status >= 500 {
+	switch {
+	case status == http.StatusServiceUnavailable:
+		// Expected during elections and start-up (readiness probes); not
+		// worth a warning per request.
+		a.logger.Debug("request unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+	case status >= 500:
 		a.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	}
 	writeJSON(w, status, errorBody(code, err.Error()))

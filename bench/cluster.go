@@ -1,0 +1,393 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// stopGrace is how long a node gets to exit after SIGTERM before SIGKILL.
+const stopGrace = 10 * time.Second
+
+// logTailLines is how much of each node log is printed on failure.
+const logTailLines = 200
+
+// cluster is a set of policyd processes on loopback forming one Raft
+// cluster, each with its own config file, data dir and log file under dir.
+type cluster struct {
+	dir   string
+	nodes []*node
+}
+
+// node is one policyd process.
+type node struct {
+	id         string
+	httpAddr   string
+	grpcAddr   string
+	raftAddr   string
+	dir        string
+	configPath string
+	logPath    string
+
+	cmd     *exec.Cmd
+	logFile *os.File
+	exited  chan struct{} // closed when the process has exited
+	waitErr error         // the process's exit status; read after exited
+}
+
+// clusterSpec describes a cluster to start.
+type clusterSpec struct {
+	binary   string   // the policyd binary
+	dir      string   // parent of the nodes' directories
+	nodes    int      // cluster size
+	logLevel string   // log.level of every node
+	env      []string // POLICYD_*=value settings for every node, overriding its config file
+}
+
+// startCluster writes the configs of the cluster under spec.dir and starts
+// every node. All nodes bootstrap from the same peers list. On error the
+// nodes already started are stopped.
+func startCluster(spec clusterSpec) (_ *cluster, err error) {
+	ports, err := freePorts(3 * spec.nodes)
+	if err != nil {
+		return nil, err
+	}
+	dir := spec.dir
+	c := &cluster{dir: dir}
+	for i := range spec.nodes {
+		id := "node" + strconv.Itoa(i+1)
+		nd := &node{
+			id:       id,
+			httpAddr: loopback(ports[3*i]),
+			grpcAddr: loopback(ports[3*i+1]),
+			raftAddr: loopback(ports[3*i+2]),
+			dir:      filepath.Join(dir, id),
+		}
+		nd.configPath = filepath.Join(nd.dir, "config.yaml")
+		nd.logPath = filepath.Join(nd.dir, "node.log")
+		c.nodes = append(c.nodes, nd)
+	}
+	for _, nd := range c.nodes {
+		if err := os.MkdirAll(filepath.Join(nd.dir, "data"), 0o755); err != nil {
+			return nil, fmt.Errorf("%s: create data dir: %w", nd.id, err)
+		}
+		if err := os.WriteFile(nd.configPath, []byte(c.config(nd, spec.logLevel)), 0o644); err != nil {
+			return nil, fmt.Errorf("%s: write config: %w", nd.id, err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			_ = c.stop()
+		}
+	}()
+	for _, nd := range c.nodes {
+		if err := nd.start(spec.binary, spec.env); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// config renders nd's YAML config file. Keys are config.Config's mapstructure
+// tags; everything not set keeps its default.
+func (c *cluster) config(nd *node, logLevel string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "node_id: %s\n", nd.id)
+	fmt.Fprintf(&b, "data_dir: %s\n", strconv.Quote(filepath.Join(nd.dir, "data")))
+	fmt.Fprintf(&b, "log:\n  level: %s\n  format: text\n", logLevel)
+	fmt.Fprintf(&b, "http:\n  addr: %s\n", nd.httpAddr)
+	fmt.Fprintf(&b, "grpc:\n  addr: %s\n", nd.grpcAddr)
+	fmt.Fprintf(&b, "raft:\n  addr: %s\n  bootstrap: true\n  peers:\n", nd.raftAddr)
+	for _, p := range c.nodes {
+		fmt.Fprintf(&b, "    - id: %s\n      address: %s\n", p.id, p.raftAddr)
+	}
+	return b.String()
+}
+
+// start runs `policyd serve --config` for nd in its own process group, with
+// extraEnv added to its environment and its output appended to nd.logPath.
+func (nd *node) start(binary string, extraEnv []string) error {
+	f, err := os.OpenFile(nd.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("%s: open log: %w", nd.id, err)
+	}
+	cmd := exec.Command(binary, "serve", "--config", nd.configPath)
+	cmd.Dir = nd.dir
+	cmd.Env = append(nodeEnv(), extraEnv...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = procAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: start %s: %w", nd.id, binary, err)
+	}
+	nd.cmd, nd.logFile, nd.exited = cmd, f, make(chan struct{})
+	go func() {
+		nd.waitErr = cmd.Wait()
+		f.Close()
+		close(nd.exited)
+	}()
+	return nil
+}
+
+// nodeEnv is bench's environment without POLICYD_* variables, which would
+// otherwise override the generated config files.
+func nodeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POLICYD_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// hasExited reports whether nd's process has ended.
+func (nd *node) hasExited() bool {
+	select {
+	case <-nd.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// httpAddrs returns every node's admin API address, in node order.
+func (c *cluster) httpAddrs() []string {
+	addrs := make([]string, len(c.nodes))
+	for i, nd := range c.nodes {
+		addrs[i] = nd.httpAddr
+	}
+	return addrs
+}
+
+// checkAlive returns an error naming every node whose process has exited.
+func (c *cluster) checkAlive() error {
+	var errs []error
+	for _, nd := range c.nodes {
+		if nd.hasExited() {
+			if nd.waitErr == nil {
+				errs = append(errs, fmt.Errorf("%s exited unexpectedly (exit status 0)", nd.id))
+			} else {
+				errs = append(errs, fmt.Errorf("%s exited unexpectedly: %w", nd.id, nd.waitErr))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// clusterStatus is the part of GET /v1/cluster that bench uses.
+type clusterStatus struct {
+	NodeID   string `json:"node_id"`
+	State    string `json:"state"`
+	LeaderID string `json:"leader_id"`
+	Members  []struct {
+		ID       string `json:"id"`
+		HTTPAddr string `json:"http_addr"`
+	} `json:"members"`
+}
+
+// waitReady polls until every node answers /readyz with 200 and reports, in
+// GET /v1/cluster, the same leader and all members with a registered
+// http_addr (members register their addresses asynchronously). It returns
+// the leader's ID.
+func (c *cluster) waitReady(ctx context.Context, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := c.checkAlive(); err != nil {
+			return "", err
+		}
+		leader, notReady := c.readyOnce(ctx, client)
+		if notReady == nil {
+			return leader, nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return "", fmt.Errorf("cluster not ready after %v: %w", timeout, notReady)
+			}
+			return "", ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// readyOnce checks readiness once; the error says what is missing.
+func (c *cluster) readyOnce(ctx context.Context, client *http.Client) (string, error) {
+	leader := ""
+	for _, nd := range c.nodes {
+		code, _, err := get(ctx, client, "http://"+nd.httpAddr+"/readyz")
+		if err != nil {
+			return "", fmt.Errorf("%s /readyz: %w", nd.id, err)
+		}
+		if code != http.StatusOK {
+			return "", fmt.Errorf("%s /readyz: status %d", nd.id, code)
+		}
+		st, err := c.status(ctx, client, nd)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case st.LeaderID == "":
+			return "", fmt.Errorf("%s knows no leader", nd.id)
+		case leader == "":
+			leader = st.LeaderID
+		case st.LeaderID != leader:
+			return "", fmt.Errorf("%s reports leader %s, another node %s", nd.id, st.LeaderID, leader)
+		}
+		if len(st.Members) != len(c.nodes) {
+			return "", fmt.Errorf("%s reports %d members, want %d", nd.id, len(st.Members), len(c.nodes))
+		}
+		for _, m := range st.Members {
+			if m.HTTPAddr == "" {
+				return "", fmt.Errorf("%s: member %s has no http_addr yet", nd.id, m.ID)
+			}
+		}
+	}
+	return leader, nil
+}
+
+// status fetches GET /v1/cluster from nd.
+func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*clusterStatus, error) {
+	code, body, err := get(ctx, client, "http://"+nd.httpAddr+"/v1/cluster")
+	if err != nil {
+		return nil, fmt.Errorf("%s /v1/cluster: %w", nd.id, err)
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("%s /v1/cluster: status %d: %s", nd.id, code, strings.TrimSpace(string(body)))
+	}
+	var st clusterStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, fmt.Errorf("%s /v1/cluster: decode: %w", nd.id, err)
+	}
+	return &st, nil
+}
+
+// get performs a GET and returns the status code and body.
+func get(ctx context.Context, client *http.Client, url string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, nil, fmt.Errorf("read body: %w", err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// stop sends SIGTERM to every node's process group, waits up to stopGrace
+// for them to exit and SIGKILLs the rest. The error lists nodes that had to
+// be killed or exited with a failure status; nodes that had already exited
+// before stop are reported by checkAlive, not here.
+func (c *cluster) stop() error {
+	var running []*node
+	for _, nd := range c.nodes {
+		if nd.cmd == nil || nd.hasExited() {
+			continue
+		}
+		if err := signalGroup(nd.cmd.Process, syscall.SIGTERM); err != nil && !nd.hasExited() {
+			_ = signalGroup(nd.cmd.Process, syscall.SIGKILL)
+		}
+		running = append(running, nd)
+	}
+	deadline := time.NewTimer(stopGrace)
+	defer deadline.Stop()
+	var errs []error
+	for _, nd := range running {
+		select {
+		case <-nd.exited:
+		case <-deadline.C:
+			// Every later node gets the SIGKILL path too: the timer has fired.
+			deadline.Reset(0)
+		}
+		if !nd.hasExited() {
+			_ = signalGroup(nd.cmd.Process, syscall.SIGKILL)
+			<-nd.exited
+			errs = append(errs, fmt.Errorf("%s did not exit within %v of SIGTERM and was killed", nd.id, stopGrace))
+			continue
+		}
+		if nd.waitErr != nil {
+			errs = append(errs, fmt.Errorf("%s exited after SIGTERM: %w", nd.id, nd.waitErr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dumpLogs writes the tail of every node's log to w.
+func (c *cluster) dumpLogs(w io.Writer) {
+	for _, nd := range c.nodes {
+		lines, total, err := tailFile(nd.logPath, logTailLines)
+		if err != nil {
+			fmt.Fprintf(w, "==== %s log: %v\n", nd.id, err)
+			continue
+		}
+		fmt.Fprintf(w, "==== %s log (%s, last %d of %d lines) ====\n", nd.id, nd.logPath, len(lines), total)
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+	}
+}
+
+// tailFile returns the last n lines of path and its total line count.
+func tailFile(path string, n int) ([]string, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	var ring []string
+	total := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 4<<20)
+	for sc.Scan() {
+		total++
+		ring = append(ring, sc.Text())
+		if len(ring) > n {
+			ring = ring[1:]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return ring, total, fmt.Errorf("read %s: %w", path, err)
+	}
+	return ring, total, nil
+}
+
+// freePorts returns n distinct free TCP ports on 127.0.0.1. All listeners
+// stay open until every port is chosen, so the kernel cannot hand out the
+// same port twice; another process may still take one before a node binds it.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("find a free port: %w", err)
+		}
+		defer ln.Close()
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }

@@ -1,0 +1,461 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// writesNodes is the cluster size of the writes scenario.
+const writesNodes = 3
+
+// writesConfig holds the writes scenario's flags.
+type writesConfig struct {
+	writers   int
+	duration  time.Duration
+	warmup    time.Duration
+	keys      int
+	valueSize int
+	single    bool
+	timeout   time.Duration
+}
+
+// writesScenario measures write throughput and commit latency: writers
+// PUT policies round-robin to every node of a 3-node cluster (so followers
+// forward two writes in three to the leader). The server answers a PUT after
+// the write is committed and applied on the node that received it, so the
+// client-side latency of a 2xx is the commit latency as a client sees it.
+func writesScenario() scenario {
+	return scenario{
+		name:    "writes",
+		summary: "write throughput and commit latency (PUT /v1/policies/{name}, 3 nodes)",
+		setup: func(fs *flag.FlagSet) runner {
+			c := &writesConfig{}
+			fs.IntVar(&c.writers, "writers", 100, "concurrent writers, each with one request in flight")
+			fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time per run")
+			fs.DurationVar(&c.warmup, "warmup", 2*time.Second, "unmeasured time before each run's measurement")
+			fs.IntVar(&c.keys, "keys", 10, "policy names per writer (bench-w<writer>-<i%keys>)")
+			fs.IntVar(&c.valueSize, "value-size", 4096, "size in bytes of each PUT's JSON body")
+			fs.BoolVar(&c.single, "single", true, "after the -writers run, also run with 1 writer for the same duration")
+			fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "per-request timeout (a timeout counts as an error)")
+			return c
+		},
+	}
+}
+
+// validate checks the flags.
+func (c *writesConfig) validate() error {
+	var errs []error
+	if c.writers < 1 {
+		errs = append(errs, fmt.Errorf("-writers must be at least 1, got %d", c.writers))
+	}
+	if c.duration <= 0 {
+		errs = append(errs, fmt.Errorf("-duration must be positive, got %v", c.duration))
+	}
+	if c.warmup < 0 {
+		errs = append(errs, fmt.Errorf("-warmup must not be negative, got %v", c.warmup))
+	}
+	if c.keys < 1 {
+		errs = append(errs, fmt.Errorf("-keys must be at least 1, got %d", c.keys))
+	}
+	if c.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("-timeout must be positive, got %v", c.timeout))
+	}
+	// The longest name has the most overhead.
+	longest := policyName(max(c.writers-1, 0), max(c.keys-1, 0))
+	if minSize := minBodySize(longest); c.valueSize < minSize {
+		errs = append(errs, fmt.Errorf("-value-size must be at least %d with these -writers and -keys, got %d", minSize, c.valueSize))
+	}
+	if c.valueSize > maxBodySize {
+		errs = append(errs, fmt.Errorf("-value-size must be at most %d (the server's body limit), got %d", maxBodySize, c.valueSize))
+	}
+	return errors.Join(errs...)
+}
+
+// run starts a cluster, runs the -writers load and then (with -single) the
+// 1-writer load, and emits one figure per run. The cluster is stopped on
+// every path; its logs are printed when anything but an interruption failed,
+// including a write that did not get a 2xx.
+func (c *writesConfig) run(ctx context.Context, env *runEnv) (err error) {
+	cfg := *c
+	env.logf("starting a %d-node cluster in %s", writesNodes, env.workDir)
+	cl, err := startCluster(clusterSpec{binary: env.binary, dir: env.workDir, nodes: writesNodes,
+		logLevel: env.nodeLogLevel, env: env.nodeEnv})
+	if err != nil {
+		return fmt.Errorf("start cluster: %w", err)
+	}
+	writeErrors := false
+	defer func() {
+		env.logf("stopping the cluster")
+		if stopErr := cl.stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("stop cluster: %w", stopErr))
+		}
+		// An interrupted run is not a failure whose logs are worth reading.
+		if err != nil && ctx.Err() == nil || writeErrors {
+			cl.dumpLogs(env.stderr)
+		}
+	}()
+
+	readyStart := time.Now()
+	leader, err := cl.waitReady(ctx, env.readyTimeout)
+	if err != nil {
+		return fmt.Errorf("wait for the cluster: %w", err)
+	}
+	env.logf("cluster ready in %v, leader %s", time.Since(readyStart).Round(time.Millisecond), leader)
+
+	client := newLoadClient(cfg.writers, writesNodes, cfg.timeout)
+	defer client.CloseIdleConnections()
+	if err := preflight(ctx, client, cl.nodes[0].httpAddr, cfg.valueSize); err != nil {
+		return err
+	}
+
+	runs := []int{cfg.writers}
+	if cfg.single && cfg.writers != 1 {
+		runs = append(runs, 1)
+	}
+	for _, writers := range runs {
+		if leader, err = cl.waitReady(ctx, env.readyTimeout); err != nil {
+			return fmt.Errorf("wait for the cluster before the %d-writer run: %w", writers, err)
+		}
+		leaderIdx := slices.IndexFunc(cl.nodes, func(nd *node) bool { return nd.id == leader })
+		env.logf("writes: %d writer(s), %d keys each, %d-byte bodies, warmup %v, measuring %v",
+			writers, cfg.keys, cfg.valueSize, cfg.warmup, cfg.duration)
+		res, err := writeLoad(ctx, client, cl.httpAddrs(), leaderIdx, cfg, writers)
+		if err != nil {
+			return fmt.Errorf("%d-writer run: %w", writers, err)
+		}
+		if err := cl.checkAlive(); err != nil {
+			return fmt.Errorf("after the %d-writer run: %w", writers, err)
+		}
+		if err := env.emit(res.figure(cfg, writers)); err != nil {
+			return err
+		}
+		if res.unmeasuredErrs > 0 {
+			env.logf("warning: %d write(s) failed during warmup or after the measured window", res.unmeasuredErrs)
+		}
+		for _, kind := range slices.Sorted(maps.Keys(res.errExamples)) {
+			writeErrors = true
+			env.logf("write error %s (first of %d): %s", kind, res.errs[kind], res.errExamples[kind])
+		}
+		if after, err := cl.waitReady(ctx, env.readyTimeout); err != nil {
+			return fmt.Errorf("after the %d-writer run: %w", writers, err)
+		} else if after != leader {
+			env.logf("warning: the leader changed during the %d-writer run: %s, then %s", writers, leader, after)
+		}
+	}
+	return nil
+}
+
+// newLoadClient returns the one client all writers share, with enough idle
+// connections that no writer has to dial again after its first request.
+func newLoadClient(writers, nodes int, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			Proxy:               nil, // loopback only
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        writers * nodes,
+			MaxIdleConnsPerHost: writers,
+			IdleConnTimeout:     90 * time.Second,
+		},
+	}
+}
+
+// preflight PUTs one policy and fails with the server's answer unless it is
+// a 2xx, so a body the server rejects is reported once instead of as every
+// write of the run failing.
+func preflight(ctx context.Context, client *http.Client, addr string, valueSize int) error {
+	name := "bench-preflight"
+	body := policyBody(nil, name, 0, valueSize)
+	code, msg, err := put(ctx, client, "http://"+addr+"/v1/policies/"+name, body)
+	if err != nil {
+		return fmt.Errorf("preflight PUT: %w", err)
+	}
+	if code/100 != 2 {
+		return fmt.Errorf("preflight PUT /v1/policies/%s: status %d: %s", name, code, msg)
+	}
+	return nil
+}
+
+// loadResult is what one run measured.
+type loadResult struct {
+	leader   []time.Duration // 2xx latencies of writes sent to the leader
+	follower []time.Duration // 2xx latencies of writes sent to a follower
+	// errs counts measured failures by kind: an HTTP status code,
+	// "timeout" or "transport".
+	errs           map[string]int
+	errExamples    map[string]string // the first error of each kind, measured or not
+	unmeasuredErrs int               // failures during warmup or after the window
+}
+
+// writeLoad runs writers goroutines for cfg.warmup + cfg.duration and
+// measures the requests that complete within the measured window; requests
+// still in flight at its end finish but are not counted.
+func writeLoad(ctx context.Context, client *http.Client, addrs []string, leaderIdx int, cfg writesConfig, writers int) (*loadResult, error) {
+	measureFrom := time.Now().Add(cfg.warmup)
+	stopAt := measureFrom.Add(cfg.duration)
+	results := make([]*loadResult, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			results[w] = runWriter(ctx, client, addrs, leaderIdx, cfg, w, measureFrom, stopAt)
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	total := newLoadResult()
+	for _, r := range results {
+		total.merge(r)
+	}
+	return total, nil
+}
+
+func newLoadResult() *loadResult {
+	return &loadResult{errs: map[string]int{}, errExamples: map[string]string{}}
+}
+
+func (r *loadResult) merge(o *loadResult) {
+	r.leader = append(r.leader, o.leader...)
+	r.follower = append(r.follower, o.follower...)
+	for k, n := range o.errs {
+		r.errs[k] += n
+	}
+	for k, ex := range o.errExamples {
+		if _, ok := r.errExamples[k]; !ok {
+			r.errExamples[k] = ex
+		}
+	}
+	r.unmeasuredErrs += o.unmeasuredErrs
+}
+
+// runWriter is one writer: one request at a time, to node (writer+i) mod
+// len(addrs), on key i mod cfg.keys, until stopAt.
+func runWriter(ctx context.Context, client *http.Client, addrs []string, leaderIdx int, cfg writesConfig, writer int, measureFrom, stopAt time.Time) *loadResult {
+	res := newLoadResult()
+	names := make([]string, cfg.keys)
+	for k := range names {
+		names[k] = policyName(writer, k)
+	}
+	var buf []byte
+	for i := 0; ctx.Err() == nil; i++ {
+		start := time.Now()
+		if !start.Before(stopAt) {
+			break
+		}
+		target := (writer + i) % len(addrs)
+		name := names[i%cfg.keys]
+		buf = policyBody(buf[:0], name, uint64(i), cfg.valueSize)
+		code, msg, err := put(ctx, client, "http://"+addrs[target]+"/v1/policies/"+name, buf)
+		end := time.Now()
+		if err != nil && ctx.Err() != nil {
+			break // interrupted: not a server failure
+		}
+		measured := !end.Before(measureFrom) && end.Before(stopAt)
+		kind := ""
+		switch {
+		case err != nil && isTimeout(err):
+			kind = "timeout"
+		case err != nil:
+			kind = "transport"
+		case code/100 != 2:
+			kind = strconv.Itoa(code)
+		}
+		if kind == "" {
+			if !measured {
+				continue
+			}
+			if target == leaderIdx {
+				res.leader = append(res.leader, end.Sub(start))
+			} else {
+				res.follower = append(res.follower, end.Sub(start))
+			}
+			continue
+		}
+		if _, seen := res.errExamples[kind]; !seen {
+			if err != nil {
+				msg = err.Error()
+			}
+			res.errExamples[kind] = fmt.Sprintf("PUT %s to %s: %s", name, addrs[target], msg)
+		}
+		if measured {
+			res.errs[kind]++
+		} else {
+			res.unmeasuredErrs++
+		}
+	}
+	return res
+}
+
+// put sends body with PUT and returns the status code and, unless it is a
+// 2xx, the start of the response body (the error envelope). The body is
+// always drained, so that the connection can be reused.
+func put(ctx context.Context, client *http.Client, url string, body []byte) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	msg := ""
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		msg = strings.TrimSpace(string(b))
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return 0, "", fmt.Errorf("read response: %w", err)
+	}
+	return resp.StatusCode, msg, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// maxBodySize is the admin API's request body limit (adminapi.MaxBodyBytes).
+const maxBodySize = 1 << 20
+
+// seqDigits is the width of the sequence number in each body, fixed so that
+// every body of a run has the same size.
+const seqDigits = 12
+
+// policyName is the name writer uses for its key k.
+func policyName(writer, k int) string {
+	return "bench-w" + strconv.Itoa(writer) + "-" + strconv.Itoa(k)
+}
+
+// Every body is policyPrefix + name + policyMiddle + reason + policySuffix,
+// a valid ToolPolicy whose reason pads it to the requested size.
+const (
+	policyPrefix = `{"name":"`
+	policyMiddle = `","kind":"ToolPolicy","scope":{"org":"bench"},"labels":{"bench":"writes"},` +
+		`"spec":{"tool_name":"Bash","action":"deny","reason":"`
+	policySuffix = `"}}`
+	reasonHead   = "bench write " // then the sequence number, a space and padding
+)
+
+// minBodySize is the smallest body policyBody can make for name.
+func minBodySize(name string) int {
+	return len(policyPrefix) + len(name) + len(policyMiddle) + len(reasonHead) + seqDigits + 1 + len(policySuffix)
+}
+
+// policyBody appends to dst the JSON of policy name, exactly size bytes long
+// (at least minBodySize(name)), with seq in its reason so that every write
+// changes the policy. name must need no JSON escaping, which policy names
+// never do.
+func policyBody(dst []byte, name string, seq uint64, size int) []byte {
+	dst = append(dst, policyPrefix...)
+	dst = append(dst, name...)
+	dst = append(dst, policyMiddle...)
+	dst = append(dst, reasonHead...)
+	s := strconv.FormatUint(seq, 10)
+	for range seqDigits - len(s) {
+		dst = append(dst, '0')
+	}
+	dst = append(dst, s...)
+	dst = append(dst, ' ')
+	for range size - len(dst) - len(policySuffix) {
+		dst = append(dst, 'x')
+	}
+	return append(dst, policySuffix...)
+}
+
+// writesFigure is one run's result, printed as one JSON line.
+type writesFigure struct {
+	Scenario   string  `json:"scenario"`
+	Nodes      int     `json:"nodes"`
+	Writers    int     `json:"writers"`
+	ValueSize  int     `json:"value_size"`
+	Keys       int     `json:"keys_per_writer"`
+	DurationS  float64 `json:"duration_s"`
+	Writes     int     `json:"writes"`
+	WritesPerS float64 `json:"writes_per_s"`
+	MeanMs     float64 `json:"mean_ms"`
+	P50Ms      float64 `json:"p50_ms"`
+	P90Ms      float64 `json:"p90_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+	MaxMs      float64 `json:"max_ms"`
+	// Writes sent to the leader, and to a follower (forwarded to the
+	// leader), counted and summarized separately.
+	ViaLeader        int            `json:"via_leader"`
+	ViaLeaderP50Ms   float64        `json:"via_leader_p50_ms"`
+	ViaLeaderP99Ms   float64        `json:"via_leader_p99_ms"`
+	ViaFollower      int            `json:"via_follower"`
+	ViaFollowerP50Ms float64        `json:"via_follower_p50_ms"`
+	ViaFollowerP99Ms float64        `json:"via_follower_p99_ms"`
+	Errors           int            `json:"errors"`
+	ErrorsByKind     map[string]int `json:"errors_by_kind,omitempty"`
+}
+
+// figure summarizes r. It sorts r's latency slices.
+func (r *loadResult) figure(cfg writesConfig, writers int) *writesFigure {
+	all := summarize(slices.Concat(r.leader, r.follower))
+	viaLeader, viaFollower := summarize(r.leader), summarize(r.follower)
+	f := &writesFigure{
+		Scenario:         "writes",
+		Nodes:            writesNodes,
+		Writers:          writers,
+		ValueSize:        cfg.valueSize,
+		Keys:             cfg.keys,
+		DurationS:        cfg.duration.Seconds(),
+		Writes:           all.count,
+		WritesPerS:       round2(float64(all.count) / cfg.duration.Seconds()),
+		MeanMs:           ms(all.mean),
+		P50Ms:            ms(all.p50),
+		P90Ms:            ms(all.p90),
+		P99Ms:            ms(all.p99),
+		MaxMs:            ms(all.max),
+		ViaLeader:        viaLeader.count,
+		ViaLeaderP50Ms:   ms(viaLeader.p50),
+		ViaLeaderP99Ms:   ms(viaLeader.p99),
+		ViaFollower:      viaFollower.count,
+		ViaFollowerP50Ms: ms(viaFollower.p50),
+		ViaFollowerP99Ms: ms(viaFollower.p99),
+	}
+	for kind, n := range r.errs {
+		if f.ErrorsByKind == nil {
+			f.ErrorsByKind = map[string]int{}
+		}
+		f.ErrorsByKind[kind] = n
+		f.Errors += n
+	}
+	return f
+}
+
+func (f *writesFigure) columns() []string {
+	return []string{"scenario", "writers", "value_size", "duration", "writes", "writes/s",
+		"p50 ms", "p90 ms", "p99 ms", "max ms", "leader p50", "follower p50", "errors"}
+}
+
+func (f *writesFigure) row() []string {
+	num := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
+	errs := strconv.Itoa(f.Errors)
+	if len(f.ErrorsByKind) > 0 {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(f.ErrorsByKind)) {
+			parts = append(parts, fmt.Sprintf("%s:%d", k, f.ErrorsByKind[k]))
+		}
+		errs += " (" + strings.Join(parts, " ") + ")"
+	}
+	return []string{f.Scenario, strconv.Itoa(f.Writers), strconv.Itoa(f.ValueSize),
+		num(f.DurationS) + "s", strconv.Itoa(f.Writes), num(f.WritesPerS),
+		num(f.P50Ms), num(f.P90Ms), num(f.P99Ms), num(f.MaxMs),
+		num(f.ViaLeaderP50Ms), num(f.ViaFollowerP50Ms), errs}
+}
