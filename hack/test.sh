@@ -63,10 +63,10 @@ go_files() {
 step "gofmt"
 mapfile -t files < <(go_files)
 if ((${#files[@]} > 0)); then
-	unformatted="$(gofmt -l "${files[@]}")"
+	unformatted="$(gofmt -s -l "${files[@]}")"
 	if [[ -n "$unformatted" ]]; then
 		printf '%s\n' "$unformatted" >&2
-		fail "the files above are not gofmt-formatted; run: gofmt -w <file>"
+		fail "the files above are not gofmt-formatted; run: gofmt -s -w <file>"
 	fi
 fi
 

@@ -148,6 +148,26 @@ func DecodeEntry(index uint64, data []byte) (*Entry, error) {
 	return e, nil
 }
 
+// MaxKeyLen bounds every name, id and org a command carries. The admin API's
+// rules are far stricter (253 characters); this bound only guarantees that
+// no accepted entry can fail in the store (bbolt keys are at most 32 KiB),
+// because an entry that fails to apply stops every replica.
+const MaxKeyLen = 1024
+
+// checkKeys rejects empty or oversize keys, as field/value pairs.
+func checkKeys(what string, kv ...string) error {
+	for i := 0; i+1 < len(kv); i += 2 {
+		field, v := kv[i], kv[i+1]
+		if field != "org" && v == "" {
+			return fmt.Errorf("%s: empty %s", what, field)
+		}
+		if len(v) > MaxKeyLen {
+			return fmt.Errorf("%s: %s is %d bytes, more than %d", what, field, len(v), MaxKeyLen)
+		}
+	}
+	return nil
+}
+
 func decodePayload(payload []byte, msg proto.Message) error {
 	if err := proto.Unmarshal(payload, msg); err != nil {
 		return fmt.Errorf("decode %T: %w", msg, err)
@@ -164,8 +184,8 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 	if err := json.Unmarshal(c.GetPolicy(), &p); err != nil {
 		return nil, fmt.Errorf("decode policy: %w", err)
 	}
-	if p.Name == "" {
-		return nil, fmt.Errorf("put policy: empty name")
+	if err := checkKeys("put policy", "name", p.Name, "org", p.Scope.Org); err != nil {
+		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
 		stored, err := b.PutPolicy(m, &p, fromPrecondition(c.GetIfMatch()))
@@ -179,6 +199,9 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 func decodeDeletePolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
 	var c commandv1.DeletePolicy
 	if err := decodePayload(payload, &c); err != nil {
+		return nil, err
+	}
+	if err := checkKeys("delete policy", "name", c.GetName()); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -195,8 +218,8 @@ func decodePutEmployee(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	if err := json.Unmarshal(c.GetEmployee(), &e); err != nil {
 		return nil, fmt.Errorf("decode employee: %w", err)
 	}
-	if e.ID == "" {
-		return nil, fmt.Errorf("put employee: empty id")
+	if err := checkKeys("put employee", "id", e.ID, "org", e.Org); err != nil {
+		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
 		stored, err := b.PutEmployee(m, &e, fromPrecondition(c.GetIfMatch()))
@@ -212,6 +235,9 @@ func decodeDeleteEmployee(m store.Meta, payload []byte) (func(*store.Batch) *com
 	if err := decodePayload(payload, &c); err != nil {
 		return nil, err
 	}
+	if err := checkKeys("delete employee", "id", c.GetId()); err != nil {
+		return nil, err
+	}
 	return func(b *store.Batch) *commandv1.Result {
 		return result(m.Index, m.Index, b.DeleteEmployee(m, c.GetId(), fromPrecondition(c.GetIfMatch())))
 	}, nil
@@ -220,6 +246,9 @@ func decodeDeleteEmployee(m store.Meta, payload []byte) (func(*store.Batch) *com
 func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
 	var c commandv1.RegisterMember
 	if err := decodePayload(payload, &c); err != nil {
+		return nil, err
+	}
+	if err := checkKeys("register member", "id", c.GetId()); err != nil {
 		return nil, err
 	}
 	mem := store.Member{ID: c.GetId(), RaftAddr: c.GetRaftAddr(), HTTPAddr: c.GetHttpAddr(), GRPCAddr: c.GetGrpcAddr()}
@@ -231,6 +260,9 @@ func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *com
 func decodeRemoveMember(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
 	var c commandv1.RemoveMember
 	if err := decodePayload(payload, &c); err != nil {
+		return nil, err
+	}
+	if err := checkKeys("remove member", "id", c.GetId()); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {

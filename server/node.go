@@ -230,7 +230,7 @@ func (n *Node) Close(ctx context.Context) error {
 		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
 			if err := n.raft.LeadershipTransfer().Error(); err != nil {
 				// Expected when the whole cluster is stopping at once.
-			n.logger.Info("leadership transfer before shutdown failed", "err", err)
+				n.logger.Info("leadership transfer before shutdown failed", "err", err)
 			}
 		}
 		n.closeErr = n.release()

@@ -16,6 +16,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
@@ -143,6 +144,12 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 	if err != nil {
 		return nil, fmt.Errorf("encode command: %w", err)
 	}
+	// An entry the FSM cannot decode would stop every replica once
+	// committed, so nothing enters the log that DecodeEntry refuses: not a
+	// forwarded command from a buggy or hostile peer either.
+	if _, err := raftfsm.DecodeEntry(0, data); err != nil {
+		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
 	f := n.raft.Apply(data, n.cfg.Raft.ApplyTimeout)
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
@@ -170,6 +177,10 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 }
 
 var errNotMember = errors.New("not a member of the raft configuration")
+
+// errInvalidCommand marks a command refused before proposing; it maps to 400
+// and InvalidArgument.
+var errInvalidCommand = fmt.Errorf("invalid command: %w", policy.ErrInvalid)
 
 func (n *Node) inConfiguration(id string) bool {
 	f := n.raft.GetConfiguration()
@@ -278,7 +289,7 @@ func toStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, errNotMember):
 		return status.Error(codes.PermissionDenied, err.Error())
-	case errors.Is(err, errInvalidJoin):
+	case errors.Is(err, errInvalidJoin), errors.Is(err, errInvalidCommand):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, errJoinConflict):
 		return status.Error(codes.AlreadyExists, err.Error())
@@ -304,7 +315,7 @@ func fromStatus(err error) error {
 	case codes.PermissionDenied:
 		return fmt.Errorf("%s: %w", st.Message(), errNotMember)
 	case codes.InvalidArgument:
-		return fmt.Errorf("%s: %w", st.Message(), errInvalidJoin)
+		return fmt.Errorf("%s: %w", st.Message(), policy.ErrInvalid)
 	case codes.AlreadyExists:
 		return fmt.Errorf("%s: %w", st.Message(), errJoinConflict)
 	case codes.NotFound:

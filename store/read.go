@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -191,6 +192,9 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 	page := &EventPage{Events: []Event{}, LastID: f.After}
 	err := s.view(func(tx *bolt.Tx) error {
 		page.PrunedThrough = getUint(tx.Bucket(bucketMeta), keyPrunedThrough)
+		if f.After == math.MaxUint64 {
+			return nil // nothing comes after; f.After+1 would wrap to 0
+		}
 		c := tx.Bucket(bucketEvents).Cursor()
 		for k, v := c.Seek(u64(f.After + 1)); k != nil; k, v = c.Next() {
 			if f.Limit > 0 && len(page.Events) >= f.Limit {

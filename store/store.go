@@ -338,6 +338,11 @@ func (s *Store) Restore(r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
+	// The cached digest is keyed by applied index, and the restored state
+	// may be at the same index with other content.
+	s.digestMu.Lock()
+	s.digest, s.digestIndex = "", 0
+	s.digestMu.Unlock()
 	s.logger.Info("state restored from snapshot", "applied_index", idx)
 	s.advance(idx)
 	s.publish(Change{Index: idx, Resync: true})

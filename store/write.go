@@ -65,20 +65,26 @@ type Batch struct {
 // not a business error) rolls everything back. After the commit, subscribers
 // are told what changed.
 func (s *Store) ApplyBatch(lastIndex uint64, fn func(b *Batch) error) error {
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
+	b := &Batch{}
+	closed, err := func() (bool, error) {
+		// Deferred: fn may panic (raftfsm stops on an undecodable entry),
+		// and the lock must not outlive it, or Close and Restore hang.
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		if s.closed {
+			return true, nil
+		}
+		return false, s.db.Update(func(tx *bolt.Tx) error {
+			b.tx = tx
+			if err := fn(b); err != nil {
+				return err
+			}
+			return putUint(tx.Bucket(bucketMeta), keyAppliedIndex, lastIndex)
+		})
+	}()
+	if closed {
 		return ErrClosed
 	}
-	b := &Batch{}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b.tx = tx
-		if err := fn(b); err != nil {
-			return err
-		}
-		return putUint(tx.Bucket(bucketMeta), keyAppliedIndex, lastIndex)
-	})
-	s.mu.RUnlock()
 	if err != nil {
 		return fmt.Errorf("apply batch ending at %d: %w", lastIndex, err)
 	}
@@ -104,122 +110,127 @@ func checkRevision(what, id string, exists bool, cur uint64, ifMatch *uint64) er
 	return nil
 }
 
-// PutPolicy creates or replaces p. Name, kind, scope, labels and spec come
-// from p; revision and timestamps from m.
-func (b *Batch) PutPolicy(m Meta, p *policy.Policy, ifMatch *uint64) (*policy.Policy, error) {
-	bk := b.tx.Bucket(bucketPolicies)
-	var old policy.Policy
-	exists, err := getJSON(bk, p.Name, &old)
+// entityKind describes how one kind of keyed entity is stored, so that
+// every kind shares the same put and delete logic: compare-and-set,
+// revision and timestamps from the command, and the event and versions in
+// the same transaction.
+type entityKind[T any] struct {
+	bucket   []byte
+	typ      EntityType
+	revision func(*T) uint64
+	created  func(*T) time.Time
+	// stamp sets the server-managed fields.
+	stamp func(v *T, revision uint64, created, updated time.Time)
+	// scope is what the entity touches: a policy's scope, an employee's
+	// identity.
+	scope  func(*T) policy.Scope
+	encode func(*T) ([]byte, error)
+}
+
+var policyKind = entityKind[policy.Policy]{
+	bucket:   bucketPolicies,
+	typ:      EntityPolicy,
+	revision: func(p *policy.Policy) uint64 { return p.Revision },
+	created:  func(p *policy.Policy) time.Time { return p.CreatedAt },
+	stamp: func(p *policy.Policy, rev uint64, created, updated time.Time) {
+		p.Revision, p.CreatedAt, p.UpdatedAt = rev, created, updated
+	},
+	scope:  func(p *policy.Policy) policy.Scope { return p.Scope },
+	encode: (*policy.Policy).Canonical,
+}
+
+var employeeKind = entityKind[policy.Employee]{
+	bucket:   bucketEmploy,
+	typ:      EntityEmployee,
+	revision: func(e *policy.Employee) uint64 { return e.Revision },
+	created:  func(e *policy.Employee) time.Time { return e.CreatedAt },
+	stamp: func(e *policy.Employee, rev uint64, created, updated time.Time) {
+		e.Revision, e.CreatedAt, e.UpdatedAt = rev, created, updated
+	},
+	scope: (*policy.Employee).Identity,
+	encode: func(e *policy.Employee) ([]byte, error) {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return nil, fmt.Errorf("encode employee %q: %w", e.ID, err)
+		}
+		return b, nil
+	},
+}
+
+// putEntity creates or replaces v under key.
+func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMatch *uint64) (*T, error) {
+	bk := b.tx.Bucket(k.bucket)
+	var old T
+	exists, err := getJSON(bk, key, &old)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkRevision("policy", p.Name, exists, old.Revision, ifMatch); err != nil {
+	if err := checkRevision(string(k.typ), key, exists, k.revision(&old), ifMatch); err != nil {
 		return nil, err
 	}
-	stored := *p
-	stored.Revision = m.Index
-	stored.UpdatedAt = m.ProcessedAt
-	stored.CreatedAt = m.ProcessedAt
-	action := ActionCreate
+	stored := *v
+	created, action := m.ProcessedAt, ActionCreate
 	if exists {
-		stored.CreatedAt = old.CreatedAt
-		action = ActionUpdate
+		created, action = k.created(&old), ActionUpdate
 	}
-	raw, err := stored.Canonical()
+	k.stamp(&stored, m.Index, created, m.ProcessedAt)
+	raw, err := k.encode(&stored)
 	if err != nil {
 		return nil, err
 	}
-	if err := bk.Put([]byte(p.Name), raw); err != nil {
+	if err := bk.Put([]byte(key), raw); err != nil {
 		return nil, err
 	}
-	scopes := []policy.Scope{stored.Scope}
-	if exists && old.Scope != stored.Scope {
-		scopes = append(scopes, old.Scope)
+	scopes := []policy.Scope{k.scope(&stored)}
+	if exists && k.scope(&old) != scopes[0] {
+		scopes = append(scopes, k.scope(&old))
 	}
-	if err := b.record(m, EntityPolicy, stored.Name, action, raw, scopes); err != nil {
+	if err := b.record(m, k.typ, key, action, raw, scopes); err != nil {
 		return nil, err
 	}
 	return &stored, nil
+}
+
+// deleteEntity deletes key; ErrNotFound if it does not exist.
+func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch *uint64) error {
+	bk := b.tx.Bucket(k.bucket)
+	var old T
+	exists, err := getJSON(bk, key, &old)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("%s %q: %w", k.typ, key, ErrNotFound)
+	}
+	if err := checkRevision(string(k.typ), key, exists, k.revision(&old), ifMatch); err != nil {
+		return err
+	}
+	data := append([]byte(nil), bk.Get([]byte(key))...) // only valid until the Delete
+	if err := bk.Delete([]byte(key)); err != nil {
+		return err
+	}
+	return b.record(m, k.typ, key, ActionDelete, data, []policy.Scope{k.scope(&old)})
+}
+
+// PutPolicy creates or replaces p. Name, kind, scope, labels and spec come
+// from p; revision and timestamps from m.
+func (b *Batch) PutPolicy(m Meta, p *policy.Policy, ifMatch *uint64) (*policy.Policy, error) {
+	return putEntity(b, policyKind, m, p.Name, p, ifMatch)
 }
 
 // DeletePolicy deletes the named policy; ErrNotFound if it does not exist.
 func (b *Batch) DeletePolicy(m Meta, name string, ifMatch *uint64) error {
-	bk := b.tx.Bucket(bucketPolicies)
-	var old policy.Policy
-	exists, err := getJSON(bk, name, &old)
-	if err != nil {
-		return err
-	}
-	if !exists {
-		return fmt.Errorf("policy %q: %w", name, ErrNotFound)
-	}
-	if err := checkRevision("policy", name, exists, old.Revision, ifMatch); err != nil {
-		return err
-	}
-	raw := bk.Get([]byte(name))
-	data := append([]byte(nil), raw...) // raw is only valid until the Delete below
-	if err := bk.Delete([]byte(name)); err != nil {
-		return err
-	}
-	return b.record(m, EntityPolicy, name, ActionDelete, data, []policy.Scope{old.Scope})
+	return deleteEntity(b, policyKind, m, name, ifMatch)
 }
 
 // PutEmployee creates or replaces e.
 func (b *Batch) PutEmployee(m Meta, e *policy.Employee, ifMatch *uint64) (*policy.Employee, error) {
-	bk := b.tx.Bucket(bucketEmploy)
-	var old policy.Employee
-	exists, err := getJSON(bk, e.ID, &old)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkRevision("employee", e.ID, exists, old.Revision, ifMatch); err != nil {
-		return nil, err
-	}
-	stored := *e
-	stored.Revision = m.Index
-	stored.UpdatedAt = m.ProcessedAt
-	stored.CreatedAt = m.ProcessedAt
-	action := ActionCreate
-	if exists {
-		stored.CreatedAt = old.CreatedAt
-		action = ActionUpdate
-	}
-	raw, err := json.Marshal(&stored)
-	if err != nil {
-		return nil, fmt.Errorf("encode employee %q: %w", e.ID, err)
-	}
-	if err := bk.Put([]byte(e.ID), raw); err != nil {
-		return nil, err
-	}
-	scopes := []policy.Scope{stored.Identity()}
-	if exists && old.Identity() != stored.Identity() {
-		scopes = append(scopes, old.Identity())
-	}
-	if err := b.record(m, EntityEmployee, e.ID, action, raw, scopes); err != nil {
-		return nil, err
-	}
-	return &stored, nil
+	return putEntity(b, employeeKind, m, e.ID, e, ifMatch)
 }
 
 // DeleteEmployee deletes an employee; ErrNotFound if it does not exist.
 func (b *Batch) DeleteEmployee(m Meta, id string, ifMatch *uint64) error {
-	bk := b.tx.Bucket(bucketEmploy)
-	var old policy.Employee
-	exists, err := getJSON(bk, id, &old)
-	if err != nil {
-		return err
-	}
-	if !exists {
-		return fmt.Errorf("employee %q: %w", id, ErrNotFound)
-	}
-	if err := checkRevision("employee", id, exists, old.Revision, ifMatch); err != nil {
-		return err
-	}
-	data := append([]byte(nil), bk.Get([]byte(id))...)
-	if err := bk.Delete([]byte(id)); err != nil {
-		return err
-	}
-	return b.record(m, EntityEmployee, id, ActionDelete, data, []policy.Scope{old.Identity()})
+	return deleteEntity(b, employeeKind, m, id, ifMatch)
 }
 
 // PutMember records a node's addresses. Re-registering the same addresses
@@ -268,8 +279,10 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 	c := bk.Cursor()
 	n := 0
 	var last uint64
-	// Re-seek after each delete: a bbolt cursor may skip an item after Delete.
-	for k, v := c.First(); k != nil && n < MaxPrunePerBatch; k, v = c.First() {
+	// Re-seek past the deleted key after each delete: a bbolt cursor may
+	// skip an item after Delete, and re-seeking from First would walk the
+	// emptied pages again (quadratic in the events pruned).
+	for k, v := c.First(); k != nil && n < MaxPrunePerBatch; k, v = c.Seek(u64(last + 1)) {
 		if len(v) < 8 || int64(binary.BigEndian.Uint64(v[:8])) >= cutoff.UnixNano() {
 			break
 		}

@@ -123,15 +123,16 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /readyz", open, a.readyz)
 	a.route("GET /metrics", auth.RoleRead, a.metrics)
 
+	policies, employees := a.policies(), a.employees()
 	a.route("GET /v1/policies", auth.RoleRead, a.listPolicies)
-	a.route("GET /v1/policies/{name}", auth.RoleRead, a.getPolicy)
-	a.route("PUT /v1/policies/{name}", auth.RoleAdmin, a.putPolicy)
-	a.route("DELETE /v1/policies/{name}", auth.RoleAdmin, a.deletePolicy)
+	a.route("GET /v1/policies/{name}", auth.RoleRead, policies.getHandler(a))
+	a.route("PUT /v1/policies/{name}", auth.RoleAdmin, policies.putHandler(a))
+	a.route("DELETE /v1/policies/{name}", auth.RoleAdmin, policies.deleteHandler(a))
 
 	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
-	a.route("GET /v1/employees/{id}", auth.RoleRead, a.getEmployee)
-	a.route("PUT /v1/employees/{id}", auth.RoleAdmin, a.putEmployee)
-	a.route("DELETE /v1/employees/{id}", auth.RoleAdmin, a.deleteEmployee)
+	a.route("GET /v1/employees/{id}", auth.RoleRead, employees.getHandler(a))
+	a.route("PUT /v1/employees/{id}", auth.RoleAdmin, employees.putHandler(a))
+	a.route("DELETE /v1/employees/{id}", auth.RoleAdmin, employees.deleteHandler(a))
 
 	a.route("GET /v1/events", auth.RoleRead, a.listEvents)
 	a.route("GET /v1/events/watch", auth.RoleRead, a.watchEvents)

@@ -52,89 +52,139 @@ func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (a *API) getPolicy(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := policy.ValidPolicyName(name); err != nil {
-		return err
-	}
-	if err := a.maybeConsistent(r); err != nil {
-		return err
-	}
-	return a.writePolicy(w, name)
+// entity describes a keyed resource (policies, employees) for the shared
+// get, put and delete handlers: the steps are the same, only the types,
+// key rules and commands differ.
+type entity[T any] struct {
+	param    string // path parameter and JSON key field: "name" or "id"
+	validKey func(string) error
+	decode   func([]byte) (*T, error)
+	key      func(*T) *string
+	validate func(*T) error
+	get      func(string) (*T, error)
+	revision func(*T) uint64
+	put      func(*T, *uint64) (*commandv1.Command, error)
+	del      func(string, *uint64) (*commandv1.Command, error)
 }
 
-func (a *API) putPolicy(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := policy.ValidPolicyName(name); err != nil {
-		return err
+func (a *API) policies() entity[policy.Policy] {
+	return entity[policy.Policy]{
+		param: "name", validKey: policy.ValidPolicyName, decode: policy.DecodePolicy,
+		key:      func(p *policy.Policy) *string { return &p.Name },
+		validate: func(p *policy.Policy) error { return a.b.Validator().Policy(p) },
+		get:      func(k string) (*policy.Policy, error) { return a.b.Store().GetPolicy(k) },
+		revision: func(p *policy.Policy) uint64 { return p.Revision },
+		put:      raftfsm.PutPolicy, del: raftfsm.DeletePolicy,
 	}
-	cond, err := ifMatch(r)
-	if err != nil {
-		return err
-	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	p, err := policy.DecodePolicy(body)
-	if err != nil {
-		return err
-	}
-	if p.Name == "" {
-		p.Name = name
-	}
-	if p.Name != name {
-		return badRequest(fmt.Sprintf("name: %q does not match the path's %q", p.Name, name))
-	}
-	if err := a.b.Validator().Policy(p); err != nil {
-		return err
-	}
-	cmd, err := raftfsm.PutPolicy(p, cond)
-	if err != nil {
-		return err
-	}
-	if _, err := a.commit(r, cmd); err != nil {
-		return err
-	}
-	return a.writePolicy(w, name)
 }
 
-// writePolicy answers with the local replica's copy and its revision as ETag.
-func (a *API) writePolicy(w http.ResponseWriter, name string) error {
-	p, err := a.b.Store().GetPolicy(name)
+func (a *API) employees() entity[policy.Employee] {
+	return entity[policy.Employee]{
+		param: "id", validKey: policy.ValidEmployeeID, decode: policy.DecodeEmployee,
+		key:      func(e *policy.Employee) *string { return &e.ID },
+		validate: func(e *policy.Employee) error { return a.b.Validator().Employee(e) },
+		get:      func(k string) (*policy.Employee, error) { return a.b.Store().GetEmployee(k) },
+		revision: func(e *policy.Employee) uint64 { return e.Revision },
+		put:      raftfsm.PutEmployee, del: raftfsm.DeleteEmployee,
+	}
+}
+
+// pathKey reads and checks the resource key from the path.
+func (e entity[T]) pathKey(r *http.Request) (string, error) {
+	k := r.PathValue(e.param)
+	return k, e.validKey(k)
+}
+
+// write answers with the local replica's copy and its revision as ETag.
+func (e entity[T]) write(w http.ResponseWriter, key string) error {
+	v, err := e.get(key)
 	if err != nil {
 		return err
 	}
-	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(p.Revision, 10)))
-	writeJSON(w, http.StatusOK, p)
+	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(e.revision(v), 10)))
+	writeJSON(w, http.StatusOK, v)
 	return nil
+}
+
+func (e entity[T]) getHandler(a *API) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		key, err := e.pathKey(r)
+		if err != nil {
+			return err
+		}
+		if err := a.maybeConsistent(r); err != nil {
+			return err
+		}
+		return e.write(w, key)
+	}
+}
+
+// putHandler creates or replaces; the body's key may be omitted, but if
+// given it must match the path.
+func (e entity[T]) putHandler(a *API) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		key, err := e.pathKey(r)
+		if err != nil {
+			return err
+		}
+		cond, err := ifMatch(r)
+		if err != nil {
+			return err
+		}
+		body, err := readBody(r)
+		if err != nil {
+			return err
+		}
+		v, err := e.decode(body)
+		if err != nil {
+			return err
+		}
+		if k := e.key(v); *k == "" {
+			*k = key
+		} else if *k != key {
+			return badRequest(fmt.Sprintf("%s: %q does not match the path's %q", e.param, *k, key))
+		}
+		if err := e.validate(v); err != nil {
+			return err
+		}
+		cmd, err := e.put(v, cond)
+		if err != nil {
+			return err
+		}
+		if _, err := a.commit(r, cmd); err != nil {
+			return err
+		}
+		return e.write(w, key)
+	}
+}
+
+func (e entity[T]) deleteHandler(a *API) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		key, err := e.pathKey(r)
+		if err != nil {
+			return err
+		}
+		cond, err := ifMatch(r)
+		if err != nil {
+			return err
+		}
+		cmd, err := e.del(key, cond)
+		if err != nil {
+			return err
+		}
+		res, err := a.commit(r, cmd)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, Deleted{Deleted: key, Revision: res.GetIndex()})
+		return nil
+	}
 }
 
 // Deleted is the answer to a DELETE.
 type Deleted struct {
 	Deleted  string `json:"deleted"`
 	Revision uint64 `json:"revision"`
-}
-
-func (a *API) deletePolicy(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if err := policy.ValidPolicyName(name); err != nil {
-		return err
-	}
-	cond, err := ifMatch(r)
-	if err != nil {
-		return err
-	}
-	cmd, err := raftfsm.DeletePolicy(name, cond)
-	if err != nil {
-		return err
-	}
-	res, err := a.commit(r, cmd)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, Deleted{Deleted: name, Revision: res.GetIndex()})
-	return nil
 }
 
 // commit proposes cmd, turns a business failure into its error, and waits
@@ -173,84 +223,6 @@ func (a *API) listEmployees(w http.ResponseWriter, r *http.Request) error {
 		es = []*policy.Employee{}
 	}
 	writeJSON(w, http.StatusOK, EmployeeList{Employees: es, AppliedIndex: idx})
-	return nil
-}
-
-func (a *API) getEmployee(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := policy.ValidEmployeeID(id); err != nil {
-		return err
-	}
-	if err := a.maybeConsistent(r); err != nil {
-		return err
-	}
-	return a.writeEmployee(w, id)
-}
-
-func (a *API) writeEmployee(w http.ResponseWriter, id string) error {
-	e, err := a.b.Store().GetEmployee(id)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(e.Revision, 10)))
-	writeJSON(w, http.StatusOK, e)
-	return nil
-}
-
-func (a *API) putEmployee(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := policy.ValidEmployeeID(id); err != nil {
-		return err
-	}
-	cond, err := ifMatch(r)
-	if err != nil {
-		return err
-	}
-	body, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	e, err := policy.DecodeEmployee(body)
-	if err != nil {
-		return err
-	}
-	if e.ID == "" {
-		e.ID = id
-	}
-	if e.ID != id {
-		return badRequest(fmt.Sprintf("id: %q does not match the path's %q", e.ID, id))
-	}
-	if err := a.b.Validator().Employee(e); err != nil {
-		return err
-	}
-	cmd, err := raftfsm.PutEmployee(e, cond)
-	if err != nil {
-		return err
-	}
-	if _, err := a.commit(r, cmd); err != nil {
-		return err
-	}
-	return a.writeEmployee(w, id)
-}
-
-func (a *API) deleteEmployee(w http.ResponseWriter, r *http.Request) error {
-	id := r.PathValue("id")
-	if err := policy.ValidEmployeeID(id); err != nil {
-		return err
-	}
-	cond, err := ifMatch(r)
-	if err != nil {
-		return err
-	}
-	cmd, err := raftfsm.DeleteEmployee(id, cond)
-	if err != nil {
-		return err
-	}
-	res, err := a.commit(r, cmd)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, Deleted{Deleted: id, Revision: res.GetIndex()})
 	return nil
 }
 
