@@ -110,6 +110,17 @@ func startDaemon(t *testing.T, dir string, args ...string) *daemon {
 	return d
 }
 
+// kill is kill -9.
+func (d *daemon) kill(t *testing.T) {
+	t.Helper()
+	if err := d.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-d.done; err == nil {
+		t.Fatal("a killed daemon exited cleanly")
+	}
+}
+
 // interrupt sends Ctrl-C and waits for a clean exit within a few seconds.
 func (d *daemon) interrupt(t *testing.T) time.Duration {
 	t.Helper()
@@ -295,6 +306,36 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 		}
 		return nil
 	})
+	// kill -9 the leader: a survivor takes writes once a new leader is
+	// elected, and the killed node catches up when it comes back.
+	leaderNum := int(st.LeaderID[len(st.LeaderID)-1] - '0')
+	ds[leaderNum-1].kill(t)
+	survivor := fmt.Sprintf("http://127.0.0.1:808%d", leaderNum%3+1)
+	waitForCLI(t, "a write through a survivor", func() error {
+		_, err := cliErr(t, dir, "--server", survivor, "policy", "apply", "-f", "policy.yaml")
+		return err
+	})
+	ds[leaderNum-1] = startDaemon(t, dir, "--config", fmt.Sprintf("node%d.yaml", leaderNum))
+	restarted := fmt.Sprintf("http://127.0.0.1:808%d", leaderNum)
+	waitReady(t, restarted)
+	waitForCLI(t, "the restarted node to catch up", func() error {
+		local, err := getRevision(restarted + "/v1/policies/acme.deny-shell")
+		if err != nil {
+			return err
+		}
+		latest, err := getRevision(survivor + "/v1/policies/acme.deny-shell?consistent=true")
+		if err != nil {
+			return err
+		}
+		if local != latest {
+			return fmt.Errorf("restarted node at revision %d, cluster at %d", local, latest)
+		}
+		return nil
+	})
+
+	if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
+		t.Fatal(err)
+	}
 	victim := "node3"
 	if st.LeaderID == victim {
 		victim = "node2"
@@ -312,6 +353,24 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 	for _, d := range ds {
 		d.interrupt(t)
 	}
+}
+
+func getRevision(url string) (uint64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: %d", url, resp.StatusCode)
+	}
+	var p struct {
+		Revision uint64 `json:"revision"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		return 0, err
+	}
+	return p.Revision, nil
 }
 
 func waitForCLI(t *testing.T, what string, cond func() error) {

@@ -227,6 +227,16 @@ func (c *cluster) stop(i int) {
 	c.nodes[i] = nil
 }
 
+// crash stops node i the way a kill -9 looks to its peers: raft stops at
+// once, with no leadership transfer, then the rest is cleaned up.
+func (c *cluster) crash(i int) {
+	c.t.Helper()
+	if err := c.nodes[i].raft.Shutdown().Error(); err != nil {
+		c.t.Fatalf("crash %s: %v", c.nodes[i].ID(), err)
+	}
+	c.stop(i)
+}
+
 // restart starts node i again on its data directory and Raft address.
 func (c *cluster) restart(i int) *Node {
 	c.t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,8 +44,12 @@ var (
 )
 
 // leaderWait is how long a request waits for a leader to appear before it
-// fails with ErrNoLeader: three election timeouts cover an ordinary election.
-func (n *Node) leaderWait() time.Duration { return 3 * n.cfg.Raft.ElectionTimeout }
+// fails with ErrNoLeader: a heartbeat timeout for followers to notice a dead
+// leader, plus three election timeouts for an ordinary election (4s with the
+// defaults).
+func (n *Node) leaderWait() time.Duration {
+	return n.cfg.Raft.HeartbeatTimeout + 3*n.cfg.Raft.ElectionTimeout
+}
 
 // Propose commits cmd through the leader, forwarding it if this node is a
 // follower, and returns the FSM's result. A business error (conflict, not
@@ -325,9 +330,21 @@ func fromStatus(err error) error {
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("forwarded request: %w", context.DeadlineExceeded)
 	case codes.Unavailable:
-		// Sent, outcome unknown from here.
+		if notSent(st.Message()) {
+			// The connection was never made, so the request was not
+			// sent: typically a follower still naming a leader that just
+			// died. Safe to retry once a new leader is known.
+			return fmt.Errorf("leader unreachable (%s): %w", st.Message(), ErrNoLeader)
+		}
+		// Possibly sent: the outcome is unknown from here.
 		return &unavailableError{msg: "leader unreachable: " + st.Message()}
 	default:
 		return fmt.Errorf("leader: %s", st.Message())
 	}
+}
+
+// notSent recognises grpc-go's Unavailable errors for a connection that was
+// never established (dial failures), as opposed to one that broke mid-call.
+func notSent(msg string) bool {
+	return strings.Contains(msg, "Error while dialing") || strings.Contains(msg, "connection refused")
 }
