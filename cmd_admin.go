@@ -206,11 +206,19 @@ func policyCommand(c *adminClient) *cobra.Command {
 	})
 }
 
+// scopeString renders a scope for tables: "global", or its set fields
+// ("org=acme,team=red").
 func scopeString(s policy.Scope) string {
 	if s.IsGlobal() {
 		return "global"
 	}
-	return s.String()
+	var parts []string
+	for _, f := range [][2]string{{"org", s.Org}, {"team", s.Team}, {"employee", s.Employee}} {
+		if f[1] != "" {
+			parts = append(parts, f[0]+"="+f[1])
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 func employeeCommand(c *adminClient) *cobra.Command {

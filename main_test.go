@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -167,11 +169,18 @@ func cli(t *testing.T, dir string, args ...string) string {
 
 func cliErr(t *testing.T, dir string, args ...string) (string, error) {
 	t.Helper()
+	return cliInput(t, dir, "", args...)
+}
+
+// cliInput runs the CLI with stdin (for `apply -f -`).
+func cliInput(t *testing.T, dir, stdin string, args ...string) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, policydBinary(t), args...)
 	cmd.Dir = dir
 	cmd.Env = cleanEnv()
+	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -208,6 +217,45 @@ func TestReadmeSingleNode(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli(t, dir, "policy", "get", "acme.deny-shell")), &p); err != nil || p.Revision == 0 {
 		t.Fatalf("get: %+v %v", p, err)
 	}
+	if out := cli(t, dir, "policy", "list"); !strings.Contains(out, "org=acme") {
+		t.Fatalf("list: %s", out)
+	}
+	// events watch prints each new event as a JSON line.
+	watch := exec.Command(policydBinary(t), "events", "watch", "--after", strconv.FormatUint(p.Revision, 10))
+	watch.Env = cleanEnv()
+	stdout, err := watch.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 10)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	if out, err := cliInput(t, dir, `{"id": "alice", "org": "acme", "team": "red"}`, "employee", "apply", "-f", "-", "--if-match", "0"); err != nil {
+		t.Fatalf("employee apply: %v %s", err, out)
+	}
+	select {
+	case line := <-lines:
+		var ev struct {
+			EntityType string `json:"entity_type"`
+			EntityID   string `json:"entity_id"`
+			Action     string `json:"action"`
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil || ev.EntityType != "employee" || ev.EntityID != "alice" || ev.Action != "CREATE" {
+			t.Fatalf("watch printed %q (%v)", line, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("events watch printed nothing")
+	}
+	_ = watch.Process.Kill()
+	_ = watch.Wait()
 	if out, err := cliErr(t, dir, "policy", "get", "missing"); err == nil || !strings.Contains(out, "404 not_found") {
 		t.Fatalf("get missing: %v %s", err, out)
 	}
@@ -332,6 +380,20 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A fourth node, started with flags only and bootstrap off, joins at
+	// run time and receives the existing state.
+	ds = append(ds, startDaemon(t, dir, "--node-id", "node4", "--data-dir", "data/node4", "--bootstrap=false",
+		"--http-addr", "127.0.0.1:8084", "--grpc-addr", "127.0.0.1:9094", "--raft-addr", "127.0.0.1:7004"))
+	if out := cli(t, dir, "--server", "http://127.0.0.1:8081", "cluster", "join", "--id", "node4", "--raft-addr", "127.0.0.1:7004"); !strings.Contains(out, "node4 joined") {
+		t.Fatalf("join: %s", out)
+	}
+	waitForCLI(t, "node4 to receive the policy", func() error {
+		_, err := getRevision("http://127.0.0.1:8084/v1/policies/acme.deny-shell")
+		return err
+	})
+	waitReady(t, "http://127.0.0.1:8084")
+	cli(t, dir, "--server", "http://127.0.0.1:8084", "cluster", "remove", "node4")
 
 	if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
 		t.Fatal(err)

@@ -155,6 +155,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	n.httpSrv = &http.Server{
 		Handler:           n.api,
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	// Shutdown waits for handlers; long-lived streams must end first.

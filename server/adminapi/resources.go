@@ -95,6 +95,16 @@ func (e entity[T]) pathKey(r *http.Request) (string, error) {
 	return k, e.validKey(k)
 }
 
+// target reads the key and the If-Match precondition of a write.
+func (e entity[T]) target(r *http.Request) (string, *uint64, error) {
+	key, err := e.pathKey(r)
+	if err != nil {
+		return "", nil, err
+	}
+	cond, err := ifMatch(r)
+	return key, cond, err
+}
+
 // write answers with the local replica's copy and its revision as ETag.
 func (e entity[T]) write(w http.ResponseWriter, key string) error {
 	v, err := e.get(key)
@@ -123,11 +133,7 @@ func (e entity[T]) getHandler(a *API) handlerFunc {
 // given it must match the path.
 func (e entity[T]) putHandler(a *API) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		key, err := e.pathKey(r)
-		if err != nil {
-			return err
-		}
-		cond, err := ifMatch(r)
+		key, cond, err := e.target(r)
 		if err != nil {
 			return err
 		}
@@ -160,11 +166,7 @@ func (e entity[T]) putHandler(a *API) handlerFunc {
 
 func (e entity[T]) deleteHandler(a *API) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		key, err := e.pathKey(r)
-		if err != nil {
-			return err
-		}
-		cond, err := ifMatch(r)
+		key, cond, err := e.target(r)
 		if err != nil {
 			return err
 		}
