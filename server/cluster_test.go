@@ -573,3 +573,65 @@ func TestLeaderTasksFollowLeadership(t *testing.T) {
 		t.Fatal("a node ran two terms' tasks at once")
 	}
 }
+
+// TestApplicabilityAndPolicySetVersion: GET /v1/policies for an identity
+// returns global + org + team + own policies, with a policy-set version that
+// is the same on every replica and changes only when an applicable policy
+// changes.
+func TestApplicabilityAndPolicySetVersion(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	a := apiFor(t, c.leader())
+	put := func(name string, scope policy.Scope) uint64 {
+		b, _ := json.Marshal(map[string]any{"name": name, "kind": "ToolPolicy", "scope": scope,
+			"spec": map[string]any{"tool_name": "Bash", "action": "deny"}})
+		r := a.do(http.MethodPut, "/v1/policies/"+name, b, nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("PUT %s: %d %s", name, r.status, r.body)
+		}
+		var p policy.Policy
+		r.decode(t, &p)
+		return p.Revision
+	}
+	put("global", policy.Scope{})
+	put("acme", policy.Scope{Org: "acme"})
+	put("acme.red", policy.Scope{Org: "acme", Team: "red"})
+	put("acme.blue", policy.Scope{Org: "acme", Team: "blue"})
+	put("acme.alice", policy.Scope{Org: "acme", Employee: "alice"})
+	last := put("globex", policy.Scope{Org: "globex"})
+
+	const query = "/v1/policies?org=acme&team=red&employee=alice"
+	list := func(n *Node) (names []string, version string) {
+		if err := n.store.WaitApplied(t.Context(), last); err != nil {
+			t.Fatal(err)
+		}
+		var pl struct {
+			Policies []policy.Policy `json:"policies"`
+			Version  string          `json:"version"`
+		}
+		apiFor(t, n).do(http.MethodGet, query, nil, nil).decode(t, &pl)
+		for _, p := range pl.Policies {
+			names = append(names, p.Name)
+		}
+		return names, pl.Version
+	}
+	want := []string{"acme", "acme.alice", "acme.red", "global"}
+	var version string
+	for _, n := range c.running() {
+		names, v := list(n)
+		if fmt.Sprint(names) != fmt.Sprint(want) {
+			t.Fatalf("%s: applicable %v, want %v", n.ID(), names, want)
+		}
+		if len(v) != 64 || (version != "" && v != version) {
+			t.Fatalf("%s: version %q, another replica has %q", n.ID(), v, version)
+		}
+		version = v
+	}
+	last = put("globex", policy.Scope{Org: "globex"}) // not applicable
+	if _, v := list(c.leader()); v != version {
+		t.Fatal("version changed when a policy of another org changed")
+	}
+	last = put("acme.red", policy.Scope{Org: "acme", Team: "red"}) // applicable: new revision
+	if _, v := list(c.follower()); v == version {
+		t.Fatal("version unchanged after an applicable policy changed")
+	}
+}

@@ -71,8 +71,18 @@ func (n *Node) setupRaft() error {
 	conf.MaxAppendEntries = rc.MaxAppendEntries
 	conf.BatchApplyCh = true
 	// The FSM is persistent: it already holds everything up to its applied
-	// index, and replayed entries at or below it are skipped.
+	// index, and replayed entries at or below it are skipped. Raft then
+	// replays only the entries after its latest snapshot, so if state.db is
+	// behind that snapshot (lost, or replaced by an older copy) the gap
+	// would never be applied: restore the snapshot first in that case.
 	conf.NoSnapshotRestoreOnStart = true
+	if metas, err := snaps.List(); err != nil {
+		return fmt.Errorf("list raft snapshots in %q: %w", raftDir, err)
+	} else if len(metas) > 0 && metas[0].Index > n.store.AppliedIndex() {
+		n.logger.Warn("state.db is behind the latest raft snapshot; restoring the snapshot before replaying the log",
+			"state_applied_index", n.store.AppliedIndex(), "snapshot_index", metas[0].Index)
+		conf.NoSnapshotRestoreOnStart = false
+	}
 	if err := raft.ValidateConfig(conf); err != nil {
 		return fmt.Errorf("raft config: %w", err)
 	}

@@ -14,6 +14,10 @@ import (
 // PolicyList is GET /v1/policies.
 type PolicyList struct {
 	Policies []*policy.Policy `json:"policies"`
+	// Version is the policy-set version of the identity given by org, team
+	// and employee (DESIGN part 2): what a sidecar with that identity holds
+	// when it is current. Only set when an identity and no kind is given.
+	Version string `json:"version,omitempty"`
 	// AppliedIndex is the local replica's position when it was read.
 	AppliedIndex uint64 `json:"applied_index"`
 }
@@ -32,6 +36,14 @@ func identityFilter(r *http.Request) (*policy.Identity, error) {
 	return &id, nil
 }
 
+// nonNil makes empty lists encode as [] rather than null.
+func nonNil[T any](s []*T) []*T {
+	if s == nil {
+		return []*T{}
+	}
+	return s
+}
+
 func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 	id, err := identityFilter(r)
 	if err != nil {
@@ -40,15 +52,21 @@ func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 	if err := a.maybeConsistent(r); err != nil {
 		return err
 	}
+	kind := r.URL.Query().Get("kind")
+	if id != nil && kind == "" {
+		set, err := a.b.Store().PolicySet(*id)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, PolicyList{Policies: nonNil(set.Policies), Version: set.Version, AppliedIndex: set.Index})
+		return nil
+	}
 	idx := a.b.Store().AppliedIndex()
-	ps, err := a.b.Store().ListPolicies(store.PolicyFilter{Identity: id, Kind: r.URL.Query().Get("kind")})
+	ps, err := a.b.Store().ListPolicies(store.PolicyFilter{Identity: id, Kind: kind})
 	if err != nil {
 		return err
 	}
-	if ps == nil {
-		ps = []*policy.Policy{}
-	}
-	writeJSON(w, http.StatusOK, PolicyList{Policies: ps, AppliedIndex: idx})
+	writeJSON(w, http.StatusOK, PolicyList{Policies: nonNil(ps), AppliedIndex: idx})
 	return nil
 }
 
@@ -221,10 +239,7 @@ func (a *API) listEmployees(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if es == nil {
-		es = []*policy.Employee{}
-	}
-	writeJSON(w, http.StatusOK, EmployeeList{Employees: es, AppliedIndex: idx})
+	writeJSON(w, http.StatusOK, EmployeeList{Employees: nonNil(es), AppliedIndex: idx})
 	return nil
 }
 
