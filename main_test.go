@@ -89,9 +89,15 @@ func (s *syncBuffer) String() string {
 
 func startDaemon(t *testing.T, dir string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, dir, nil, args...)
+}
+
+// startDaemonEnv runs `policyd serve args...` with extra environment.
+func startDaemonEnv(t *testing.T, dir string, env []string, args ...string) *daemon {
+	t.Helper()
 	cmd := exec.Command(policydBinary(t), append([]string{"serve"}, args...)...)
 	cmd.Dir = dir
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), env...)
 	d := &daemon{cmd: cmd, logs: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
 	if err := cmd.Start(); err != nil {
@@ -476,4 +482,55 @@ func TestCLIUsageErrors(t *testing.T) {
 	if out := cli(t, dir, "version"); !strings.HasPrefix(out, "policyd ") {
 		t.Fatalf("version: %q", out)
 	}
+}
+
+// TestEnvConfigAndCLIToken: the daemon configured only through POLICYD_*
+// variables, with admin tokens; the CLI finds it through POLICYD_SERVER and
+// authenticates with POLICYD_TOKEN or --token.
+func TestEnvConfigAndCLIToken(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("admin admin-token-0123456789 ops\nread read-token-0123456789 ci\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemonEnv(t, dir, []string{
+		"POLICYD_HTTP_ADDR=127.0.0.1:18181", "POLICYD_GRPC_ADDR=127.0.0.1:19191", "POLICYD_RAFT_ADDR=127.0.0.1:17171",
+		"POLICYD_DATA_DIR=state", "POLICYD_NODE_ID=envnode", "POLICYD_AUTH_ADMIN_TOKENS_FILE=" + tokens,
+	})
+	waitReady(t, "http://127.0.0.1:18181")
+	if _, err := os.Stat(filepath.Join(dir, "state", "state.db")); err != nil {
+		t.Fatalf("POLICYD_DATA_DIR ignored: %v", err)
+	}
+
+	run := func(env []string, args ...string) (string, error) {
+		c := exec.Command(policydBinary(t), args...)
+		c.Dir = dir
+		c.Env = append(cleanEnv(), env...)
+		c.Stdin = strings.NewReader(`{"name": "p", "kind": "ToolPolicy", "spec": {"tool_name": "Bash", "action": "audit"}}`)
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	server := "POLICYD_SERVER=http://127.0.0.1:18181"
+	tests := []struct {
+		name    string
+		env     []string
+		args    []string
+		ok      bool
+		mention string
+	}{
+		{"no token", []string{server}, []string{"policy", "list"}, false, "401 unauthorized"},
+		{"read token reads", []string{server, "POLICYD_TOKEN=read-token-0123456789"}, []string{"policy", "list"}, true, "NAME"},
+		{"read token cannot write", []string{server, "POLICYD_TOKEN=read-token-0123456789"}, []string{"policy", "apply", "-f", "-"}, false, "403 forbidden"},
+		{"admin flag writes", []string{server}, []string{"--token", "admin-token-0123456789", "policy", "apply", "-f", "-"}, true, "policy/p applied"},
+		{"flag beats env", []string{server, "POLICYD_TOKEN=wrong-token-0123456789"}, []string{"--token", "read-token-0123456789", "policy", "get", "p"}, true, `"name": "p"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(tc.env, tc.args...)
+			if (err == nil) != tc.ok || !strings.Contains(out, tc.mention) {
+				t.Fatalf("ok=%v (%v), want %v; output %q should mention %q", err == nil, err, tc.ok, out, tc.mention)
+			}
+		})
+	}
+	d.interrupt(t)
 }
