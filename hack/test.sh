@@ -27,6 +27,11 @@ export PATH="$tools_bin:$PATH"
 step "go mod download"
 go mod download
 
+step "go.mod is tidy"
+if ! go mod tidy -diff >&2; then
+	fail "go.mod/go.sum are not tidy; run: go mod tidy"
+fi
+
 # The generated code is committed, so regenerate it and see whether anything
 # under api/ changed. This runs before vet and lint, whose errors would
 # otherwise be the first sign of stale or missing generated code. It compares
