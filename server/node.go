@@ -250,6 +250,9 @@ func (n *Node) release() error {
 		}
 	}
 	if n.transport != nil {
+		// Close only stops the listener; pooled and pipelined connections
+		// stay open (and peers' handlers blocked on them) unless closed too.
+		n.transport.CloseStreams()
 		if err := n.transport.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("raft transport: %w", err))
 		}
