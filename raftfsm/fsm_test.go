@@ -928,3 +928,25 @@ func TestSnapshotOfClosedStore(t *testing.T) {
 		t.Errorf("Snapshot of a closed store = %v, want ErrClosed", err)
 	}
 }
+
+// TestPutPolicyStoresCanonical: a policy proposed with a non-canonical spec
+// (keys unsorted, spaces, big integers) is stored canonical, because
+// PutPolicy canonicalises it: policy-set versions then depend on content,
+// not on how a client formatted it.
+func TestPutPolicyStoresCanonical(t *testing.T) {
+	f, st := newFSM(t)
+	p := &policy.Policy{Name: "p", Kind: "RateLimit",
+		Spec: json.RawMessage(`{ "z": 1, "a": {"y": [1.50, 2], "b": 12345678901234567890} }`)}
+	cmd, err := PutPolicy(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: stamp(t, 1, cmd)})
+	got, err := st.GetPolicy("p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"a":{"b":12345678901234567890,"y":[1.50,2]},"z":1}`; string(got.Spec) != want {
+		t.Errorf("stored spec = %s, want %s", got.Spec, want)
+	}
+}
