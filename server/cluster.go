@@ -67,7 +67,7 @@ func (s *clusterService) Remove(ctx context.Context, req *clusterv1.RemoveReques
 	if s.n.raft.State() != raft.Leader {
 		return nil, toStatus(ErrNotLeader)
 	}
-	idx, err := s.n.removeLocal(req.GetId())
+	idx, err := s.n.removeLocal(ctx, req.GetId())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -129,7 +129,7 @@ func (n *Node) Remove(ctx context.Context, id string) (uint64, error) {
 	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
 		if leader {
 			var err error
-			idx, err = n.removeLocal(id)
+			idx, err = n.removeLocal(ctx, id)
 			return err
 		}
 		resp, err := c.Remove(ctx, &clusterv1.RemoveRequest{Id: id})
@@ -139,31 +139,36 @@ func (n *Node) Remove(ctx context.Context, id string) (uint64, error) {
 		idx = resp.GetIndex()
 		return nil
 	})
+	return idx, err
+}
+
+// removeLocal runs on the leader. The member record goes first, while this
+// node surely leads: after RemoveServer it may not (it may have removed
+// itself). If RemoveServer then fails, the node is still a voter and its
+// register loop records its addresses again.
+func (n *Node) removeLocal(ctx context.Context, id string) (uint64, error) {
+	if !n.inConfiguration(id) {
+		return 0, fmt.Errorf("member %q: %w", id, store.ErrNotFound)
+	}
+	cmd, err := raftfsm.RemoveMember(id)
 	if err != nil {
 		return 0, err
 	}
-	// The member record goes second: if this node removed itself, Propose
-	// finds the next leader.
-	cmd, err := raftfsm.RemoveMember(id)
-	if err != nil {
-		return idx, err
-	}
-	res, err := n.Propose(ctx, cmd)
-	if err != nil {
-		return idx, fmt.Errorf("removed %q from raft, but not its member record: %w", id, err)
-	}
-	return max(idx, res.GetIndex()), nil
-}
-
-func (n *Node) removeLocal(id string) (uint64, error) {
-	if !n.inConfiguration(id) {
-		return 0, fmt.Errorf("member %q: %w", id, store.ErrNotFound)
+	if _, err := n.applyLocal(ctx, cmd); err != nil {
+		return 0, fmt.Errorf("forget addresses of %q: %w", id, err)
 	}
 	rf := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.Raft.ApplyTimeout)
 	if err := rf.Error(); err != nil {
 		return 0, raftErr("remove server", err)
 	}
 	n.logger.Info("member removed", "id", id, "index", rf.Index())
+	// The removed node may have re-registered between the two steps; now
+	// that it is out of the configuration, the leader refuses it for good.
+	if _, err := n.store.Member(id); err == nil && n.IsLeader() {
+		if _, err := n.applyLocal(ctx, cmd); err != nil {
+			n.logger.Warn("forget addresses of removed member", "id", id, "err", err)
+		}
+	}
 	return rf.Index(), nil
 }
 

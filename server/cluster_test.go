@@ -635,3 +635,36 @@ func TestApplicabilityAndPolicySetVersion(t *testing.T) {
 		t.Fatal("version unchanged after an applicable policy changed")
 	}
 }
+
+// TestRemoveTheLeader: removing the current leader through a follower elects
+// a new leader among the rest, forgets the old one's addresses, and writes
+// continue.
+func TestRemoveTheLeader(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	old := c.leader()
+	f := c.follower()
+	r := apiFor(t, f).do(http.MethodDelete, "/v1/cluster/members/"+old.ID(), nil, nil)
+	if r.status != http.StatusOK {
+		t.Fatalf("remove leader: %d %s", r.status, r.body)
+	}
+	var leader *Node
+	waitFor(t, 10*time.Second, "a new leader without the old one", func() error {
+		for _, n := range c.running() {
+			if n != old && n.IsLeader() {
+				leader = n
+				return nil
+			}
+		}
+		return errors.New("no new leader")
+	})
+	waitFor(t, 10*time.Second, "old leader's record forgotten", func() error {
+		if _, err := leader.store.Member(old.ID()); !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("still recorded (%v)", err)
+		}
+		if leader.inConfiguration(old.ID()) {
+			return errors.New("still in the configuration")
+		}
+		return nil
+	})
+	apiFor(t, f).putPolicy("after-leader-removed", "acme", "x")
+}

@@ -92,12 +92,6 @@ func (n *Node) lead(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// registerSelfTask makes sure the leader's own addresses are in the FSM,
-// because followers need them to forward writes.
-func (n *Node) registerSelfTask(ctx context.Context) {
-	n.ensureRegistered(ctx)
-}
-
 // registerLoop keeps this node's member record current from any role. It
 // runs for the node's life: a node added later, or one whose addresses
 // changed across a restart, registers as soon as a leader accepts it.

@@ -140,7 +140,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 
 	n.leaderTasks = []LeaderTask{
-		{Name: "register-self", Run: n.registerSelfTask},
+		// Followers forward writes to the leader's registered address, so a
+		// new leader makes sure its own is current before anything else.
+		{Name: "register-self", Run: n.ensureRegistered},
 		{Name: "event-retention", Run: n.pruneEventsTask},
 	}
 	n.grpcSrv = grpc.NewServer(
