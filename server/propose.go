@@ -135,7 +135,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 		// leader it can still reach.
 		var reg commandv1.RegisterMember
 		if err := proto.Unmarshal(cmd.GetPayload(), &reg); err != nil {
-			return nil, fmt.Errorf("decode register-member payload: %w", err)
+			return nil, fmt.Errorf("%w: decode register-member payload: %w", errInvalidCommand, err)
 		}
 		if !n.inConfiguration(reg.GetId()) {
 			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
