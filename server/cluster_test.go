@@ -659,7 +659,7 @@ func TestRemoveTheLeader(t *testing.T) {
 	})
 	waitFor(t, 10*time.Second, "old leader's record forgotten", func() error {
 		if _, err := leader.store.Member(old.ID()); !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("still recorded (%v)", err)
+			return fmt.Errorf("still recorded (%w)", err)
 		}
 		if leader.inConfiguration(old.ID()) {
 			return errors.New("still in the configuration")
