@@ -35,14 +35,21 @@ func singleNode(t *testing.T, mutate func(*config.Config)) (*Node, *api) {
 		mutate(&cfg)
 	}
 	n := startNode(t, cfg)
-	waitFor(t, 10*time.Second, "single node to lead and register", func() error {
+	waitLeads(t, n)
+	return n, apiFor(t, n)
+}
+
+// waitLeads waits until a one-node cluster's node leads and has registered
+// its addresses.
+func waitLeads(t *testing.T, n *Node) {
+	t.Helper()
+	waitFor(t, 10*time.Second, n.ID()+" to lead and register", func() error {
 		if !n.IsLeader() {
 			return errors.New("not leader yet")
 		}
 		_, err := n.store.Member(n.ID())
 		return err
 	})
-	return n, apiFor(t, n)
 }
 
 // TestBadInputIsRejectedAndStoresNothing walks the malformed requests: each
@@ -247,12 +254,7 @@ func TestRestartKeepsStateAndIdentity(t *testing.T) {
 	cfg := testConfig(t, "solo")
 	cfg.Raft.Bootstrap = true
 	n := startNode(t, cfg)
-	waitFor(t, 10*time.Second, "leader", func() error {
-		if !n.IsLeader() {
-			return errors.New("not leader")
-		}
-		return nil
-	})
+	waitLeads(t, n)
 	a := apiFor(t, n)
 	p := a.putPolicy("keep-me", "acme", "x")
 	cfg.Raft.Addr = n.RaftAddr()
@@ -272,12 +274,7 @@ func TestRestartKeepsStateAndIdentity(t *testing.T) {
 	if err != nil || got.Revision != p.Revision {
 		t.Fatalf("after restart: %+v, %v", got, err)
 	}
-	waitFor(t, 10*time.Second, "leader again", func() error {
-		if !n2.IsLeader() {
-			return errors.New("not leader")
-		}
-		return nil
-	})
+	waitLeads(t, n2)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := n2.ConsistentRead(ctx); err != nil {
@@ -332,12 +329,7 @@ func TestLostStateDBIsRebuilt(t *testing.T) {
 	cfg := testConfig(t, "solo")
 	cfg.Raft.Bootstrap = true
 	n := startNode(t, cfg)
-	waitFor(t, 10*time.Second, "leader", func() error {
-		if !n.IsLeader() {
-			return errors.New("not leader")
-		}
-		return nil
-	})
+	waitLeads(t, n)
 	a := apiFor(t, n)
 	a.putPolicy("before-snapshot", "acme", "x")
 	if err := n.raft.Snapshot().Error(); err != nil {

@@ -123,8 +123,7 @@ type entityKind[T any] struct {
 	stamp func(v *T, revision uint64, created, updated time.Time)
 	// scope is what the entity touches: a policy's scope, an employee's
 	// identity.
-	scope  func(*T) policy.Scope
-	encode func(*T) ([]byte, error)
+	scope func(*T) policy.Scope
 }
 
 var policyKind = entityKind[policy.Policy]{
@@ -136,17 +135,6 @@ var policyKind = entityKind[policy.Policy]{
 		p.Revision, p.CreatedAt, p.UpdatedAt = rev, created, updated
 	},
 	scope: func(p *policy.Policy) policy.Scope { return p.Scope },
-	// The proposer sends the spec already canonical (raftfsm.PutPolicy), and
-	// every replica receives the same bytes, so a plain encoding is
-	// deterministic; re-canonicalising here cost every replica ~15% of its
-	// CPU under write load.
-	encode: func(p *policy.Policy) ([]byte, error) {
-		b, err := json.Marshal(p)
-		if err != nil {
-			return nil, fmt.Errorf("encode policy %q: %w", p.Name, err)
-		}
-		return b, nil
-	},
 }
 
 var employeeKind = entityKind[policy.Employee]{
@@ -158,13 +146,6 @@ var employeeKind = entityKind[policy.Employee]{
 		e.Revision, e.CreatedAt, e.UpdatedAt = rev, created, updated
 	},
 	scope: (*policy.Employee).Identity,
-	encode: func(e *policy.Employee) ([]byte, error) {
-		b, err := json.Marshal(e)
-		if err != nil {
-			return nil, fmt.Errorf("encode employee %q: %w", e.ID, err)
-		}
-		return b, nil
-	},
 }
 
 // putEntity creates or replaces v under key.
@@ -184,9 +165,13 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 		created, action = k.created(&old), ActionUpdate
 	}
 	k.stamp(&stored, m.Index, created, m.ProcessedAt)
-	raw, err := k.encode(&stored)
+	// A plain encoding is deterministic: every replica receives the same
+	// command bytes. (Policy specs arrive canonical from the proposer,
+	// raftfsm.PutPolicy; re-canonicalising here cost every replica ~15% of
+	// its CPU under write load.)
+	raw, err := json.Marshal(&stored)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("encode %s %q: %w", k.typ, key, err)
 	}
 	if err := bk.Put([]byte(key), raw); err != nil {
 		return nil, err
