@@ -117,7 +117,6 @@ func fromPrecondition(p *commandv1.Precondition) *uint64 {
 const (
 	codeNotFound = "not_found"
 	codeConflict = "conflict"
-	codeInvalid  = "invalid"
 )
 
 // result turns a business error from the store into an apply response.

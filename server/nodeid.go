@@ -51,20 +51,23 @@ func resolveNodeID(configured, dataDir string) (string, error) {
 	return id, nil
 }
 
+// sanitizeHost turns a host name into a node ID: its first label, with
+// characters a node ID may not hold dropped, no leading punctuation, and at
+// most 63 characters. "node1" if nothing usable is left.
 func sanitizeHost(h string) string {
-	h = strings.Split(h, ".")[0]
+	h, _, _ = strings.Cut(h, ".")
 	var b strings.Builder
 	for _, r := range h {
 		if r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
 			b.WriteRune(r)
 		}
 	}
-	s := b.String()
-	if s == "" || !nodeIDPattern.MatchString(s) {
-		return "node1"
-	}
+	s := strings.TrimLeft(b.String(), "-_")
 	if len(s) > 63 {
 		s = s[:63]
+	}
+	if !nodeIDPattern.MatchString(s) {
+		return "node1"
 	}
 	return s
 }

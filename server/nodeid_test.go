@@ -1,0 +1,50 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSanitizeHost(t *testing.T) {
+	tests := []struct{ host, want string }{
+		{"vm", "vm"},
+		{"web-1.example.com", "web-1"},
+		{"under_score", "under_score"},
+		{"-leading-dash", "leading-dash"},
+		{"weird!@#chars", "weirdchars"},
+		{strings.Repeat("a", 80), strings.Repeat("a", 63)},
+		{"", "node1"},
+		{"!!!", "node1"},
+		{".starts-with-dot", "node1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.host, func(t *testing.T) {
+			if got := sanitizeHost(tc.host); got != tc.want {
+				t.Fatalf("sanitizeHost(%q) = %q, want %q", tc.host, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestResolveNodeID: the first start persists the ID; later starts reuse it,
+// with or without node_id configured, and refuse a different one.
+func TestResolveNodeID(t *testing.T) {
+	dir := t.TempDir()
+	id, err := resolveNodeID("alpha", dir)
+	if err != nil || id != "alpha" {
+		t.Fatalf("first start = %q, %v", id, err)
+	}
+	if raw, err := os.ReadFile(filepath.Join(dir, nodeIDFile)); err != nil || strings.TrimSpace(string(raw)) != "alpha" {
+		t.Fatalf("persisted %q, %v", raw, err)
+	}
+	for _, configured := range []string{"", "alpha"} {
+		if id, err := resolveNodeID(configured, dir); err != nil || id != "alpha" {
+			t.Fatalf("restart with %q = %q, %v", configured, id, err)
+		}
+	}
+	if _, err := resolveNodeID("beta", dir); err == nil || !strings.Contains(err.Error(), "alpha") {
+		t.Fatalf("mismatch accepted or unclear: %v", err)
+	}
+}
