@@ -59,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		employeeCommand(cl),
 		eventsCommand(cl),
 		clusterCommand(cl),
+		watchCommand(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -16,11 +16,13 @@ var (
 	// no Authorization header, or one with another scheme. Listeners map it
 	// to 401.
 	ErrNoCredentials = errors.New("no bearer token")
-	// ErrBadCredentials is returned for a bearer token that is not known.
-	// Listeners map it to 401.
-	ErrBadCredentials = errors.New("unknown bearer token")
-	// ErrForbidden is returned when a known token's role is too low for the
-	// operation. Listeners map it to 403.
+	// ErrBadCredentials is returned for a bearer token that is not valid:
+	// an admin token that is not known, or a JWT that fails verification
+	// (the wrapping error says why). Listeners map it to 401.
+	ErrBadCredentials = errors.New("invalid bearer token")
+	// ErrForbidden is returned when a known admin token's role is too low
+	// for the operation, or when a valid JWT's org or team does not match
+	// the employee record (see Identify). Listeners map it to 403.
 	ErrForbidden = errors.New("forbidden")
 )
 
@@ -163,11 +165,9 @@ func (t *AdminTokens) Authorize(header string, need Role) (Token, error) {
 	if t == nil {
 		return Token{Name: "anonymous", Role: RoleAdmin}, nil
 	}
-	scheme, secret, _ := strings.Cut(strings.TrimSpace(header), " ")
-	secret = strings.TrimSpace(secret)
-	// The scheme is case-insensitive (RFC 9110, section 11.1).
-	if !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return Token{}, ErrNoCredentials
+	secret, err := BearerToken(header)
+	if err != nil {
+		return Token{}, err
 	}
 
 	// Compare against every entry, and select the match without a branch,

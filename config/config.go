@@ -43,15 +43,17 @@ type Config struct {
 	NodeID string `mapstructure:"node_id"`
 	// DataDir holds state.db (the FSM), raft/ (log, stable store, snapshots)
 	// and node-id.
-	DataDir string    `mapstructure:"data_dir"`
-	Log     Log       `mapstructure:"log"`
-	HTTP    HTTP      `mapstructure:"http"`
-	GRPC    GRPC      `mapstructure:"grpc"`
-	Raft    Raft      `mapstructure:"raft"`
-	Auth    Auth      `mapstructure:"auth"`
-	Policy  Policies  `mapstructure:"policies"`
-	Events  Events    `mapstructure:"events"`
-	Forward Forwarder `mapstructure:"forward"`
+	DataDir   string    `mapstructure:"data_dir"`
+	Log       Log       `mapstructure:"log"`
+	HTTP      HTTP      `mapstructure:"http"`
+	GRPC      GRPC      `mapstructure:"grpc"`
+	Raft      Raft      `mapstructure:"raft"`
+	Auth      Auth      `mapstructure:"auth"`
+	Policy    Policies  `mapstructure:"policies"`
+	Events    Events    `mapstructure:"events"`
+	Forward   Forwarder `mapstructure:"forward"`
+	Discovery Discovery `mapstructure:"discovery"`
+	Feed      Feed      `mapstructure:"feed"`
 }
 
 // Log configures the process logger.
@@ -108,6 +110,45 @@ type Auth struct {
 	// unless AllowOpenAdmin is set.
 	AdminTokensFile string `mapstructure:"admin_tokens_file"`
 	AllowOpenAdmin  bool   `mapstructure:"allow_open_admin"`
+	JWT             JWT    `mapstructure:"jwt"`
+}
+
+// JWT configures verification of sidecar tokens (auth.mode: jwt). Exactly
+// one key source is used: an HMAC secret, or PEM public keys and/or a JWKS
+// file. Mixing HMAC with public keys is refused, so a token can never be
+// verified with a public key used as an HMAC secret.
+type JWT struct {
+	HMACSecretFile string        `mapstructure:"hmac_secret_file"` // HS256 shared secret
+	PublicKeysFile string        `mapstructure:"public_keys_file"` // PEM RSA/EC public keys (RS256/ES256)
+	JWKSFile       string        `mapstructure:"jwks_file"`        // JSON Web Key Set (RS256/ES256)
+	Issuer         string        `mapstructure:"issuer"`           // required iss; empty = not checked
+	Audience       string        `mapstructure:"audience"`         // required in aud; empty = not checked
+	Leeway         time.Duration `mapstructure:"leeway"`           // clock skew allowed on exp/nbf/iat
+}
+
+// Discovery configures the sidecar discovery stream (gRPC).
+type Discovery struct {
+	// FlushInterval is how often streams inactive for longer than
+	// MaxClientInactive are closed.
+	FlushInterval     time.Duration `mapstructure:"flush_interval"`
+	MaxClientInactive time.Duration `mapstructure:"max_client_inactive"`
+	// SendTimeout bounds one write to a stream; a client that does not read
+	// for this long is disconnected so it cannot pin memory.
+	SendTimeout time.Duration `mapstructure:"send_timeout"`
+}
+
+// Feed configures the WebSocket policy feed.
+type Feed struct {
+	// PingInterval: a ping is sent every interval; a connection with no pong
+	// for two intervals is closed.
+	PingInterval time.Duration `mapstructure:"ping_interval"`
+	// SendBuffer is the number of messages queued per connection; a
+	// connection whose buffer is full is closed (it reconnects and gets init).
+	SendBuffer int `mapstructure:"send_buffer"`
+	// WriteTimeout bounds one write to a connection.
+	WriteTimeout time.Duration `mapstructure:"write_timeout"`
+	// MaxMessageBytes is the read limit for client frames.
+	MaxMessageBytes int64 `mapstructure:"max_message_bytes"`
 }
 
 // Policies configures policy validation.
@@ -150,8 +191,19 @@ func Default() Config {
 			TrailingLogs:       10240,
 			ApplyTimeout:       10 * time.Second,
 		},
-		Auth:    Auth{Mode: "none"},
+		Auth:    Auth{Mode: "none", JWT: JWT{Leeway: 30 * time.Second}},
 		Events:  Events{Retention: 24 * time.Hour, CleanupInterval: time.Hour},
 		Forward: Forwarder{Timeout: 10 * time.Second},
+		Discovery: Discovery{
+			FlushInterval:     30 * time.Second,
+			MaxClientInactive: 2 * time.Minute,
+			SendTimeout:       30 * time.Second,
+		},
+		Feed: Feed{
+			PingInterval:    30 * time.Second,
+			SendBuffer:      64,
+			WriteTimeout:    10 * time.Second,
+			MaxMessageBytes: 4096,
+		},
 	}
 }

@@ -58,6 +58,8 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	c.validateJWT(&p)
+
 	seenKinds := map[string]int{}
 	for i, k := range c.Policy.ExtraKinds {
 		key := fmt.Sprintf("policies.extra_kinds[%d]", i)
@@ -77,8 +79,40 @@ func (c *Config) Validate() error {
 	p.positive("events.retention", c.Events.Retention)
 	p.positive("events.cleanup_interval", c.Events.CleanupInterval)
 	p.positive("forward.timeout", c.Forward.Timeout)
+	p.positive("discovery.flush_interval", c.Discovery.FlushInterval)
+	p.positive("discovery.max_client_inactive", c.Discovery.MaxClientInactive)
+	p.positive("discovery.send_timeout", c.Discovery.SendTimeout)
+	p.positive("feed.ping_interval", c.Feed.PingInterval)
+	p.positive("feed.write_timeout", c.Feed.WriteTimeout)
+	if c.Feed.SendBuffer < 1 {
+		p.add("feed.send_buffer", "%d must be >= 1", c.Feed.SendBuffer)
+	}
+	if c.Feed.MaxMessageBytes < 64 {
+		p.add("feed.max_message_bytes", "%d must be >= 64", c.Feed.MaxMessageBytes)
+	}
 
 	return p.err()
+}
+
+func (c *Config) validateJWT(p *problems) {
+	j := &c.Auth.JWT
+	if j.Leeway < 0 {
+		p.add("auth.jwt.leeway", "%v must not be negative", j.Leeway)
+	}
+	if j.Leeway > 5*time.Minute {
+		p.add("auth.jwt.leeway", "%v is more than 5m: it would keep expired tokens valid", j.Leeway)
+	}
+	if c.Auth.Mode != "jwt" {
+		return
+	}
+	public := j.PublicKeysFile != "" || j.JWKSFile != ""
+	switch {
+	case j.HMACSecretFile == "" && !public:
+		p.add("auth.jwt", "auth.mode jwt needs a key source: hmac_secret_file, or public_keys_file and/or jwks_file")
+	case j.HMACSecretFile != "" && public:
+		p.add("auth.jwt.hmac_secret_file", "cannot be combined with public_keys_file or jwks_file: "+
+			"one deployment signs with either a shared secret or key pairs")
+	}
 }
 
 func (c *Config) validateAddrs(p *problems) {

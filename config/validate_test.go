@@ -44,7 +44,10 @@ func TestValidate(t *testing.T) {
 			c.NodeID, c.Raft.Bootstrap, c.Raft.Peers = "node4", false, threePeers
 		}},
 		{name: "extra kinds", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"RateLimitPolicy", "X"} }},
-		{name: "jwt mode", mutate: func(c *Config) { c.Auth.Mode = "jwt" }},
+		{name: "jwt mode with hmac", mutate: func(c *Config) { c.Auth.Mode, c.Auth.JWT.HMACSecretFile = "jwt", "/s" }},
+		{name: "jwt mode with pem and jwks", mutate: func(c *Config) {
+			c.Auth.Mode, c.Auth.JWT.PublicKeysFile, c.Auth.JWT.JWKSFile = "jwt", "/k.pem", "/k.json"
+		}},
 
 		// One rule each.
 		{name: "bad node_id", mutate: func(c *Config) { c.NodeID = "-node" }, want: []string{`node_id: "-node" must match`}},
@@ -121,6 +124,18 @@ func TestValidate(t *testing.T) {
 		{name: "events.retention", mutate: func(c *Config) { c.Events.Retention = 0 }, want: []string{"events.retention: must be > 0"}},
 		{name: "events.cleanup_interval", mutate: func(c *Config) { c.Events.CleanupInterval = -1 }, want: []string{"events.cleanup_interval: must be > 0"}},
 		{name: "forward.timeout", mutate: func(c *Config) { c.Forward.Timeout = 0 }, want: []string{"forward.timeout: must be > 0"}},
+		{name: "jwt mode without keys", mutate: func(c *Config) { c.Auth.Mode = "jwt" }, want: []string{"auth.jwt: auth.mode jwt needs a key source"}},
+		{name: "jwt hmac mixed with public keys", mutate: func(c *Config) {
+			c.Auth.Mode, c.Auth.JWT.HMACSecretFile, c.Auth.JWT.JWKSFile = "jwt", "/s", "/k.json"
+		}, want: []string{"auth.jwt.hmac_secret_file: cannot be combined"}},
+		{name: "jwt leeway negative", mutate: func(c *Config) { c.Auth.JWT.Leeway = -time.Second }, want: []string{"auth.jwt.leeway: -1s must not be negative"}},
+		{name: "jwt leeway huge", mutate: func(c *Config) { c.Auth.JWT.Leeway = time.Hour }, want: []string{"auth.jwt.leeway: 1h0m0s is more than 5m"}},
+		{name: "discovery durations", mutate: func(c *Config) {
+			c.Discovery.FlushInterval, c.Discovery.MaxClientInactive, c.Discovery.SendTimeout = 0, 0, 0
+		}, want: []string{"discovery.flush_interval: must be > 0", "discovery.max_client_inactive: must be > 0", "discovery.send_timeout: must be > 0"}},
+		{name: "feed limits", mutate: func(c *Config) {
+			c.Feed.PingInterval, c.Feed.WriteTimeout, c.Feed.SendBuffer, c.Feed.MaxMessageBytes = 0, 0, 0, 10
+		}, want: []string{"feed.ping_interval: must be > 0", "feed.write_timeout: must be > 0", "feed.send_buffer: 0 must be >= 1", "feed.max_message_bytes: 10 must be >= 64"}},
 		{name: "every problem is reported", mutate: func(c *Config) {
 			c.DataDir, c.Log.Level, c.Auth.Mode, c.Forward.Timeout = "", "loud", "magic", 0
 		}, want: []string{"data_dir:", "log.level:", "auth.mode:", "forward.timeout:"}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -237,4 +238,69 @@ func lastContact(r *raft.Raft) string {
 		return "never"
 	}
 	return time.Since(t).Round(time.Millisecond).String()
+}
+
+func (s *clusterService) LocalClients(context.Context, *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error) {
+	return &clusterv1.LocalClientsResponse{NodeId: s.n.id, Clients: s.n.localClients()}, nil
+}
+
+// peerQueryTimeout bounds how long a cluster-wide view waits for one member.
+const peerQueryTimeout = 2 * time.Second
+
+func (n *Node) localClients() []*clusterv1.ClientInfo {
+	return append(n.discovery.Clients(), n.feed.Clients()...)
+}
+
+// Clients lists the sidecars connected to every voter and non-voter in the
+// Raft configuration, asking the others in parallel over the internal API.
+// A member that does not answer in time is listed in unreachable rather than
+// failing the whole view.
+func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, nil, fmt.Errorf("read configuration: %w", err)
+	}
+	type answer struct {
+		id      string
+		clients []*clusterv1.ClientInfo
+		err     error
+	}
+	var asks []string
+	for _, srv := range f.Configuration().Servers {
+		if string(srv.ID) != n.id {
+			asks = append(asks, string(srv.ID))
+		}
+	}
+	answers := make(chan answer, len(asks))
+	for _, id := range asks {
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, peerQueryTimeout)
+			defer cancel()
+			m, err := n.store.Member(id)
+			if err != nil {
+				answers <- answer{id: id, err: err}
+				return
+			}
+			c, err := n.peers.client(m.GRPCAddr)
+			if err != nil {
+				answers <- answer{id: id, err: err}
+				return
+			}
+			resp, err := c.LocalClients(ctx, &clusterv1.LocalClientsRequest{})
+			answers <- answer{id: id, clients: resp.GetClients(), err: err}
+		}()
+	}
+	all := n.localClients()
+	var unreachable []string
+	for range asks {
+		a := <-answers
+		if a.err != nil {
+			n.logger.Debug("member did not list its clients", "member", a.id, "err", a.err)
+			unreachable = append(unreachable, a.id)
+			continue
+		}
+		all = append(all, a.clients...)
+	}
+	slices.Sort(unreachable)
+	return all, unreachable, nil
 }

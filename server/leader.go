@@ -105,6 +105,11 @@ func (n *Node) registerLoop() {
 }
 
 func (n *Node) ensureRegistered(ctx context.Context) {
+	// The register loop and the leader's register-self task both call this;
+	// one at a time, so the second sees the first's registration instead of
+	// proposing a duplicate.
+	n.registerMu.Lock()
+	defer n.registerMu.Unlock()
 	self := n.self()
 	backoff := 50 * time.Millisecond
 	for {

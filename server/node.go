@@ -33,10 +33,14 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/discovery"
+	"github.com/policyd/policyd/server/feed"
+	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/store"
 )
 
@@ -70,6 +74,14 @@ type Node struct {
 	api     *adminapi.API
 	peers   *peerPool
 
+	// Sidecar-facing serving: the in-memory policy index, fed by one
+	// subscription in commit order, and the two transports reading it.
+	verifier  *auth.JWTVerifier
+	changes   *store.Subscription
+	policies  *policyset.Index
+	discovery *discovery.Service
+	feed      *feed.Hub
+
 	// ctx ends when Close starts; background loops watch it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -79,6 +91,7 @@ type Node struct {
 	// barrier: reads at its commit index are linearizable only then.
 	readyTerm   atomic.Uint64
 	leaderTasks []LeaderTask
+	registerMu  sync.Mutex
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -126,7 +139,17 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.admin_tokens_file: %w", err)
 		}
 	}
+	if cfg.Auth.Mode == "jwt" {
+		if n.verifier, err = auth.NewJWTVerifier(cfg.Auth.JWT, logger.With("component", "jwt")); err != nil {
+			return nil, fmt.Errorf("auth.jwt: %w", err)
+		}
+	}
 	if n.store, err = store.Open(filepath.Join(cfg.DataDir, "state.db"), logger.With("component", "store")); err != nil {
+		return nil, err
+	}
+	// Subscribe before the index loads, so no commit falls between the two.
+	n.changes = n.store.Subscribe()
+	if n.policies, err = policyset.New(n.store); err != nil {
 		return nil, err
 	}
 	if n.httpLn, err = net.Listen("tcp", cfg.HTTP.Addr); err != nil {
@@ -145,23 +168,38 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		{Name: "register-self", Run: n.ensureRegistered},
 		{Name: "event-retention", Run: n.pruneEventsTask},
 	}
-	n.grpcSrv = grpc.NewServer(
-		grpc.MaxRecvMsgSize(4 << 20),
-	)
+	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
+		NodeID: id, LeaderID: n.leaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+	}); err != nil {
+		return nil, err
+	}
+	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
+		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+	}); err != nil {
+		return nil, err
+	}
+	n.grpcSrv = grpc.NewServer(append(discovery.ServerOptions(),
+		grpc.MaxRecvMsgSize(maxGRPCMessage),
+	)...)
 	clusterv1.RegisterClusterServer(n.grpcSrv, &clusterService{n: n})
+	n.discovery.Register(n.grpcSrv)
 	n.health = health.NewServer()
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)
+	mux := http.NewServeMux()
+	mux.Handle(feedv1.Path, n.feed)
+	mux.Handle("/", n.api)
 	n.httpSrv = &http.Server{
-		Handler:           n.api,
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	// Shutdown waits for handlers; long-lived streams must end first.
 	n.httpSrv.RegisterOnShutdown(n.api.CloseStreams)
+	n.httpSrv.RegisterOnShutdown(n.feed.CloseAll)
 	n.registerMetrics()
 	return n, nil
 }
@@ -186,6 +224,9 @@ func (n *Node) Start() {
 				n.logger.Error("grpc server stopped", "err", err)
 			}
 		})
+		n.goBackground("changes", n.dispatchChanges)
+		n.goBackground("discovery", func() { n.discovery.Run(n.ctx) })
+		n.goBackground("feed", func() { n.feed.Run(n.ctx) })
 		n.goBackground("leadership", n.leadershipLoop)
 		n.goBackground("register", n.registerLoop)
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -216,6 +257,9 @@ func (n *Node) Close(ctx context.Context) error {
 			n.logger.Warn("http shutdown incomplete, closing", "err", err)
 			_ = n.httpSrv.Close()
 		}
+		// GracefulStop waits for every stream, and discovery streams only
+		// end when told to.
+		n.discovery.CloseAll()
 		stopped := make(chan struct{})
 		go func() { n.grpcSrv.GracefulStop(); close(stopped) }()
 		select {
@@ -264,6 +308,14 @@ func (n *Node) release() error {
 			errs = append(errs, fmt.Errorf("raft log store: %w", err))
 		}
 	}
+	if n.changes != nil {
+		n.changes.Close()
+	}
+	if n.verifier != nil {
+		if err := n.verifier.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("jwt verifier: %w", err))
+		}
+	}
 	for _, ln := range []net.Listener{n.httpLn, n.grpcLn} {
 		if ln != nil {
 			_ = ln.Close() // already closed by Shutdown/Stop on the normal path
@@ -276,6 +328,44 @@ func (n *Node) release() error {
 	}
 	n.cancel()
 	return errors.Join(errs...)
+}
+
+// maxGRPCMessage bounds every message a node receives over gRPC: forwarded
+// commands (policies are at most 1 MiB as REST bodies) and sidecar requests
+// (a NACK's error text is the largest part).
+const maxGRPCMessage = 4 << 20
+
+// dispatchChanges feeds committed batches, in commit order, first to the
+// policy index and then to the transports, so that a transport reacting to a
+// change reads sets that include it.
+func (n *Node) dispatchChanges() {
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case _, ok := <-n.changes.Ready():
+			if !ok {
+				return
+			}
+		}
+		for _, c := range n.changes.Next() {
+			if err := n.policies.Update(c); err != nil {
+				// The index would serve stale sets; start over from the store.
+				n.logger.Error("policy index update failed, reloading", "index", c.Index, "err", err)
+				if err := n.policies.Update(store.Change{Index: c.Index, Resync: true}); err != nil {
+					n.logger.Error("policy index reload failed", "err", err)
+				}
+				c = store.Change{Index: c.Index, Resync: true, At: c.At}
+			}
+			n.discovery.OnChange(c)
+			n.feed.OnChange(c)
+		}
+	}
+}
+
+func (n *Node) leaderID() string {
+	_, id := n.raft.LeaderWithID()
+	return string(id)
 }
 
 // ID is this node's Raft server ID.

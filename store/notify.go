@@ -2,6 +2,7 @@ package store
 
 import (
 	"sync"
+	"time"
 
 	"github.com/policyd/policyd/policy"
 )
@@ -16,6 +17,9 @@ type Change struct {
 	Resync bool
 	// Entities lists each changed entity in apply order.
 	Entities []EntityChange
+	// At is when this node committed the batch (local clock). Subscribers
+	// measure their push latency from it.
+	At time.Time
 }
 
 // EntityChange is one entity's change within a batch.
@@ -90,7 +94,7 @@ func (sub *Subscription) push(c Change) {
 		return
 	}
 	if len(sub.pending) >= maxPending {
-		sub.pending = []Change{{Index: c.Index, Resync: true}}
+		sub.pending = []Change{{Index: c.Index, Resync: true, At: c.At}}
 	} else {
 		sub.pending = append(sub.pending, c)
 	}

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"math"
 	"time"
 
@@ -103,7 +105,7 @@ func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
 	set := &PolicySet{Identity: id}
 	err := s.view(func(tx *bolt.Tx) error {
 		set.Index = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
-		h := sha256.New()
+		h := NewSetHash()
 		// ForEach visits keys in byte order, which is name order.
 		err := tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
 			var p policy.Policy
@@ -113,18 +115,76 @@ func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
 			if !p.Scope.AppliesTo(id) {
 				return nil
 			}
-			h.Write(k)
-			h.Write(v)
+			h.Add(string(k), v)
 			set.Policies = append(set.Policies, &p)
 			return nil
 		})
-		set.Version = hex.EncodeToString(h.Sum(nil))
+		set.Version = h.Sum()
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return set, nil
+}
+
+// SetHash computes a policy-set version (DESIGN part 2). Feed it the
+// applicable policies in name order: each name, then its stored bytes. It is
+// the one implementation of the version, used by PolicySet and by the
+// in-memory indexes that serve sidecars, so they always agree.
+type SetHash struct{ h hash.Hash }
+
+// NewSetHash starts an empty set's version.
+func NewSetHash() *SetHash { return &SetHash{h: sha256.New()} }
+
+// Add feeds one policy.
+func (s *SetHash) Add(name string, stored []byte) {
+	s.h.Write([]byte(name))
+	s.h.Write(stored)
+}
+
+// Sum is the lowercase hex version.
+func (s *SetHash) Sum() string { return hex.EncodeToString(s.h.Sum(nil)) }
+
+// RawPolicy is a policy as stored: its canonical bytes and the decoded value.
+type RawPolicy struct {
+	Policy *policy.Policy
+	Stored []byte
+}
+
+// RawPolicies reads the named policies (all of them when names is empty) in
+// one transaction, with the applied index they were read at. A name that does
+// not exist is absent from the map.
+func (s *Store) RawPolicies(names ...string) (map[string]RawPolicy, uint64, error) {
+	out := map[string]RawPolicy{}
+	var index uint64
+	err := s.view(func(tx *bolt.Tx) error {
+		index = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
+		bk := tx.Bucket(bucketPolicies)
+		add := func(k, v []byte) error {
+			var p policy.Policy
+			if err := json.Unmarshal(v, &p); err != nil {
+				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			}
+			out[string(k)] = RawPolicy{Policy: &p, Stored: bytes.Clone(v)}
+			return nil
+		}
+		if len(names) == 0 {
+			return bk.ForEach(add)
+		}
+		for _, n := range names {
+			if v := bk.Get([]byte(n)); v != nil {
+				if err := add([]byte(n), v); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, index, nil
 }
 
 // GetEmployee returns the employee or ErrNotFound.

@@ -345,7 +345,7 @@ func (s *Store) Restore(r io.Reader) error {
 	s.digestMu.Unlock()
 	s.logger.Info("state restored from snapshot", "applied_index", idx)
 	s.advance(idx)
-	s.publish(Change{Index: idx, Resync: true})
+	s.publish(Change{Index: idx, Resync: true, At: time.Now()})
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/policy"
@@ -441,7 +442,7 @@ func TestCompareAndSet(t *testing.T) {
 			if got, want := s.AppliedIndex(), uint64(2); got != want {
 				t.Errorf("AppliedIndex = %d, want %d", got, want)
 			}
-			if diff := cmp.Diff([]Change{{Index: 2}}, sub.Next()); diff != "" {
+			if diff := cmp.Diff([]Change{{Index: 2}}, sub.Next(), ignoreChangeTime); diff != "" {
 				t.Errorf("notified changes (-want +got):\n%s", diff)
 			}
 		})
@@ -1035,7 +1036,7 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 			apply(t, s, st.last, st.fn)
 			waitReady(t, sub)
 			want := []Change{{Index: st.last, Entities: st.want}}
-			if diff := cmp.Diff(want, sub.Next()); diff != "" {
+			if diff := cmp.Diff(want, sub.Next(), ignoreChangeTime); diff != "" {
 				t.Errorf("Next (-want +got):\n%s", diff)
 			}
 			if got := sub.Next(); got != nil {
@@ -1078,7 +1079,7 @@ func TestSubscriberOverflowResyncs(t *testing.T) {
 	if got, want := len(seen), int(n); got != want {
 		t.Errorf("drained subscriber saw %d changes, want %d", got, want)
 	}
-	if diff := cmp.Diff([]Change{{Index: n, Resync: true}}, slow.Next()); diff != "" {
+	if diff := cmp.Diff([]Change{{Index: n, Resync: true}}, slow.Next(), ignoreChangeTime); diff != "" {
 		t.Errorf("overflowed subscriber (-want +got):\n%s", diff)
 	}
 
@@ -1087,7 +1088,7 @@ func TestSubscriberOverflowResyncs(t *testing.T) {
 		apply(t, s, i, func(b *Batch) error { return nil })
 	}
 	got := slow.Next()
-	if diff := cmp.Diff([]Change{{Index: n + 1}, {Index: n + 2}, {Index: n + 3}}, got); diff != "" {
+	if diff := cmp.Diff([]Change{{Index: n + 1}, {Index: n + 2}, {Index: n + 3}}, got, ignoreChangeTime); diff != "" {
 		t.Errorf("after the Resync (-want +got):\n%s", diff)
 	}
 }
@@ -1216,7 +1217,7 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Errorf("GetEmployee(alice) after Restore: %v", err)
 	}
 	waitReady(t, sub)
-	if diff := cmp.Diff([]Change{{Index: 3, Resync: true}}, sub.Next()); diff != "" {
+	if diff := cmp.Diff([]Change{{Index: 3, Resync: true}}, sub.Next(), ignoreChangeTime); diff != "" {
 		t.Errorf("subscriber after Restore (-want +got):\n%s", diff)
 	}
 	if _, err := os.Stat(b.Path() + ".restore"); !errors.Is(err, os.ErrNotExist) {
@@ -1565,5 +1566,22 @@ func TestPolicyStoredAsGiven(t *testing.T) {
 	}
 	if len(ev) != 1 || !bytes.Equal(ev[0].Data, raw) {
 		t.Errorf("events = %+v, want one with the stored policy", ev)
+	}
+}
+
+// ignoreChangeTime drops Change.At, a local wall-clock stamp, from
+// comparisons; TestChangeTime checks it.
+var ignoreChangeTime = cmpopts.IgnoreFields(Change{}, "At")
+
+func TestChangeTime(t *testing.T) {
+	s := openStore(t)
+	sub := s.Subscribe()
+	defer sub.Close()
+	before := time.Now()
+	apply(t, s, 1, func(b *Batch) error { return nil })
+	waitReady(t, sub)
+	got := sub.Next()
+	if len(got) != 1 || got[0].At.Before(before) || got[0].At.After(time.Now()) {
+		t.Fatalf("Next = %+v, want one change stamped between %v and now", got, before)
 	}
 }

@@ -89,7 +89,7 @@ func (s *Store) ApplyBatch(lastIndex uint64, fn func(b *Batch) error) error {
 		return fmt.Errorf("apply batch ending at %d: %w", lastIndex, err)
 	}
 	s.advance(lastIndex)
-	s.publish(Change{Index: lastIndex, Entities: b.changes})
+	s.publish(Change{Index: lastIndex, Entities: b.changes, At: time.Now()})
 	return nil
 }
 

@@ -52,6 +52,7 @@ type Backend interface {
 	Status(ctx context.Context) (*ClusterStatus, error)
 	// Ready is nil when a leader is known and this node has caught up.
 	Ready() error
+	clientsLister
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -140,6 +141,9 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/cluster", auth.RoleRead, a.clusterStatus)
 	a.route("POST /v1/cluster/join", auth.RoleAdmin, a.clusterJoin)
 	a.route("DELETE /v1/cluster/members/{id}", auth.RoleAdmin, a.clusterRemove)
+
+	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
+	a.route("GET /v1/rollout", auth.RoleRead, a.rollout)
 
 	a.mux.HandleFunc("/", a.noRoute)
 	return a

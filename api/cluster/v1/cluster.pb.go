@@ -378,6 +378,245 @@ func (x *RemoveResponse) GetIndex() uint64 {
 	return 0
 }
 
+type LocalClientsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalClientsRequest) Reset() {
+	*x = LocalClientsRequest{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalClientsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalClientsRequest) ProtoMessage() {}
+
+func (x *LocalClientsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalClientsRequest.ProtoReflect.Descriptor instead.
+func (*LocalClientsRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
+}
+
+type LocalClientsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Clients       []*ClientInfo          `protobuf:"bytes,2,rep,name=clients,proto3" json:"clients,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalClientsResponse) Reset() {
+	*x = LocalClientsResponse{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalClientsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalClientsResponse) ProtoMessage() {}
+
+func (x *LocalClientsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalClientsResponse.ProtoReflect.Descriptor instead.
+func (*LocalClientsResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LocalClientsResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LocalClientsResponse) GetClients() []*ClientInfo {
+	if x != nil {
+		return x.Clients
+	}
+	return nil
+}
+
+// ClientInfo is one connected sidecar as the node serving it sees it.
+type ClientInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	ClientAddress string                 `protobuf:"bytes,2,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
+	Transport     string                 `protobuf:"bytes,3,opt,name=transport,proto3" json:"transport,omitempty"` // "grpc" or "ws"
+	Org           string                 `protobuf:"bytes,4,opt,name=org,proto3" json:"org,omitempty"`
+	Team          string                 `protobuf:"bytes,5,opt,name=team,proto3" json:"team,omitempty"`
+	Employee      string                 `protobuf:"bytes,6,opt,name=employee,proto3" json:"employee,omitempty"`
+	// The newest version pushed to the client, and its answer to it:
+	// "pending", "acked" or "nacked".
+	VersionSent         string `protobuf:"bytes,7,opt,name=version_sent,json=versionSent,proto3" json:"version_sent,omitempty"`
+	State               string `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
+	VersionAcked        string `protobuf:"bytes,9,opt,name=version_acked,json=versionAcked,proto3" json:"version_acked,omitempty"` // the last version the client ACKed
+	NackMessage         string `protobuf:"bytes,10,opt,name=nack_message,json=nackMessage,proto3" json:"nack_message,omitempty"`   // the error of the last NACK, truncated
+	NackVersion         string `protobuf:"bytes,11,opt,name=nack_version,json=nackVersion,proto3" json:"nack_version,omitempty"`   // the client's last good version when it NACKed
+	ConnectedAtUnixNano int64  `protobuf:"varint,12,opt,name=connected_at_unix_nano,json=connectedAtUnixNano,proto3" json:"connected_at_unix_nano,omitempty"`
+	LastActiveUnixNano  int64  `protobuf:"varint,13,opt,name=last_active_unix_nano,json=lastActiveUnixNano,proto3" json:"last_active_unix_nano,omitempty"`
+	PeerAddr            string `protobuf:"bytes,14,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ClientInfo) Reset() {
+	*x = ClientInfo{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClientInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClientInfo) ProtoMessage() {}
+
+func (x *ClientInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
+func (*ClientInfo) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ClientInfo) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetClientAddress() string {
+	if x != nil {
+		return x.ClientAddress
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetTransport() string {
+	if x != nil {
+		return x.Transport
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetEmployee() string {
+	if x != nil {
+		return x.Employee
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetVersionSent() string {
+	if x != nil {
+		return x.VersionSent
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetVersionAcked() string {
+	if x != nil {
+		return x.VersionAcked
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetNackMessage() string {
+	if x != nil {
+		return x.NackMessage
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetNackVersion() string {
+	if x != nil {
+		return x.NackVersion
+	}
+	return ""
+}
+
+func (x *ClientInfo) GetConnectedAtUnixNano() int64 {
+	if x != nil {
+		return x.ConnectedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetLastActiveUnixNano() int64 {
+	if x != nil {
+		return x.LastActiveUnixNano
+	}
+	return 0
+}
+
+func (x *ClientInfo) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
@@ -398,12 +637,34 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\rRemoveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"&\n" +
 	"\x0eRemoveResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index2\xcd\x02\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x15\n" +
+	"\x13LocalClientsRequest\"i\n" +
+	"\x14LocalClientsResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x128\n" +
+	"\aclients\x18\x02 \x03(\v2\x1e.policyd.cluster.v1.ClientInfoR\aclients\"\xd5\x03\n" +
+	"\n" +
+	"ClientInfo\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
+	"\x0eclient_address\x18\x02 \x01(\tR\rclientAddress\x12\x1c\n" +
+	"\ttransport\x18\x03 \x01(\tR\ttransport\x12\x10\n" +
+	"\x03org\x18\x04 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x05 \x01(\tR\x04team\x12\x1a\n" +
+	"\bemployee\x18\x06 \x01(\tR\bemployee\x12!\n" +
+	"\fversion_sent\x18\a \x01(\tR\vversionSent\x12\x14\n" +
+	"\x05state\x18\b \x01(\tR\x05state\x12#\n" +
+	"\rversion_acked\x18\t \x01(\tR\fversionAcked\x12!\n" +
+	"\fnack_message\x18\n" +
+	" \x01(\tR\vnackMessage\x12!\n" +
+	"\fnack_version\x18\v \x01(\tR\vnackVersion\x123\n" +
+	"\x16connected_at_unix_nano\x18\f \x01(\x03R\x13connectedAtUnixNano\x121\n" +
+	"\x15last_active_unix_nano\x18\r \x01(\x03R\x12lastActiveUnixNano\x12\x1b\n" +
+	"\tpeer_addr\x18\x0e \x01(\tR\bpeerAddr2\xb0\x03\n" +
 	"\aCluster\x12L\n" +
 	"\x05Apply\x12 .policyd.cluster.v1.ApplyRequest\x1a!.policyd.cluster.v1.ApplyResponse\x12X\n" +
 	"\tReadIndex\x12$.policyd.cluster.v1.ReadIndexRequest\x1a%.policyd.cluster.v1.ReadIndexResponse\x12I\n" +
 	"\x04Join\x12\x1f.policyd.cluster.v1.JoinRequest\x1a .policyd.cluster.v1.JoinResponse\x12O\n" +
-	"\x06Remove\x12!.policyd.cluster.v1.RemoveRequest\x1a\".policyd.cluster.v1.RemoveResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
+	"\x06Remove\x12!.policyd.cluster.v1.RemoveRequest\x1a\".policyd.cluster.v1.RemoveResponse\x12a\n" +
+	"\fLocalClients\x12'.policyd.cluster.v1.LocalClientsRequest\x1a(.policyd.cluster.v1.LocalClientsResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_cluster_v1_cluster_proto_rawDescOnce sync.Once
@@ -417,35 +678,41 @@ func file_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cluster_v1_cluster_proto_goTypes = []any{
-	(*ApplyRequest)(nil),      // 0: policyd.cluster.v1.ApplyRequest
-	(*ApplyResponse)(nil),     // 1: policyd.cluster.v1.ApplyResponse
-	(*ReadIndexRequest)(nil),  // 2: policyd.cluster.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil), // 3: policyd.cluster.v1.ReadIndexResponse
-	(*JoinRequest)(nil),       // 4: policyd.cluster.v1.JoinRequest
-	(*JoinResponse)(nil),      // 5: policyd.cluster.v1.JoinResponse
-	(*RemoveRequest)(nil),     // 6: policyd.cluster.v1.RemoveRequest
-	(*RemoveResponse)(nil),    // 7: policyd.cluster.v1.RemoveResponse
-	(*v1.Command)(nil),        // 8: policyd.command.v1.Command
-	(*v1.Result)(nil),         // 9: policyd.command.v1.Result
+	(*ApplyRequest)(nil),         // 0: policyd.cluster.v1.ApplyRequest
+	(*ApplyResponse)(nil),        // 1: policyd.cluster.v1.ApplyResponse
+	(*ReadIndexRequest)(nil),     // 2: policyd.cluster.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),    // 3: policyd.cluster.v1.ReadIndexResponse
+	(*JoinRequest)(nil),          // 4: policyd.cluster.v1.JoinRequest
+	(*JoinResponse)(nil),         // 5: policyd.cluster.v1.JoinResponse
+	(*RemoveRequest)(nil),        // 6: policyd.cluster.v1.RemoveRequest
+	(*RemoveResponse)(nil),       // 7: policyd.cluster.v1.RemoveResponse
+	(*LocalClientsRequest)(nil),  // 8: policyd.cluster.v1.LocalClientsRequest
+	(*LocalClientsResponse)(nil), // 9: policyd.cluster.v1.LocalClientsResponse
+	(*ClientInfo)(nil),           // 10: policyd.cluster.v1.ClientInfo
+	(*v1.Command)(nil),           // 11: policyd.command.v1.Command
+	(*v1.Result)(nil),            // 12: policyd.command.v1.Result
 }
 var file_cluster_v1_cluster_proto_depIdxs = []int32{
-	8, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
-	9, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
-	0, // 2: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
-	2, // 3: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
-	4, // 4: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
-	6, // 5: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
-	1, // 6: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
-	3, // 7: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
-	5, // 8: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
-	7, // 9: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
-	6, // [6:10] is the sub-list for method output_type
-	2, // [2:6] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	11, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
+	12, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
+	10, // 2: policyd.cluster.v1.LocalClientsResponse.clients:type_name -> policyd.cluster.v1.ClientInfo
+	0,  // 3: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
+	2,  // 4: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
+	4,  // 5: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
+	6,  // 6: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
+	8,  // 7: policyd.cluster.v1.Cluster.LocalClients:input_type -> policyd.cluster.v1.LocalClientsRequest
+	1,  // 8: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
+	3,  // 9: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
+	5,  // 10: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
+	7,  // 11: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
+	9,  // 12: policyd.cluster.v1.Cluster.LocalClients:output_type -> policyd.cluster.v1.LocalClientsResponse
+	8,  // [8:13] is the sub-list for method output_type
+	3,  // [3:8] is the sub-list for method input_type
+	3,  // [3:3] is the sub-list for extension type_name
+	3,  // [3:3] is the sub-list for extension extendee
+	0,  // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_cluster_v1_cluster_proto_init() }
@@ -459,7 +726,7 @@ func file_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,10 +23,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Apply_FullMethodName     = "/policyd.cluster.v1.Cluster/Apply"
-	Cluster_ReadIndex_FullMethodName = "/policyd.cluster.v1.Cluster/ReadIndex"
-	Cluster_Join_FullMethodName      = "/policyd.cluster.v1.Cluster/Join"
-	Cluster_Remove_FullMethodName    = "/policyd.cluster.v1.Cluster/Remove"
+	Cluster_Apply_FullMethodName        = "/policyd.cluster.v1.Cluster/Apply"
+	Cluster_ReadIndex_FullMethodName    = "/policyd.cluster.v1.Cluster/ReadIndex"
+	Cluster_Join_FullMethodName         = "/policyd.cluster.v1.Cluster/Join"
+	Cluster_Remove_FullMethodName       = "/policyd.cluster.v1.Cluster/Remove"
+	Cluster_LocalClients_FullMethodName = "/policyd.cluster.v1.Cluster/LocalClients"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -43,6 +44,9 @@ type ClusterClient interface {
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	// Remove removes a server and its member record.
 	Remove(ctx context.Context, in *RemoveRequest, opts ...grpc.CallOption) (*RemoveResponse, error)
+	// LocalClients lists the sidecars connected to the receiving node only;
+	// GET /v1/clients and /v1/rollout ask every member and merge.
+	LocalClients(ctx context.Context, in *LocalClientsRequest, opts ...grpc.CallOption) (*LocalClientsResponse, error)
 }
 
 type clusterClient struct {
@@ -93,6 +97,16 @@ func (c *clusterClient) Remove(ctx context.Context, in *RemoveRequest, opts ...g
 	return out, nil
 }
 
+func (c *clusterClient) LocalClients(ctx context.Context, in *LocalClientsRequest, opts ...grpc.CallOption) (*LocalClientsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LocalClientsResponse)
+	err := c.cc.Invoke(ctx, Cluster_LocalClients_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -107,6 +121,9 @@ type ClusterServer interface {
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	// Remove removes a server and its member record.
 	Remove(context.Context, *RemoveRequest) (*RemoveResponse, error)
+	// LocalClients lists the sidecars connected to the receiving node only;
+	// GET /v1/clients and /v1/rollout ask every member and merge.
+	LocalClients(context.Context, *LocalClientsRequest) (*LocalClientsResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -128,6 +145,9 @@ func (UnimplementedClusterServer) Join(context.Context, *JoinRequest) (*JoinResp
 }
 func (UnimplementedClusterServer) Remove(context.Context, *RemoveRequest) (*RemoveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedClusterServer) LocalClients(context.Context, *LocalClientsRequest) (*LocalClientsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LocalClients not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -222,6 +242,24 @@ func _Cluster_Remove_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_LocalClients_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LocalClientsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).LocalClients(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_LocalClients_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).LocalClients(ctx, req.(*LocalClientsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +282,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Remove",
 			Handler:    _Cluster_Remove_Handler,
+		},
+		{
+			MethodName: "LocalClients",
+			Handler:    _Cluster_LocalClients_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

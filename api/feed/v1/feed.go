@@ -1,0 +1,132 @@
+// Package feedv1 is the wire contract of the WebSocket policy feed
+// (GET /ws/policies, DESIGN part 5): the JSON messages, their type names,
+// the close codes and the request parameters. The server (server/feed) and
+// the SDK (client) both use these types, so the two cannot drift apart.
+//
+// Every message is one text frame holding one JSON object with a "type"
+// field. Server → client: init, upsert, delete, revoke, ping. Client →
+// server: pong. Unknown fields must be ignored by both sides, so fields can
+// be added later; unknown message types are ignored by clients and answered
+// with a close (CloseInvalidMessage) by the server.
+package feedv1
+
+import "encoding/json"
+
+// Path is where the feed is served on the HTTP listener.
+const Path = "/ws/policies"
+
+// Message types.
+const (
+	TypeInit   = "init"
+	TypeUpsert = "upsert"
+	TypeDelete = "delete"
+	TypeRevoke = "revoke"
+	TypePing   = "ping"
+	TypePong   = "pong"
+)
+
+// Request parameters.
+const (
+	// SubprotocolPrefix carries the token for clients (browsers) that cannot
+	// set headers: Sec-WebSocket-Protocol: bearer.<jwt>.
+	SubprotocolPrefix = "bearer."
+	// Subprotocol is what the server selects when the token came as a
+	// subprotocol. A client sending its token that way must offer it too:
+	// RFC 6455 clients (browsers) fail a handshake whose selected
+	// subprotocol they did not offer, and the server never echoes the token.
+	Subprotocol = "policyd.feed.v1"
+	// QuerySince resumes after the given version (Raft index): the server
+	// replays the retained events after it, or sends init when it cannot.
+	QuerySince = "since"
+	// QueryEmployee names the employee when the server runs with
+	// auth.mode: none (local development), where there is no token.
+	QueryEmployee = "employee"
+)
+
+// Close codes beyond RFC 6455's.
+const (
+	// CloseRevoked: the employee was deactivated or deleted. The client must
+	// block everything and not reconnect with the same token.
+	CloseRevoked = 4403
+	// ClosePongTimeout: no pong for two ping intervals.
+	ClosePongTimeout = 4408
+	// CloseSlowConsumer: the connection's send buffer was full. Reconnect;
+	// the server sends init.
+	CloseSlowConsumer = 4429
+	// CloseInvalidMessage: the client sent something that is not a pong.
+	CloseInvalidMessage = 4400
+)
+
+// Scope says who a policy is for; empty fields are wildcards.
+type Scope struct {
+	Org      string `json:"org"`
+	Team     string `json:"team"`
+	Employee string `json:"employee"`
+}
+
+// Policy is a policy as delivered to a sidecar.
+type Policy struct {
+	Name     string            `json:"name"`
+	Kind     string            `json:"kind"`
+	Scope    Scope             `json:"scope"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Spec     json.RawMessage   `json:"spec"`
+	Revision uint64            `json:"revision"`
+}
+
+// Init is sent once on connect (and instead of a replay that is not
+// possible): every applicable policy.
+type Init struct {
+	Type     string   `json:"type"` // TypeInit
+	Policies []Policy `json:"policies"`
+	// Version is the Raft index the set was read at.
+	Version uint64 `json:"version"`
+	// Digest is the scoped policy-set version (DESIGN part 2), the same
+	// value the discovery stream calls version_info.
+	Digest string `json:"digest"`
+}
+
+// Upsert says a policy now applies to the connection, new or changed.
+type Upsert struct {
+	Type    string `json:"type"` // TypeUpsert
+	Policy  Policy `json:"policy"`
+	Version uint64 `json:"version"`
+	Digest  string `json:"digest"`
+}
+
+// Delete says a policy no longer applies to the connection (deleted, or moved
+// out of its scope).
+type Delete struct {
+	Type       string `json:"type"` // TypeDelete
+	PolicyName string `json:"policy_name"`
+	Version    uint64 `json:"version"`
+	Digest     string `json:"digest"`
+}
+
+// Revoke says the employee's access is revoked; the server closes with
+// CloseRevoked right after.
+type Revoke struct {
+	Type   string `json:"type"` // TypeRevoke
+	Reason string `json:"reason"`
+}
+
+// Ping asks for a Pong.
+type Ping struct {
+	Type string `json:"type"` // TypePing
+}
+
+// Pong answers a Ping.
+type Pong struct {
+	Type string `json:"type"` // TypePong
+}
+
+// Message decodes any message: read Type, then the fields that type uses.
+type Message struct {
+	Type       string   `json:"type"`
+	Policies   []Policy `json:"policies,omitempty"`
+	Policy     *Policy  `json:"policy,omitempty"`
+	PolicyName string   `json:"policy_name,omitempty"`
+	Version    uint64   `json:"version,omitempty"`
+	Digest     string   `json:"digest,omitempty"`
+	Reason     string   `json:"reason,omitempty"`
+}

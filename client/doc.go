@@ -1,0 +1,106 @@
+// Package client is the Go SDK for sidecars and agent proxies (DESIGN part 8,
+// the proxy side of seed 002). It keeps the policies that apply to one
+// identity in memory (never on disk, NFR2), follows a policyd cluster over
+// one of two transports, and answers "may this tool call run?" on the hot
+// path without allocation-heavy work or locks.
+//
+// # Transports
+//
+// TransportGRPC (the default) speaks the discovery protocol of
+// api/discovery/v1: the first request carries the last version applied, the
+// server pushes a full snapshot (or "unchanged" when the client already has
+// the current version), and the client answers each response with an ACK or,
+// when the set is rejected, a NACK that carries the last good version and the
+// error. A HealthCheck is sent every HealthInterval on the node the stream is
+// open on, so the server does not flush the stream as inactive; two health
+// checks in a row that fail with Unavailable or DeadlineExceeded end the
+// stream and the client fails over (a dead TCP connection is detected that
+// way).
+//
+// TransportWS follows the WebSocket feed of api/feed/v1: init replaces the
+// whole set, upsert and delete change one policy, ping is answered with pong
+// at once, revoke revokes. A reconnect carries ?since=<the Raft index of the
+// last message received>, so the server replays only what was missed, or
+// sends init when it cannot. The client sends a WebSocket ping frame every
+// HealthInterval and fails over when no pong arrives. There is no NACK over
+// WebSocket: a message whose result is rejected is logged and skipped, the
+// previous set stays in force, and the resume index still moves past it.
+//
+// # States
+//
+//	connecting   (initial; block all) -- first set applied -------------> ready
+//	ready        (enforce)            -- connection lost ---------------> disconnected
+//	disconnected (cached policies)    -- reconnected and synced --------> ready
+//	disconnected                      -- Grace elapsed: still disconnected, but block all
+//	any                               -- revoke / 4403 / auth refused --> revoked (block all, terminal)
+//
+// A connection counts as synced (→ ready) when, over gRPC, the first response
+// on the stream has been answered and the client holds a set (a full set it
+// accepted, or "unchanged" for the set it holds), and over WebSocket when init
+// has been applied, or right after the handshake of a reconnect with ?since=
+// (the server then replays what was missed, or sends init).
+//
+// Grace is a timer started when ready turns into disconnected; it runs on the
+// injectable Config.Clock so tests can drive it. When it fires, the state stays
+// disconnected but ShouldBlockAll becomes true (seed 002: "disconnected, but
+// past grace period"); the next successful sync returns to ready and lifts
+// the block. Policies are kept while disconnected; a reconnect that answers
+// "unchanged" (gRPC) or replays nothing (WebSocket) costs no full resend.
+//
+// Revocation is terminal: Run returns an error wrapping ErrRevoked and the
+// client blocks everything from then on. It is caused by a revoke message or
+// close code 4403 on the feed, by codes.PermissionDenied or
+// codes.Unauthenticated ending a discovery stream, and by HTTP 401/403 on the
+// feed's handshake. Set Config.RetryUnauthorized to treat the last two (an
+// identity the server does not accept yet, e.g. an employee created after the
+// sidecar starts) as ordinary connection failures instead; a revoke message
+// and close code 4403 always revoke.
+//
+// OnStateChange is called for every transition, in order, from the goroutine
+// running Run, with no SDK lock held (a callback may call any method). When
+// Run returns because its context ended, a ready or disconnected client moves
+// to disconnected and blocks everything ("policy client stopped"): a stopped
+// client never fails open.
+//
+// # Failover and backoff
+//
+// Servers is a list of nodes. The client starts with the first and, after a
+// failed attempt or a stream that ended, moves to the next one, wrapping
+// around. Between attempts it waits a random duration in
+// [0, min(BackoffMax, BackoffMin·2^n)] ("full jitter"), where n counts the
+// attempts since the last sync. Every node computes the same policy-set
+// version for the same identity, so failing over to another node answers
+// "unchanged" (gRPC) or replays nothing (WebSocket). To spread a fleet of
+// sidecars over the nodes, shuffle Servers per sidecar.
+//
+// # ToolPolicy semantics (IsBlocked)
+//
+// Only policies of kind "ToolPolicy" take part; other kinds are kept (and
+// returned by Policies) but never block. Their spec is
+//
+//	{"tool_name": "Bash", "action": "deny|audit|allow", "reason": "...",
+//	 "conditions": {"patterns": ["rm -rf", "..."]}}
+//
+// A policy matches a call when tool_name equals the tool exactly (case
+// sensitive) or is "*", and either it has no patterns or at least one pattern
+// (RE2, unanchored: regexp.MatchString) matches at least one string leaf of the
+// input. String leaves are found recursively through maps, slices, arrays and
+// pointers; map keys, numbers, booleans and structs are not inspected.
+// Among the matching policies deny wins: the call is blocked with the reason
+// of the first deny policy by name (or "blocked by policy <name>" when it has
+// none). allow and audit never block, and allow never overrides a deny (it
+// documents intent and has no effect on the decision). A matching audit
+// policy is logged at Info level with the policy and tool, for calls that are
+// not blocked (deny is checked first, and a denied call never runs). When
+// ShouldBlockAll is
+// true, IsBlocked blocks every call with the reason of the state
+// (ReasonConnecting, ReasonDisconnected, ReasonRevoked, ReasonStopped).
+//
+// Each accepted set is compiled once (patterns are compiled when the set is
+// applied, never per call) into an immutable value behind an atomic pointer,
+// so IsBlocked, ShouldBlockAll and State take no lock. A set in which a
+// ToolPolicy has an invalid spec (no tool_name, an unknown action, a pattern
+// that does not compile) is rejected as a whole, exactly like an error from
+// the Config.Apply hook: over gRPC it is NACKed with the error and the last
+// good version, and the previous set stays in force.
+package client

@@ -1,0 +1,189 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+)
+
+// maxHealthTimeout bounds one health check (or WebSocket ping).
+const maxHealthTimeout = 10 * time.Second
+
+// healthFailuresToReconnect is how many health checks in a row must fail with
+// Unavailable or DeadlineExceeded before the stream is given up.
+const healthFailuresToReconnect = 2
+
+// errStreamEnded is reported when a server ends the stream without a status.
+var errStreamEnded = errors.New("stream closed by the server")
+
+// grpcTransport speaks the discovery protocol.
+type grpcTransport struct{ c *Client }
+
+func (g *grpcTransport) session(ctx context.Context, server string) (synced bool, err error) {
+	c := g.c
+	creds := insecure.NewCredentials()
+	if c.cfg.TLS != nil {
+		creds = credentials.NewTLS(c.cfg.TLS.Clone())
+	}
+	conn, err := grpc.NewClient(server,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes)),
+	)
+	if err != nil {
+		return false, fmt.Errorf("grpc client for %s: %w", server, err)
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel(nil)
+		wg.Wait()
+		_ = conn.Close()
+	}()
+	token, err := c.token(ctx)
+	if err != nil {
+		return false, err
+	}
+	if token != "" {
+		sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+token)
+	}
+	api := discoveryv1.NewPolicyDiscoveryServiceClient(conn)
+	stream, err := api.StreamPolicies(sctx)
+	if err != nil {
+		return false, classifyGRPC(sctx, err)
+	}
+	scope := &discoveryv1.Scope{Org: c.cfg.Scope.Org, Team: c.cfg.Scope.Team, Employee: c.cfg.Scope.Employee}
+	_, version, _, _ := c.snapshot()
+	first := &discoveryv1.PolicyDiscoveryRequest{ClientAddress: c.cfg.ClientAddress, VersionInfo: version, Scope: scope}
+	if err := stream.Send(first); err != nil {
+		return false, classifyGRPC(sctx, sendErr(stream, err))
+	}
+	c.count(func(s *Stats) { s.Connects++; s.Server = server })
+	c.logger.Info("discovery stream open", "server", server, "version", version)
+
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		g.healthLoop(sctx, api, cancel)
+	}()
+
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return synced, classifyGRPC(sctx, err)
+		}
+		req := g.answer(resp, server)
+		req.ClientAddress, req.ResponseNonce, req.Scope = c.cfg.ClientAddress, resp.GetNonce(), scope
+		if err := stream.Send(req); err != nil {
+			return synced, classifyGRPC(sctx, sendErr(stream, err))
+		}
+		if _, _, _, has := c.snapshot(); has && !synced {
+			synced = true
+			c.synced()
+		}
+	}
+}
+
+// answer applies a response and returns its ACK or NACK (without the
+// fields every request carries).
+func (g *grpcTransport) answer(resp *discoveryv1.PolicyDiscoveryResponse, server string) *discoveryv1.PolicyDiscoveryRequest {
+	c := g.c
+	_, held, _, has := c.snapshot()
+	nack := func(err error) *discoveryv1.PolicyDiscoveryRequest {
+		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held, ErrorDetail: &discoveryv1.ErrorDetail{Message: err.Error()}}
+	}
+	if resp.GetUnchanged() {
+		c.count(func(s *Stats) { s.Unchanged++ })
+		if !has || resp.GetVersionInfo() != held {
+			c.count(func(s *Stats) { s.Rejected++ })
+			return nack(fmt.Errorf("unchanged answer for version %q, but this client holds %q", resp.GetVersionInfo(), held))
+		}
+		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held}
+	}
+	c.count(func(s *Stats) { s.FullSyncs++ })
+	if has && resp.GetVersionInfo() == held {
+		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held} // same content, nothing to do
+	}
+	set := make([]Policy, 0, len(resp.GetPolicies()))
+	for _, p := range resp.GetPolicies() {
+		set = append(set, fromDiscovery(p))
+	}
+	if err := c.install(sortByName(set), resp.GetVersionInfo(), 0, true, server); err != nil {
+		return nack(err)
+	}
+	return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: resp.GetVersionInfo()}
+}
+
+// healthLoop refreshes the stream's last-active time on its node, and ends
+// the session (cancel) when the node stops answering.
+func (g *grpcTransport) healthLoop(ctx context.Context, api discoveryv1.PolicyDiscoveryServiceClient, cancel context.CancelCauseFunc) {
+	c := g.c
+	t := time.NewTicker(c.cfg.HealthInterval)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		hctx, hcancel := context.WithTimeout(ctx, min(c.cfg.HealthInterval, maxHealthTimeout))
+		_, err := api.HealthCheck(hctx, &discoveryv1.HealthCheckRequest{ClientAddress: c.cfg.ClientAddress})
+		hcancel()
+		if err == nil {
+			failures = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		c.logger.Warn("health check failed", "err", err)
+		switch status.Code(err) {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			failures++
+		default:
+			failures = 0
+		}
+		if failures >= healthFailuresToReconnect {
+			cancel(fmt.Errorf("%d health checks in a row failed: %w", failures, err))
+			return
+		}
+	}
+}
+
+// sendErr turns the io.EOF of a Send on an ended stream into the stream's
+// status.
+func sendErr(stream grpc.BidiStreamingClient[discoveryv1.PolicyDiscoveryRequest, discoveryv1.PolicyDiscoveryResponse], err error) error {
+	if errors.Is(err, io.EOF) {
+		if _, rerr := stream.Recv(); rerr != nil {
+			return rerr
+		}
+	}
+	return err
+}
+
+// classifyGRPC maps the end of a stream to what Run does next.
+func classifyGRPC(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	if errors.Is(err, io.EOF) {
+		return errStreamEnded
+	}
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.Unauthenticated:
+		return &authError{msg: status.Convert(err).Message(), err: err}
+	}
+	return err
+}

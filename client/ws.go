@@ -1,0 +1,259 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
+)
+
+// wsHandshakeTimeout bounds one WebSocket handshake.
+const wsHandshakeTimeout = 10 * time.Second
+
+// wsTransport follows the WebSocket feed.
+type wsTransport struct {
+	c  *Client
+	tr *http.Transport
+	hc *http.Client
+}
+
+func newWSTransport(c *Client) *wsTransport {
+	tr := &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: c.cfg.TLS.Clone()}
+	return &wsTransport{c: c, tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+// close releases idle HTTP connections (left by refused handshakes).
+func (w *wsTransport) close() { w.tr.CloseIdleConnections() }
+
+func (w *wsTransport) session(ctx context.Context, server string) (synced bool, err error) {
+	c := w.c
+	u, err := feedURL(server, c.cfg.TLS != nil)
+	if err != nil {
+		return false, err
+	}
+	_, _, since, has := c.snapshot()
+	token, err := c.token(ctx)
+	if err != nil {
+		return false, err
+	}
+	q := url.Values{}
+	hdr := http.Header{}
+	if token != "" {
+		hdr.Set("Authorization", "Bearer "+token)
+	} else if c.cfg.Employee != "" {
+		q.Set(feedv1.QueryEmployee, c.cfg.Employee)
+	}
+	resume := has && since > 0
+	if resume {
+		q.Set(feedv1.QuerySince, strconv.FormatUint(since, 10))
+	}
+	u.RawQuery = q.Encode()
+
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	timer := time.AfterFunc(wsHandshakeTimeout, func() { cancel(errors.New("handshake timed out")) })
+	// The response body needs no closing: Dial replaces it (see its doc).
+	conn, resp, err := websocket.Dial(sctx, u.String(), &websocket.DialOptions{HTTPClient: w.hc, HTTPHeader: hdr}) //nolint:bodyclose // Dial owns the body
+
+	timer.Stop()
+	if err != nil {
+		w.tr.CloseIdleConnections()
+		if cause := context.Cause(sctx); cause != nil && ctx.Err() == nil {
+			err = cause
+		}
+		return false, handshakeError(u, resp, err)
+	}
+	defer conn.CloseNow() //nolint:errcheck // best effort: the session is over
+	conn.SetReadLimit(int64(c.cfg.MaxMessageBytes))
+	c.count(func(s *Stats) { s.Connects++; s.Server = server })
+	c.logger.Info("policy feed connected", "server", server, "since", since)
+
+	var wg sync.WaitGroup
+	defer func() {
+		cancel(nil)
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.pingLoop(sctx, conn, cancel)
+	}()
+
+	if resume {
+		// The server replays what was missed, or sends init: the cached
+		// set is current enough to be in force.
+		synced = true
+		c.synced()
+	}
+	for {
+		typ, data, err := conn.Read(sctx)
+		if err != nil {
+			if code := websocket.CloseStatus(err); code == feedv1.CloseRevoked {
+				var ce websocket.CloseError
+				errors.As(err, &ce)
+				return synced, &revokedError{reason: ce.Reason}
+			}
+			if cause := context.Cause(sctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				err = cause
+			}
+			return synced, err
+		}
+		c.count(func(*Stats) {})
+		if typ != websocket.MessageText {
+			c.logger.Debug("ignoring a binary feed frame", "bytes", len(data))
+			continue
+		}
+		var m feedv1.Message
+		if err := json.Unmarshal(data, &m); err != nil {
+			// A message we cannot read may be a change we would miss:
+			// reconnect, and the replay brings it again.
+			return synced, fmt.Errorf("undecodable feed message: %w", err)
+		}
+		done, err := w.handle(sctx, conn, &m, server)
+		if err != nil {
+			return synced, err
+		}
+		if done && !synced {
+			synced = true
+			c.synced()
+		}
+	}
+}
+
+// handle processes one message. synced reports that the client now holds a
+// set from this connection.
+func (w *wsTransport) handle(ctx context.Context, conn *websocket.Conn, m *feedv1.Message, server string) (synced bool, err error) {
+	c := w.c
+	set, held, index, has := c.snapshot()
+	switch m.Type {
+	case feedv1.TypePing:
+		b, _ := json.Marshal(feedv1.Pong{Type: feedv1.TypePong})
+		wctx, cancel := context.WithTimeout(ctx, maxHealthTimeout)
+		defer cancel()
+		if err := conn.Write(wctx, websocket.MessageText, b); err != nil {
+			return false, fmt.Errorf("send pong: %w", err)
+		}
+		return false, nil
+	case feedv1.TypeRevoke:
+		return false, &revokedError{reason: m.Reason}
+	case feedv1.TypeInit:
+		c.count(func(s *Stats) { s.FullSyncs++ })
+		if has && m.Digest == held && m.Digest != "" {
+			c.setIndex(m.Version, true)
+			return true, nil
+		}
+		next := make([]Policy, 0, len(m.Policies))
+		for _, p := range m.Policies {
+			next = append(next, fromFeed(p))
+		}
+		if err := c.install(sortByName(next), m.Digest, m.Version, true, server); err != nil {
+			if !has {
+				// Deltas cannot be applied without a base: start over.
+				return false, fmt.Errorf("initial policy set rejected: %w", err)
+			}
+			c.setIndex(m.Version, true)
+			return true, nil
+		}
+		return true, nil
+	case feedv1.TypeUpsert, feedv1.TypeDelete:
+		if !has {
+			return false, fmt.Errorf("feed sent %s before init", m.Type)
+		}
+		if m.Version != 0 && m.Version <= index {
+			c.logger.Debug("skipping a feed message already applied", "type", m.Type, "version", m.Version, "index", index)
+			return false, nil
+		}
+		var next []Policy
+		switch {
+		case m.Type == feedv1.TypeDelete:
+			next, _ = withDelete(set, m.PolicyName)
+		case m.Policy == nil:
+			return false, errors.New("feed upsert without a policy")
+		default:
+			next = withUpsert(set, fromFeed(*m.Policy))
+		}
+		digest := m.Digest
+		if digest == "" {
+			digest = held
+		}
+		c.count(func(s *Stats) { s.Deltas++ })
+		if err := c.install(next, digest, m.Version, false, server); err != nil {
+			c.setIndex(m.Version, false) // skipped: no NACK over WebSocket
+		}
+		return false, nil
+	default:
+		c.logger.Debug("ignoring an unknown feed message", "type", m.Type)
+		return false, nil
+	}
+}
+
+// pingLoop sends a WebSocket ping every HealthInterval and ends the session
+// when no pong comes back.
+func (w *wsTransport) pingLoop(ctx context.Context, conn *websocket.Conn, cancel context.CancelCauseFunc) {
+	interval := w.c.cfg.HealthInterval
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, min(interval, maxHealthTimeout))
+		err := conn.Ping(pctx)
+		pcancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				cancel(fmt.Errorf("no pong from the server: %w", err))
+			}
+			return
+		}
+	}
+}
+
+// setIndex records the Raft index of a message that was received but not
+// applied.
+func (c *Client) setIndex(index uint64, full bool) {
+	c.mu.Lock()
+	if full || index > c.index {
+		c.index = index
+	}
+	c.mu.Unlock()
+}
+
+// handshakeError describes a failed handshake; 401 and 403 are
+// authentication refusals.
+func handshakeError(u *url.URL, resp *http.Response, err error) error {
+	redacted := *u
+	redacted.RawQuery = ""
+	if resp == nil {
+		return fmt.Errorf("connect %s: %w", redacted.String(), err)
+	}
+	msg := http.StatusText(resp.StatusCode)
+	if resp.Body != nil {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		var env struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.Unmarshal(raw, &env) == nil && env.Error.Message != "" {
+			msg = env.Error.Message
+		} else if s := strings.TrimSpace(string(raw)); s != "" {
+			msg = s
+		}
+	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return &authError{msg: fmt.Sprintf("%s: HTTP %d: %s", redacted.String(), resp.StatusCode, msg), err: err}
+	}
+	return fmt.Errorf("connect %s: HTTP %d %s: %w", redacted.String(), resp.StatusCode, msg, err)
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/policyd/policyd/client"
+)
+
+// watchCommand is `policyd watch`: a sidecar built on the client SDK. It
+// prints every policy update and state change until it is interrupted
+// (exit 0) or its access is revoked (exit 1).
+func watchCommand() *cobra.Command {
+	var (
+		transport, tokenFile, output string
+		org, team, employee          string
+		servers                      []string
+		grace                        time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "watch",
+		Short: "Follow the policies that apply to an identity, as a sidecar would",
+		Long: `watch connects to the nodes in --servers as a sidecar does (the gRPC discovery
+stream, or the WebSocket feed with --transport ws), fails over between them, and
+prints every policy update and state change (connecting, ready, disconnected,
+revoked) to stdout. With --output json each event is one JSON object per line:
+  {"event":"state","from":"ready","to":"disconnected",...}
+  {"event":"update","version":"...","policies":["name",...],"count":1,...}
+It runs until SIGINT/SIGTERM, or exits 1 when access is revoked.
+
+The JWT is read from --token-file (re-read on every reconnect) or from
+POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
+--org/--team/--employee (grpc) or --employee (ws).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(servers) == 0 {
+				return &usageError{errors.New("watch needs --servers (or POLICYD_WATCH_SERVERS): the nodes' gRPC (grpc) or HTTP (ws) addresses")}
+			}
+			if output != "text" && output != "json" {
+				return &usageError{fmt.Errorf("--output %q: want text or json", output)}
+			}
+			cfg := client.Config{
+				Servers:   servers,
+				Transport: transport,
+				Employee:  employee,
+				Grace:     grace,
+			}
+			if transport != client.TransportWS {
+				cfg.Scope = client.Scope{Org: org, Team: team, Employee: employee}
+			}
+			if tokenFile != "" {
+				if _, err := readToken(tokenFile); err != nil {
+					return &usageError{err}
+				}
+				cfg.TokenSource = func(context.Context) (string, error) { return readToken(tokenFile) }
+			} else {
+				cfg.Token = strings.TrimSpace(os.Getenv("POLICYD_WATCH_TOKEN"))
+			}
+			if transport == client.TransportWS && cfg.Token == "" && cfg.TokenSource == nil && employee == "" {
+				return &usageError{errors.New("--transport ws needs a token (--token-file or POLICYD_WATCH_TOKEN) or, with the server in auth.mode none, --employee")}
+			}
+			p := &watchPrinter{w: cmd.OutOrStdout(), json: output == "json"}
+			cfg.OnStateChange = p.state
+			cfg.OnUpdate = p.update
+			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			c, err := client.New(cfg, logger)
+			if err != nil {
+				return &usageError{err}
+			}
+			if err := c.Run(cmd.Context()); err != nil {
+				return fmt.Errorf("watch: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&transport, "transport", client.TransportGRPC, "grpc (discovery stream) or ws (WebSocket feed)")
+	f.StringSliceVar(&servers, "servers", envList("POLICYD_WATCH_SERVERS"), "comma-separated node addresses: gRPC host:port, or HTTP host:port/URL for ws (env POLICYD_WATCH_SERVERS)")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the sidecar JWT (else env POLICYD_WATCH_TOKEN)")
+	f.StringVar(&org, "org", "", "scope org (grpc)")
+	f.StringVar(&team, "team", "", "scope team (grpc)")
+	f.StringVar(&employee, "employee", "", "scope employee (grpc); the employee for ws when the server runs auth.mode none")
+	f.DurationVar(&grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
+	f.StringVarP(&output, "output", "o", "text", "text, or json (one object per line)")
+	return cmd
+}
+
+// envList splits a comma-separated environment variable.
+func envList(name string) []string {
+	var out []string
+	for s := range strings.SplitSeq(os.Getenv(name), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	return tok, nil
+}
+
+// watchPrinter writes one line per event.
+type watchPrinter struct {
+	mu   sync.Mutex
+	w    io.Writer
+	json bool
+}
+
+// stateEvent and updateEvent are the JSON lines of --output json.
+type stateEvent struct {
+	Event string `json:"event"` // "state"
+	Time  string `json:"time"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+}
+
+type updateEvent struct {
+	Event    string   `json:"event"` // "update"
+	Time     string   `json:"time"`
+	Version  string   `json:"version"`
+	Policies []string `json:"policies"`
+	Count    int      `json:"count"`
+	Server   string   `json:"server"`
+}
+
+func (p *watchPrinter) state(from, to client.State) {
+	now := time.Now().UTC()
+	p.print(stateEvent{Event: "state", Time: now.Format(time.RFC3339Nano), From: string(from), To: string(to)},
+		fmt.Sprintf("%s state %s -> %s", now.Format(time.RFC3339), from, to))
+}
+
+func (p *watchPrinter) update(u client.Update) {
+	now := time.Now().UTC()
+	names := make([]string, 0, len(u.Policies))
+	for _, pol := range u.Policies {
+		names = append(names, pol.Name)
+	}
+	p.print(updateEvent{Event: "update", Time: now.Format(time.RFC3339Nano), Version: u.Version, Policies: names, Count: len(names), Server: u.Server},
+		fmt.Sprintf("%s update version=%s count=%d policies=%s server=%s", now.Format(time.RFC3339), u.Version, len(names), strings.Join(names, ","), u.Server))
+}
+
+func (p *watchPrinter) print(ev any, text string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.json {
+		b, _ := json.Marshal(ev)
+		fmt.Fprintf(p.w, "%s\n", b)
+		return
+	}
+	fmt.Fprintln(p.w, text)
+}

@@ -1,0 +1,221 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/policyd/policyd/client"
+)
+
+// These tests run the client SDK against a real 3-node cluster: writes go
+// through the admin REST API of one node and reach a sidecar connected to
+// another; stopping the node a sidecar is connected to makes it fail over
+// without a full resend.
+
+// sdkRun is an SDK client running against the cluster until the test ends.
+type sdkRun struct {
+	*client.Client
+	mu          sync.Mutex
+	transitions []string
+	updates     []client.Update
+	done        chan error
+}
+
+func startSDK(t *testing.T, cfg client.Config) *sdkRun {
+	t.Helper()
+	s := &sdkRun{done: make(chan error, 1)}
+	cfg.OnStateChange = func(from, to client.State) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.transitions = append(s.transitions, fmt.Sprintf("%s->%s", from, to))
+	}
+	cfg.OnUpdate = func(u client.Update) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.updates = append(s.updates, u)
+	}
+	cfg.BackoffMin, cfg.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	c, err := client.New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Client = c
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { s.done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-s.done:
+			if err != nil && !errors.Is(err, client.ErrRevoked) {
+				t.Errorf("SDK Run = %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("SDK Run did not return")
+		}
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer wcancel()
+	if err := c.WaitReady(wctx); err != nil {
+		t.Fatalf("SDK never ready: %v", err)
+	}
+	return s
+}
+
+func (s *sdkRun) counts() (transitions []string, updates int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.transitions), len(s.updates)
+}
+
+// hasPolicy waits until the SDK holds policy name.
+func (s *sdkRun) hasPolicy(t *testing.T, name string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the SDK to receive "+name, func() error {
+		for _, p := range s.Policies() {
+			if p.Name == name {
+				return nil
+			}
+		}
+		return fmt.Errorf("SDK holds %d policies, not %s", len(s.Policies()), name)
+	})
+}
+
+// connectedNode returns the index of the node whose address addrOf gives
+// the SDK's current server.
+func connectedNode(t *testing.T, c *cluster, s *sdkRun, addrOf func(*Node) string) int {
+	t.Helper()
+	server := s.Stats().Server
+	for i, n := range c.nodes {
+		if n != nil && strings.Contains(server, addrOf(n)) {
+			return i
+		}
+	}
+	t.Fatalf("SDK connected to %q, which is no running node", server)
+	return -1
+}
+
+// failover stops node i and waits for the SDK to go disconnected and back
+// to ready on another node, within a few seconds.
+func failover(t *testing.T, c *cluster, s *sdkRun, i int) {
+	t.Helper()
+	before, _ := s.counts()
+	start := time.Now()
+	c.stop(i)
+	waitFor(t, 5*time.Second, "the SDK to fail over and be ready", func() error {
+		tr, _ := s.counts()
+		if got := tr[len(before):]; !slices.Equal(got, []string{"ready->disconnected", "disconnected->ready"}) {
+			return fmt.Errorf("transitions since the stop: %v", got)
+		}
+		return nil
+	})
+	t.Logf("failover took %v (including the node's shutdown)", time.Since(start))
+}
+
+func TestSDKGRPCFailoverWithoutResend(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	var servers []string
+	for _, n := range c.nodes {
+		servers = append(servers, n.GRPCAddr())
+	}
+	s := startSDK(t, client.Config{Servers: servers, Scope: client.Scope{Org: "acme", Team: "red"}, ClientAddress: "e2e-grpc"})
+	on := connectedNode(t, c, s, (*Node).GRPCAddr)
+
+	// A policy written through another node reaches the sidecar.
+	apiFor(t, c.nodes[(on+1)%3]).putPolicy("acme.deny-shell", "acme", "no shell")
+	apiFor(t, c.nodes[(on+1)%3]).putPolicy("globex.deny-shell", "globex", "not for acme")
+	s.hasPolicy(t, "acme.deny-shell")
+	if reason, blocked := s.IsBlocked("Bash", map[string]any{"command": "rm -rf /"}); !blocked || reason != "no shell" {
+		t.Fatalf("IsBlocked = (%q, %v)", reason, blocked)
+	}
+	if _, blocked := s.IsBlocked("Bash", map[string]any{"command": "ls"}); blocked {
+		t.Fatal("ls is blocked")
+	}
+	for _, p := range s.Policies() {
+		if p.Scope.Org == "globex" {
+			t.Fatalf("the sidecar of acme received %s", p.Name)
+		}
+	}
+	c.waitConverged()
+
+	version, stats := s.Version(), s.Stats()
+	_, updates := s.counts()
+	failover(t, c, s, on)
+	after := s.Stats()
+	if after.Server == stats.Server {
+		t.Fatalf("still on %s", after.Server)
+	}
+	if after.FullSyncs != stats.FullSyncs || after.Unchanged != stats.Unchanged+1 {
+		t.Fatalf("stats before %+v, after %+v: want one unchanged answer and no full resend", stats, after)
+	}
+	if _, u := s.counts(); u != updates || s.Version() != version {
+		t.Fatalf("the failover applied a new set (%d updates, was %d; version %s, was %s)", u, updates, s.Version(), version)
+	}
+
+	// Changes keep coming on the new node.
+	survivor := c.running()[0]
+	apiFor(t, survivor).putPolicy("acme.deny-curl", "acme", "no curl")
+	s.hasPolicy(t, "acme.deny-curl")
+	if s.State() != client.StateReady {
+		t.Fatalf("state %s", s.State())
+	}
+}
+
+func TestSDKWebSocketFailoverWithSince(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	a := apiFor(t, c.leader())
+	if r := a.do(http.MethodPut, "/v1/employees/alice", []byte(`{"id":"alice","org":"acme","team":"red"}`), nil); r.status != http.StatusOK {
+		t.Fatalf("PUT employee: %d %s", r.status, r.body)
+	}
+	c.waitConverged()
+	var servers []string
+	for _, n := range c.nodes {
+		servers = append(servers, n.HTTPAddr())
+	}
+	s := startSDK(t, client.Config{Servers: servers, Transport: client.TransportWS, Employee: "alice"})
+	on := connectedNode(t, c, s, (*Node).HTTPAddr)
+
+	apiFor(t, c.nodes[(on+1)%3]).putPolicy("acme.deny-shell", "acme", "no shell")
+	s.hasPolicy(t, "acme.deny-shell")
+	if reason, blocked := s.IsBlocked("Bash", map[string]any{"command": "rm -rf /"}); !blocked || reason != "no shell" {
+		t.Fatalf("IsBlocked = (%q, %v)", reason, blocked)
+	}
+	c.waitConverged()
+
+	stats := s.Stats()
+	failover(t, c, s, on)
+	// Give the new node the chance to (wrongly) send init before checking.
+	survivor := c.running()[0]
+	apiFor(t, survivor).putPolicy("acme.deny-curl", "acme", "no curl")
+	s.hasPolicy(t, "acme.deny-curl")
+	after := s.Stats()
+	if after.Server == stats.Server {
+		t.Fatalf("still on %s", after.Server)
+	}
+	if after.FullSyncs != stats.FullSyncs || after.Deltas != stats.Deltas+1 {
+		t.Fatalf("stats before %+v, after %+v: want the reconnect with since to resend nothing, then one upsert", stats, after)
+	}
+
+	// Deactivating the employee revokes the sidecar at once.
+	if r := apiFor(t, survivor).do(http.MethodPut, "/v1/employees/alice", []byte(`{"id":"alice","org":"acme","team":"red","status":"inactive"}`), nil); r.status != http.StatusOK {
+		t.Fatalf("deactivate: %d %s", r.status, r.body)
+	}
+	select {
+	case err := <-s.done:
+		s.done <- err
+		if !errors.Is(err, client.ErrRevoked) {
+			t.Fatalf("Run = %v, want ErrRevoked", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the SDK was not revoked")
+	}
+	if !s.ShouldBlockAll() || s.State() != client.StateRevoked {
+		t.Fatalf("after revocation: state %s, block all %v", s.State(), s.ShouldBlockAll())
+	}
+}

@@ -1,0 +1,388 @@
+// Package discovery serves the sidecar discovery stream (DESIGN part 4): an
+// xDS-like gRPC protocol over which a node pushes, from its local replica,
+// the policy set that applies to each sidecar's scope, and records each
+// sidecar's ACK or NACK for rollout tracking.
+//
+// # Protocol decisions
+//
+//   - Push, not lazy notification. When a committed change alters a scope's
+//     set, every stream of that scope is sent the new snapshot at once; the
+//     seed's request-driven design stalls a client that has ACKed and then
+//     stays quiet.
+//   - One snapshot per (scope, version), encoded once. Its nonce is shared by
+//     every stream of the scope: "<node>.<incarnation>-<sequence>", unique
+//     across nodes and restarts, so a nonce a stream never saw (another
+//     node's, or from before a restart) is recognisably unknown.
+//   - Request table: nonce "" → the current snapshot, or `unchanged` when the
+//     client's version_info is already current; the latest nonce sent on this
+//     stream → ACK (version matches) or NACK (error_detail set), nothing sent;
+//     an older nonce this stream was sent → ignored (superseded: the client
+//     will answer the newer one, so no ping-pong); any other nonce → as
+//     nonce "". A NACK is not retried: the next change is.
+//   - Slow streams. Each stream has one writer that holds only the newest
+//     pending response, older ones are dropped, so a slow sidecar costs one
+//     pointer, never a queue. A single send blocked for longer than
+//     discovery.send_timeout (a sidecar that stopped reading) ends the
+//     stream with ResourceExhausted; it reconnects and resumes with its
+//     version.
+//   - Liveness. Any request or HealthCheck refreshes a stream's last-active
+//     time; every discovery.flush_interval streams idle for longer than
+//     discovery.max_client_inactive are ended with DeadlineExceeded and
+//     forgotten by every tracker. A client that half-closes its side (sends
+//     no more requests) keeps receiving pushes until then.
+//   - Scope. With auth.mode none the request's scope is trusted (local
+//     development only): team or employee need org. With auth.mode jwt the
+//     scope is the identity from the token and the employee record; a request
+//     may leave scope empty (then that identity is served) or must name
+//     exactly it, else PermissionDenied. A stream's scope is fixed when it
+//     opens; asking for another one on the same stream is InvalidArgument.
+//     With jwt, deactivating or deleting the employee ends its streams with
+//     PermissionDenied (revocation), and moving it to another org or team
+//     ends them with Aborted so they reconnect under the new identity.
+//
+// Errors become gRPC codes in one place, statusOf.
+package discovery
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/store"
+)
+
+// Deps is what the service needs from its node.
+type Deps struct {
+	NodeID string
+	// LeaderID names the current Raft leader ("" if none), for HealthCheck.
+	LeaderID func() string
+	// Store is the local replica, for employee records.
+	Store *store.Store
+	// Policies is the in-memory policy index; it has taken in a change
+	// before OnChange is called with it.
+	Policies *policyset.Index
+	// Verifier checks sidecar JWTs; nil means auth.mode none.
+	Verifier *auth.JWTVerifier
+	Registry prometheus.Registerer
+}
+
+// Service implements PolicyDiscoveryService.
+type Service struct {
+	discoveryv1.UnimplementedPolicyDiscoveryServiceServer
+
+	cfg     config.Discovery
+	logger  *slog.Logger
+	deps    Deps
+	metrics *metrics
+	// noncePrefix makes nonces unique across nodes and restarts.
+	noncePrefix string
+	nonceSeq    atomic.Uint64
+	streamSeq   atomic.Uint64
+	now         func() time.Time
+
+	mu      sync.Mutex
+	closing bool
+	streams map[*stream]struct{}
+	groups  map[policy.Identity]*group
+	byAddr  map[string]map[*stream]struct{}
+}
+
+// group is every stream serving one scope, and that scope's current
+// snapshot.
+type group struct {
+	id      policy.Identity
+	snap    *snapshot
+	streams map[*stream]struct{}
+}
+
+// New builds the service.
+func New(cfg config.Discovery, logger *slog.Logger, deps Deps) (*Service, error) {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("nonce prefix: %w", err)
+	}
+	s := &Service{
+		cfg:         cfg,
+		logger:      logger,
+		deps:        deps,
+		noncePrefix: deps.NodeID + "." + hex.EncodeToString(b[:]),
+		now:         time.Now,
+		streams:     map[*stream]struct{}{},
+		groups:      map[policy.Identity]*group{},
+		byAddr:      map[string]map[*stream]struct{}{},
+	}
+	m, err := newMetrics(deps.NodeID, deps.Registry)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// Register adds the service to g.
+func (s *Service) Register(g *grpc.Server) {
+	discoveryv1.RegisterPolicyDiscoveryServiceServer(g, s)
+}
+
+// ServerOptions are the options the node's gRPC server must be built with:
+// the codec that sends pre-encoded snapshots as they are.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+}
+
+// Run ends inactive streams every flush interval until ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.flush()
+		}
+	}
+}
+
+// flush ends the streams idle for longer than max_client_inactive.
+func (s *Service) flush() {
+	cutoff := s.now().Add(-s.cfg.MaxClientInactive).UnixNano()
+	s.mu.Lock()
+	var idle []*stream
+	for st := range s.streams {
+		if st.lastActive.Load() < cutoff {
+			idle = append(idle, st)
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range idle {
+		s.logger.Info("closing inactive stream", "client", st.clientAddr, "scope", st.scope.String(),
+			"inactive_for", s.cfg.MaxClientInactive)
+		s.metrics.flushes.Inc()
+		st.kill(status.Errorf(codes.DeadlineExceeded,
+			"no request or health check for longer than %v", s.cfg.MaxClientInactive))
+	}
+}
+
+// OnChange pushes a committed batch to the streams whose set it changed. It
+// is called in commit order by the node's change dispatcher, never
+// concurrently with itself.
+func (s *Service) OnChange(c store.Change) {
+	var scopes []policy.Scope
+	var employees []string
+	for _, e := range c.Entities {
+		switch e.Type {
+		case store.EntityPolicy:
+			scopes = append(scopes, e.Scopes...)
+		case store.EntityEmployee:
+			employees = append(employees, e.ID)
+		}
+	}
+	if c.Resync || len(scopes) > 0 {
+		s.push(c, scopes)
+	}
+	if s.deps.Verifier != nil && (c.Resync || len(employees) > 0) {
+		s.recheckEmployees(c.Resync, employees)
+	}
+}
+
+func (s *Service) push(c store.Change, scopes []policy.Scope) {
+	s.mu.Lock()
+	var affected []*group
+	for id, g := range s.groups {
+		if c.Resync || policyset.Affects(scopes, id) {
+			affected = append(affected, g)
+		}
+	}
+	s.mu.Unlock()
+	for _, g := range affected {
+		set := s.deps.Policies.Set(g.id)
+		s.mu.Lock()
+		if s.groups[g.id] != g || g.snap.version == set.Version {
+			s.mu.Unlock()
+			continue // emptied meanwhile, or the change left this scope's set as it was
+		}
+		snap, err := s.newSnapshot(set, c.At)
+		if err != nil {
+			s.mu.Unlock()
+			s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
+			continue
+		}
+		g.snap = snap
+		streams := make([]*stream, 0, len(g.streams))
+		for st := range g.streams {
+			streams = append(streams, st)
+		}
+		s.mu.Unlock()
+		for _, st := range streams {
+			st.offer(&response{snap: snap, push: true})
+		}
+		s.logger.Debug("pushed", "scope", g.id.String(), "version", snap.version, "streams", len(streams))
+	}
+}
+
+// recheckEmployees ends the streams of employees that were deactivated,
+// deleted or moved.
+func (s *Service) recheckEmployees(all bool, ids []string) {
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	s.mu.Lock()
+	var check []*stream
+	for st := range s.streams {
+		if st.employee != "" && (all || want[st.employee]) {
+			check = append(check, st)
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range check {
+		e, err := s.deps.Store.GetEmployee(st.employee)
+		switch {
+		case errors.Is(err, store.ErrNotFound) || (err == nil && !e.Active()):
+			s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
+			st.kill(status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated"))
+		case err != nil:
+			s.logger.Error("read employee", "employee", st.employee, "err", err)
+		case e.Identity() != st.scope:
+			st.kill(status.Error(codes.Aborted, "identity changed: reconnect"))
+		}
+	}
+}
+
+// CloseAll ends every stream with Unavailable and refuses new ones; the
+// node calls it before stopping the gRPC server, which waits for streams.
+func (s *Service) CloseAll() {
+	s.mu.Lock()
+	s.closing = true
+	all := make([]*stream, 0, len(s.streams))
+	for st := range s.streams {
+		all = append(all, st)
+	}
+	s.mu.Unlock()
+	for _, st := range all {
+		st.kill(status.Error(codes.Unavailable, "server shutting down"))
+	}
+}
+
+// HealthCheck refreshes the last-active time of the caller's streams. It
+// never fails because the client is unknown: a health check must not end a
+// stream, and a client may check before its stream opens.
+func (s *Service) HealthCheck(ctx context.Context, req *discoveryv1.HealthCheckRequest) (*discoveryv1.HealthCheckResponse, error) {
+	who, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	now := s.now().UnixNano()
+	s.mu.Lock()
+	for st := range s.byAddr[req.GetClientAddress()] {
+		if who.employee == st.employee {
+			st.lastActive.Store(now)
+		}
+	}
+	s.mu.Unlock()
+	return &discoveryv1.HealthCheckResponse{NodeId: s.deps.NodeID, LeaderId: s.deps.LeaderID()}, nil
+}
+
+// Clients lists this node's streams for GET /v1/clients.
+func (s *Service) Clients() []*clusterv1.ClientInfo {
+	s.mu.Lock()
+	all := make([]*stream, 0, len(s.streams))
+	for st := range s.streams {
+		all = append(all, st)
+	}
+	s.mu.Unlock()
+	out := make([]*clusterv1.ClientInfo, 0, len(all))
+	for _, st := range all {
+		out = append(out, st.info(s.deps.NodeID))
+	}
+	return out
+}
+
+// register adds st, serving scope id, and returns the scope's current
+// snapshot.
+func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, status.Error(codes.Unavailable, "server shutting down")
+	}
+	if st.ended {
+		// The handler returned (client gone) while this first request was
+		// being handled; registering now would leak the stream.
+		return nil, status.Error(codes.Canceled, "stream ended")
+	}
+	g := s.groups[id]
+	if g == nil {
+		snap, err := s.newSnapshot(s.deps.Policies.Set(id), time.Time{})
+		if err != nil {
+			return nil, err
+		}
+		g = &group{id: id, snap: snap, streams: map[*stream]struct{}{}}
+		s.groups[id] = g
+	}
+	g.streams[st] = struct{}{}
+	s.streams[st] = struct{}{}
+	if s.byAddr[st.clientAddr] == nil {
+		s.byAddr[st.clientAddr] = map[*stream]struct{}{}
+	}
+	s.byAddr[st.clientAddr][st] = struct{}{}
+	st.scope = id
+	st.registered = true
+	s.metrics.streams.WithLabelValues(id.String()).Inc()
+	return g.snap, nil
+}
+
+// unregister removes st from every tracker.
+func (s *Service) unregister(st *stream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.ended = true
+	if !st.registered {
+		return
+	}
+	st.registered = false
+	delete(s.streams, st)
+	if m := s.byAddr[st.clientAddr]; m != nil {
+		delete(m, st)
+		if len(m) == 0 {
+			delete(s.byAddr, st.clientAddr)
+		}
+	}
+	if g := s.groups[st.scope]; g != nil {
+		delete(g.streams, st)
+		if len(g.streams) == 0 {
+			delete(s.groups, st.scope)
+			s.metrics.streams.DeleteLabelValues(st.scope.String())
+			return
+		}
+	}
+	s.metrics.streams.WithLabelValues(st.scope.String()).Dec()
+}
+
+// current is the snapshot a stream of scope id should hold now.
+func (s *Service) current(id policy.Identity) *snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groups[id]; g != nil {
+		return g.snap
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package discovery
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+)
+
+// The protocol itself is tested end to end, over real gRPC against real
+// nodes, in server/discovery_test.go. These are the pure parts.
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestComputeRollout(t *testing.T) {
+	c := func(node, addr, transport, sent, state string) *clusterv1.ClientInfo {
+		return &clusterv1.ClientInfo{NodeId: node, ClientAddress: addr, Transport: transport, VersionSent: sent, State: state, Org: "o"}
+	}
+	nacked := c("n2", "b", "grpc", "v2", stateNacked)
+	nacked.NackMessage, nacked.NackVersion = "bad regexp", "v1"
+	ref := func(node, addr string) ClientRef { return ClientRef{Node: node, Client: addr, Scope: "o//"} }
+	tests := []struct {
+		name    string
+		clients []*clusterv1.ClientInfo
+		want    Rollout
+	}{
+		{"nobody connected is done", nil, Rollout{Done: true, Versions: []VersionRollout{}}},
+		{"pending holds the rollout", []*clusterv1.ClientInfo{c("n1", "a", "grpc", "v2", stateAcked), c("n1", "c", "grpc", "v2", statePending)},
+			Rollout{Versions: []VersionRollout{{Version: "v2", Acked: []ClientRef{ref("n1", "a")}, Nacked: []NackRef{}, Pending: []ClientRef{ref("n1", "c")}}}}},
+		{"a NACK counts as an answer", []*clusterv1.ClientInfo{c("n1", "a", "grpc", "v2", stateAcked), nacked},
+			Rollout{Done: true, Versions: []VersionRollout{{Version: "v2", Done: true, Acked: []ClientRef{ref("n1", "a")},
+				Nacked: []NackRef{{ClientRef: ref("n2", "b"), Message: "bad regexp", LastGoodVersion: "v1"}}, Pending: []ClientRef{}}}}},
+		{"versions are separate; websocket clients and streams sent nothing are left out",
+			[]*clusterv1.ClientInfo{c("n1", "a", "grpc", "v1", stateAcked), c("n2", "z", "grpc", "v2", stateAcked), c("n1", "w", "ws", "v9", stateAcked), c("n3", "new", "grpc", "", "")},
+			Rollout{Done: true, Versions: []VersionRollout{
+				{Version: "v1", Done: true, Acked: []ClientRef{ref("n1", "a")}, Nacked: []NackRef{}, Pending: []ClientRef{}},
+				{Version: "v2", Done: true, Acked: []ClientRef{ref("n2", "z")}, Nacked: []NackRef{}, Pending: []ClientRef{}},
+			}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, ComputeRollout(tc.clients)); diff != "" {
+				t.Errorf("ComputeRollout (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	tests := []struct {
+		name, in string
+		n        int
+		want     string
+	}{
+		{"short", "abc", 10, "abc"},
+		{"cut", "abcdef", 3, "abc…"},
+		{"no split rune", "ééé", 3, "é…"},
+		{"invalid utf-8", "a\xffb", 10, "a\uFFFDb"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := truncate(tc.in, tc.n)
+			if got != tc.want || !utf8.ValidString(got) {
+				t.Errorf("truncate(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestCodecSendsEncodedAsIs: a pre-encoded snapshot goes out byte for byte,
+// and anything else is ordinary proto.
+func TestCodecSendsEncodedAsIs(t *testing.T) {
+	resp := &discoveryv1.PolicyDiscoveryResponse{VersionInfo: "v", Nonce: "n", Policies: []*discoveryv1.Policy{{Name: "p", Spec: []byte(`{}`)}}}
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cd := newCodec()
+	out, err := cd.Marshal(encoded(b))
+	if err != nil || string(out.Materialize()) != string(b) {
+		t.Fatalf("encoded: %q, %v", out.Materialize(), err)
+	}
+	out2, err := cd.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back discoveryv1.PolicyDiscoveryResponse
+	if err := cd.Unmarshal(out2, &back); err != nil || !proto.Equal(&back, resp) {
+		t.Fatalf("round trip = %v, %v", &back, err)
+	}
+	if cd.Name() != "proto" {
+		t.Fatalf("codec name %q: clients must not need a custom codec", cd.Name())
+	}
+}
+
+// FuzzRequestChecks: whatever a client sends decodes (or not) and is
+// checked without panicking.
+func FuzzRequestChecks(f *testing.F) {
+	seed := func(r *discoveryv1.PolicyDiscoveryRequest) {
+		b, _ := proto.Marshal(r)
+		f.Add(b)
+	}
+	seed(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "c", VersionInfo: "v", ResponseNonce: "n"})
+	seed(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "c", ErrorDetail: &discoveryv1.ErrorDetail{Message: "bad"}, Scope: &discoveryv1.Scope{Org: "o", Team: "t"}})
+	seed(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: strings.Repeat("c", 300)})
+	f.Add([]byte{0x0a, 0xff, 0xff})
+	s := &Service{}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req discoveryv1.PolicyDiscoveryRequest
+		if proto.Unmarshal(b, &req) != nil {
+			return
+		}
+		if checkRequest(&req) != nil {
+			return
+		}
+		if _, err := s.requestScope(&stream{}, &req); err == nil && req.GetScope().GetOrg() == "" && req.GetScope().GetTeam() != "" {
+			t.Fatalf("team scope without org accepted: %v", &req)
+		}
+		_ = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
+	})
+}

@@ -1,0 +1,449 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store"
+)
+
+// Limits on what a request may carry. gRPC's max receive size bounds the
+// message; these bound what is kept per stream.
+const (
+	maxClientAddress = 256
+	maxVersionInfo   = 256
+	// maxNackMessage is how much of a NACK's error text is kept and shown.
+	maxNackMessage = 1024
+	// sentNonces is how many nonces a stream remembers to tell a superseded
+	// nonce from an unknown one. An ACK older than that is answered as
+	// unknown, which costs one extra response, never a loop.
+	sentNonces = 16
+)
+
+// Rollout states of a stream's latest version.
+const (
+	statePending = "pending"
+	stateAcked   = "acked"
+	stateNacked  = "nacked"
+)
+
+// response is what a stream's writer sends next.
+type response struct {
+	snap      *snapshot
+	unchanged bool
+	// push marks a response caused by a committed change (its latency is
+	// measured), as opposed to an answer to a request.
+	push bool
+}
+
+// caller is who opened a stream: the employee (jwt mode) and its identity.
+type caller struct {
+	employee string
+	identity policy.Identity
+}
+
+// stream is one sidecar connection.
+type stream struct {
+	svc         *Service
+	id          uint64
+	employee    string // from the token; "" with auth.mode none
+	tokenScope  policy.Identity
+	peerAddr    string
+	connectedAt time.Time
+	lastActive  atomic.Int64
+
+	// Set by the first request, under svc.mu.
+	clientAddr string
+	scope      policy.Identity
+	registered bool
+	ended      bool // the handler has returned; never register again
+
+	wake   chan struct{} // the writer has a pending response
+	killed chan error    // the stream must end with this status
+
+	mu           sync.Mutex
+	pending      *response
+	sent         []string // nonces sent, oldest first
+	latestNonce  string
+	versionSent  string
+	state        string
+	versionAcked string
+	nackMessage  string
+	nackVersion  string
+}
+
+// StreamPolicies serves one sidecar. The handler goroutine supervises; one
+// goroutine receives and handles requests, one writes responses. The
+// handler returning is what ends the stream (and unblocks the other two),
+// so every reason to end it — the client leaving, a protocol error, a send
+// stuck on a client that does not read, inactivity, revocation, shutdown —
+// arrives here.
+func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscoveryRequest, discoveryv1.PolicyDiscoveryResponse]) error {
+	ctx := gs.Context()
+	who, err := s.authenticate(ctx)
+	if err != nil {
+		return statusOf(err)
+	}
+	st := &stream{
+		svc:         s,
+		id:          s.streamSeq.Add(1),
+		employee:    who.employee,
+		tokenScope:  who.identity,
+		connectedAt: s.now(),
+		wake:        make(chan struct{}, 1),
+		killed:      make(chan error, 1),
+	}
+	st.lastActive.Store(st.connectedAt.UnixNano())
+	if p, ok := peer.FromContext(ctx); ok {
+		st.peerAddr = p.Addr.String()
+	}
+	defer s.unregister(st)
+
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- st.receive(gs) }()
+	sendErr := make(chan error, 1)
+	done := make(chan struct{})
+	defer close(done)
+	go func() { sendErr <- st.write(gs, done) }()
+
+	// A client must send its first request promptly; until then the stream
+	// is in no tracker, so the inactivity flush cannot see it.
+	first := time.NewTimer(s.cfg.MaxClientInactive)
+	defer first.Stop()
+	for {
+		select {
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				// The client half-closed: it will send no more requests
+				// but may still read pushes (grpcurl does this). The
+				// stream stays until the client cancels or the
+				// inactivity flush ends it.
+				recvErr = nil
+				continue
+			}
+			if status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return statusOf(err)
+		case err := <-sendErr:
+			return statusOf(err)
+		case err := <-st.killed:
+			return err
+		case <-ctx.Done():
+			return nil
+		case <-first.C:
+			s.mu.Lock()
+			registered := st.registered
+			s.mu.Unlock()
+			if !registered {
+				return status.Errorf(codes.DeadlineExceeded, "no request within %v of opening the stream", s.cfg.MaxClientInactive)
+			}
+		}
+	}
+}
+
+// receive handles requests until the stream ends or one is invalid.
+func (st *stream) receive(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscoveryRequest, discoveryv1.PolicyDiscoveryResponse]) error {
+	for {
+		req, err := gs.Recv()
+		if err != nil {
+			return err
+		}
+		if err := st.svc.handle(st, req); err != nil {
+			return err
+		}
+	}
+}
+
+// write sends pending responses until done is closed or a send fails.
+func (st *stream) write(gs grpc.ServerStream, done <-chan struct{}) error {
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-st.wake:
+		}
+		r := st.take()
+		if r == nil {
+			continue
+		}
+		if err := st.send(gs, r); err != nil {
+			return err
+		}
+	}
+}
+
+func (st *stream) send(gs grpc.ServerStream, r *response) error {
+	s := st.svc
+	msg, kind := r.snap.full, "full"
+	if r.unchanged {
+		msg, kind = r.snap.unchangedResponse(), "unchanged"
+	}
+	// Recorded before the send: the client may answer before SendMsg
+	// returns, and its ACK must find this nonce as the latest.
+	st.mu.Lock()
+	if st.latestNonce != r.snap.nonce {
+		st.sent = append(st.sent, r.snap.nonce)
+		if len(st.sent) > sentNonces {
+			st.sent = st.sent[1:]
+		}
+	}
+	st.latestNonce = r.snap.nonce
+	if st.versionSent != r.snap.version || st.state == "" {
+		st.versionSent = r.snap.version
+		st.state = statePending
+		if st.versionAcked == r.snap.version {
+			st.state = stateAcked
+		}
+	}
+	st.mu.Unlock()
+
+	stuck := time.AfterFunc(s.cfg.SendTimeout, func() {
+		st.kill(status.Errorf(codes.ResourceExhausted, "client has not read for %v", s.cfg.SendTimeout))
+	})
+	err := gs.SendMsg(msg)
+	stuck.Stop()
+	if err != nil {
+		return err
+	}
+	s.metrics.responses.WithLabelValues(kind).Inc()
+	if r.push {
+		s.metrics.pushes.Inc()
+		if !r.snap.at.IsZero() {
+			s.metrics.pushLatency.Observe(time.Since(r.snap.at).Seconds())
+		}
+	}
+	return nil
+}
+
+// offer makes r the stream's next response, replacing any not yet sent:
+// only the newest matters.
+func (st *stream) offer(r *response) {
+	st.mu.Lock()
+	st.pending = r
+	st.mu.Unlock()
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (st *stream) take() *response {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	r := st.pending
+	st.pending = nil
+	return r
+}
+
+// kill ends the stream with err (the first reason wins).
+func (st *stream) kill(err error) {
+	select {
+	case st.killed <- err:
+	default:
+	}
+}
+
+// handle applies one request to the stream (DESIGN part 4's table).
+func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) error {
+	st.lastActive.Store(s.now().UnixNano())
+	if err := checkRequest(req); err != nil {
+		return err
+	}
+	scope, err := s.requestScope(st, req)
+	if err != nil {
+		return err
+	}
+
+	s.mu.Lock()
+	registered := st.registered
+	s.mu.Unlock()
+	if !registered {
+		st.clientAddr = req.GetClientAddress()
+		snap, err := s.register(st, scope)
+		if err != nil {
+			return err
+		}
+		s.logger.Debug("stream opened", "client", st.clientAddr, "scope", scope.String(), "peer", st.peerAddr,
+			"client_version", req.GetVersionInfo())
+		st.offer(&response{snap: snap, unchanged: req.GetVersionInfo() == snap.version})
+		return nil
+	}
+	if scope != st.scope {
+		return fmt.Errorf("%w: scope %s differs from the stream's %s; open a new stream to change it", errInvalid, scope, st.scope)
+	}
+	if req.GetClientAddress() != st.clientAddr {
+		return fmt.Errorf("%w: client_address changed on an open stream", errInvalid)
+	}
+
+	nonce := req.GetResponseNonce()
+	st.mu.Lock()
+	switch {
+	case nonce != "" && nonce == st.latestNonce:
+		if req.GetErrorDetail() != nil {
+			st.state = stateNacked
+			st.nackMessage = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
+			st.nackVersion = truncate(req.GetVersionInfo(), maxVersionInfo)
+			msg, version := st.nackMessage, st.versionSent
+			st.mu.Unlock()
+			s.metrics.nacks.Inc()
+			s.logger.Warn("sidecar rejected policy set", "client", st.clientAddr, "scope", st.scope.String(),
+				"version", version, "last_good_version", req.GetVersionInfo(), "error", msg)
+			return nil
+		}
+		if req.GetVersionInfo() == st.versionSent {
+			st.state = stateAcked
+			st.versionAcked = st.versionSent
+			st.mu.Unlock()
+			s.metrics.acks.Inc()
+			return nil
+		}
+		// Neither an ACK of what was sent nor a NACK: nothing to do.
+		st.mu.Unlock()
+		return nil
+	case nonce != "" && containsNonce(st.sent, nonce):
+		st.mu.Unlock()
+		return nil // superseded: the client will answer the newer response
+	}
+	st.mu.Unlock()
+	// Empty nonce (a fresh start on this stream) or one this stream never
+	// sent (another node's, or from before a restart).
+	snap := s.current(st.scope)
+	if snap == nil {
+		return status.Error(codes.Unavailable, "server shutting down")
+	}
+	st.offer(&response{snap: snap, unchanged: req.GetVersionInfo() == snap.version})
+	return nil
+}
+
+func checkRequest(req *discoveryv1.PolicyDiscoveryRequest) error {
+	switch {
+	case req.GetClientAddress() == "":
+		return fmt.Errorf("%w: client_address is required", errInvalid)
+	case len(req.GetClientAddress()) > maxClientAddress:
+		return fmt.Errorf("%w: client_address is longer than %d bytes", errInvalid, maxClientAddress)
+	case len(req.GetVersionInfo()) > maxVersionInfo:
+		return fmt.Errorf("%w: version_info is longer than %d bytes", errInvalid, maxVersionInfo)
+	case len(req.GetResponseNonce()) > maxVersionInfo:
+		return fmt.Errorf("%w: response_nonce is longer than %d bytes", errInvalid, maxVersionInfo)
+	}
+	return nil
+}
+
+// requestScope is the scope the request asks for, checked against the
+// caller's token.
+func (s *Service) requestScope(st *stream, req *discoveryv1.PolicyDiscoveryRequest) (policy.Identity, error) {
+	rs := req.GetScope()
+	asked := policy.Identity{Org: rs.GetOrg(), Team: rs.GetTeam(), Employee: rs.GetEmployee()}
+	if s.deps.Verifier != nil {
+		if asked != (policy.Identity{}) && asked != st.tokenScope {
+			return policy.Identity{}, status.Errorf(codes.PermissionDenied,
+				"scope %s does not match the token's identity %s", asked, st.tokenScope)
+		}
+		return st.tokenScope, nil
+	}
+	if asked.Org == "" && (asked.Team != "" || asked.Employee != "") {
+		return policy.Identity{}, fmt.Errorf("%w: a team or employee scope needs org", errInvalid)
+	}
+	for _, v := range []string{asked.Org, asked.Team, asked.Employee} {
+		if len(v) > maxClientAddress || !utf8.ValidString(v) {
+			return policy.Identity{}, fmt.Errorf("%w: scope fields must be valid UTF-8 of at most %d bytes", errInvalid, maxClientAddress)
+		}
+	}
+	return asked, nil
+}
+
+// authenticate checks the caller's token (auth.mode jwt) and resolves its
+// identity from the employee record. With auth.mode none it returns the
+// zero caller.
+func (s *Service) authenticate(ctx context.Context) (caller, error) {
+	if s.deps.Verifier == nil {
+		return caller{}, nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		return caller{}, auth.ErrNoCredentials
+	}
+	tok, err := auth.BearerToken(vals[0])
+	if err != nil {
+		return caller{}, err
+	}
+	claims, err := s.deps.Verifier.Verify(tok)
+	if err != nil {
+		return caller{}, err
+	}
+	id, err := auth.Identify(claims, func(id string) (*policy.Employee, error) {
+		e, err := s.deps.Store.GetEmployee(id)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		return e, err
+	})
+	if err != nil {
+		return caller{}, err
+	}
+	return caller{employee: id.Employee, identity: id}, nil
+}
+
+func (st *stream) info(node string) *clusterv1.ClientInfo {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return &clusterv1.ClientInfo{
+		NodeId:              node,
+		ClientAddress:       st.clientAddr,
+		Transport:           "grpc",
+		Org:                 st.scope.Org,
+		Team:                st.scope.Team,
+		Employee:            st.scope.Employee,
+		VersionSent:         st.versionSent,
+		State:               st.state,
+		VersionAcked:        st.versionAcked,
+		NackMessage:         st.nackMessage,
+		NackVersion:         st.nackVersion,
+		ConnectedAtUnixNano: st.connectedAt.UnixNano(),
+		LastActiveUnixNano:  st.lastActive.Load(),
+		PeerAddr:            st.peerAddr,
+	}
+}
+
+func containsNonce(sent []string, n string) bool {
+	for _, s := range sent {
+		if s == n {
+			return true
+		}
+	}
+	return false
+}
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence,
+// and replaces invalid UTF-8 (proto3 strings from a client may carry it).
+func truncate(s string, n int) string {
+	if !utf8.ValidString(s) {
+		s = string([]rune(s)) // invalid bytes become U+FFFD
+	}
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}

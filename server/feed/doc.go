@@ -1,0 +1,135 @@
+// Package feed is the WebSocket policy feed (DESIGN part 5, seed 002):
+// GET /ws/policies on the HTTP listener pushes, to every connected sidecar,
+// the policies that apply to its identity, as they are committed. The wire
+// contract (messages, close codes, parameters) is api/feed/v1.
+//
+// # Handshake
+//
+// A connection is authenticated before the upgrade; a rejected one gets a
+// plain HTTP response with the admin API's JSON error envelope
+// ({"error":{"code":…,"message":…}}), never a WebSocket:
+//
+//   - 400 invalid: not a WebSocket upgrade, an unparsable ?since=, or a token
+//     sent as the bearer.<jwt> subprotocol without also offering
+//     policyd.feed.v1 (see below);
+//   - 401 unauthorized: no token, a token that does not verify (signature,
+//     expiry, issuer, audience…), or an unknown employee;
+//   - 403 forbidden: an inactive employee, or a token whose org (or team,
+//     when it names one) differs from the employee record;
+//   - 503 unavailable: the node is shutting down.
+//
+// The mapping from errors to statuses lives in one function, statusOf.
+//
+// With auth.mode jwt the token comes from "Authorization: Bearer <jwt>" or,
+// for browsers, which cannot set headers, from a subprotocol
+// "bearer.<jwt>" in Sec-WebSocket-Protocol. A client that sends the token
+// that way must offer "policyd.feed.v1" as well: the server selects it, so
+// that the token is never echoed back in the response, and RFC 6455 (and
+// every browser) fails a handshake whose selected subprotocol was not
+// offered. The identity (org, team, employee) is always the employee
+// record's; the token only has to agree with it (auth.Identify).
+//
+// With auth.mode none (local development only) there is no token: the
+// connection names its employee with ?employee=<id>, and the record must
+// exist and be active. Anyone who can reach the listener can then read any
+// employee's policies: that mode must never be used in production.
+//
+// Origins are not checked: the feed has no ambient credentials (cookies),
+// every connection presents its token explicitly, so a cross-site page
+// gains nothing it could not get with the token anyway.
+//
+// # Delivery
+//
+// The node's change dispatcher calls OnChange for every committed batch,
+// in commit order, after the policy index (server/policyset) has taken it
+// in. The hub indexes its connections by org, team and employee; for each
+// policy change it looks up the connections any of the change's scopes (the
+// new one and, for a move, the old one) applies to, and sends each of them
+// upsert when the policy now applies to it, delete otherwise. A connection
+// therefore only ever hears about policies that apply, or applied, to its
+// identity: a policy moved out of its scope arrives as delete, one moved in
+// as upsert, and other tenants hear nothing. Each distinct message of a
+// batch is encoded once and its bytes shared by every connection that gets
+// it; the digest (the identity's policy-set version after the batch) is
+// part of the message, so the cache key is (message, digest).
+//
+// version is the Raft index of the change (for init, the index the set was
+// read at). A policy changed more than once in one batch is sent once, in
+// its current state, with the index of its first change in the batch, so
+// that versions only grow along a connection and a client whose last
+// message had version v holds, for every policy changed up to v, a state
+// at least as new as v's: that is what ?since= resumes from. Every
+// connection also remembers the index its state is complete up to and
+// skips changes at or below it, so a change that raced with the
+// connection's init is not sent twice.
+//
+// A batch that would put more messages in a connection's queue than it has
+// room for is sent as one fresh init instead. A Resync (snapshot restore,
+// or a dispatcher that fell behind) sends init to every connection, after
+// re-checking every employee.
+//
+// # Resuming with ?since=
+//
+// since is the version of the last message the client processed. When the
+// event log still holds every event after it (since >= the log's pruned-
+// through mark), the server replays only what the client missed, up to
+// the last change it has dispatched: each policy touched after since is
+// sent once, in that order and with the index of its first change after
+// since, as upsert (its latest state) if it applies now, or as delete if it
+// does not but applied at since or at some point after it; other tenants'
+// policies are never named. Whether a policy whose first change after since
+// was an update applied at since is read from its previous event, looked
+// for within replayLookback indexes before since. The server sends init
+// instead, which is always correct, when that cannot be established, when
+// the replay is long (more than maxReplayEvents events, or more messages
+// than half the send buffer), or when the employee record changed after
+// since (the identity may have moved). A since ahead of this node's
+// applied index (the client came from a node further ahead) waits up to
+// sinceWait for this node to catch up and then resumes from there; if it
+// does not catch up, init. Every replayed message carries the digest of
+// the set the replay ends at. A replay with nothing to send sends nothing:
+// the client keeps its set.
+//
+// # Employees
+//
+// An employee who is deactivated or deleted is revoked on every node, from
+// each node's own apply stream: each of its connections gets revoke and is
+// closed with 4403 (CloseRevoked), and a new connection is refused before
+// the upgrade (403 for inactive, 401 for deleted). An employee whose org or
+// team changes keeps its connections, re-indexed under the new identity,
+// and each gets a fresh init for it; the old identity's policies are gone
+// with that init. (A token that names the old org or team is refused on the
+// next connect: the sidecar needs a new token.)
+//
+// # Liveness and backpressure
+//
+// Each connection has one bounded send queue (feed.send_buffer messages)
+// and one writer goroutine that does every network write, each bounded by
+// feed.write_timeout. The broadcaster never blocks: a message that does not
+// fit in a full queue closes the connection with 4429 (CloseSlowConsumer);
+// the client reconnects and gets init (or a short replay). The writer also
+// sends ping every feed.ping_interval and closes with 4408
+// (ClosePongTimeout) when no pong arrived for two intervals. A close (the
+// reason, then the close handshake) gets at most min(write_timeout,
+// maxCloseGrace) before the socket is cut.
+//
+// A connection's reader accepts only text frames holding {"type":"pong"},
+// up to feed.max_message_bytes: a binary frame closes with 1003, invalid
+// JSON or another type with 4400 (CloseInvalidMessage), a frame over the
+// limit with 1009.
+//
+// CloseAll (server shutdown) refuses new connections with 503, closes every
+// connection with 1001 and returns when their goroutines have ended;
+// connections that do not complete the close handshake within
+// shutdownGrace are cut.
+//
+// # Observability
+//
+// Metrics: policy_ws_connections_total (gauge), policy_ws_connections_by_org
+// (gauge, label org), policy_broadcast_latency_ms (histogram: commit time of
+// the change to the message written to the socket) and
+// policy_broadcast_count (policy-carrying messages written: init, upsert,
+// delete). Clients lists the connections for GET /v1/clients; the feed has
+// no ACKs, so a WebSocket client is always reported "acked" for the last
+// version written to it.
+package feed

@@ -1,0 +1,553 @@
+package feed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/store"
+)
+
+const (
+	// shutdownGrace is how long CloseAll lets connections finish their close
+	// handshake before it cuts their sockets.
+	shutdownGrace = time.Second
+	// maxCloseGrace caps how long one connection's close (the final message
+	// and the close handshake) may take before its socket is cut.
+	maxCloseGrace = 2 * time.Second
+	// initCacheSize bounds the cache of encoded init messages.
+	initCacheSize = 1024
+)
+
+// Revocation reasons, sent in the revoke message and the 4403 close.
+const (
+	reasonDeactivated = "employee deactivated"
+	reasonDeleted     = "employee deleted"
+)
+
+// Deps is what the hub needs from its node.
+type Deps struct {
+	NodeID string
+	// Store is the local replica: employees, and the event log for
+	// ?since= replays.
+	Store *store.Store
+	// Policies is the in-memory policy index; it has taken in a change
+	// before OnChange is called with it.
+	Policies *policyset.Index
+	// Verifier checks tokens; nil means auth.mode none, where the
+	// connection names its employee with ?employee= (local development).
+	Verifier *auth.JWTVerifier
+	// Registry receives the feed's metrics; nil registers nothing.
+	Registry prometheus.Registerer
+}
+
+// teamKey names a team: team names are only unique within an org.
+type teamKey struct{ org, team string }
+
+// connSet is a set of connections.
+type connSet map[*conn]struct{}
+
+// Hub serves GET /ws/policies and pushes changes to its connections.
+type Hub struct {
+	cfg     config.Feed
+	logger  *slog.Logger
+	deps    Deps
+	metrics *metrics
+
+	// ctx ends when CloseAll starts; handshakes in progress watch it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	seq    atomic.Uint64 // connection counter, for client addresses
+
+	// mu guards everything below and the identity and base of every
+	// connection. OnChange holds it for a whole batch, so a connection
+	// attaches either before a batch or after it, never in the middle.
+	mu     sync.RWMutex
+	closed bool
+	// dispatched is the index of the last change OnChange has processed
+	// (initially the index the policy index was loaded at).
+	dispatched uint64
+	// live holds every attached connection until its handler ends; the
+	// indexes below only those that still receive messages.
+	live       connSet
+	all        connSet
+	byOrg      map[string]connSet
+	byTeam     map[teamKey]connSet
+	byEmployee map[string]connSet
+	initCache  map[*policyset.Set][]byte
+
+	wg         sync.WaitGroup // one per attached connection handler
+	closedDone chan struct{}  // closed when CloseAll has finished
+}
+
+// New builds a hub. Call Run to start delivering changes.
+func New(cfg config.Feed, logger *slog.Logger, deps Deps) (*Hub, error) {
+	switch {
+	case deps.Store == nil:
+		return nil, errors.New("feed: no store")
+	case deps.Policies == nil:
+		return nil, errors.New("feed: no policy index")
+	case cfg.PingInterval <= 0 || cfg.WriteTimeout <= 0 || cfg.SendBuffer < 1 || cfg.MaxMessageBytes < 1:
+		return nil, fmt.Errorf("feed: invalid configuration %+v", cfg)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(deps.Registry)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Hub{
+		cfg:        cfg,
+		logger:     logger,
+		deps:       deps,
+		metrics:    m,
+		ctx:        ctx,
+		cancel:     cancel,
+		dispatched: deps.Policies.Applied(),
+		live:       connSet{},
+		all:        connSet{},
+		byOrg:      map[string]connSet{},
+		byTeam:     map[teamKey]connSet{},
+		byEmployee: map[string]connSet{},
+		initCache:  map[*policyset.Set][]byte{},
+		closedDone: make(chan struct{}),
+	}, nil
+}
+
+// Run does the hub's background work until ctx ends, then closes every
+// connection (as CloseAll) and returns once they have ended. Connections
+// run their own writer goroutines; Run only bounds their lifetime.
+func (h *Hub) Run(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-h.ctx.Done():
+	}
+	h.CloseAll()
+}
+
+// CloseAll closes every connection (1001 going away) and refuses new ones
+// (503). It returns when every connection's goroutines have ended: those
+// that do not finish their close handshake within shutdownGrace have their
+// sockets cut. It is safe to call more than once and concurrently.
+func (h *Hub) CloseAll() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		<-h.closedDone
+		return
+	}
+	h.closed = true
+	conns := make([]*conn, 0, len(h.live))
+	for c := range h.live {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	h.cancel()
+
+	for _, c := range conns {
+		c.closeWith(websocket.StatusGoingAway, "server shutting down", nil)
+	}
+	if !waitTimeout(&h.wg, shutdownGrace) {
+		for _, c := range conns {
+			c.cut()
+		}
+		h.wg.Wait()
+	}
+	close(h.closedDone)
+	h.logger.Info("feed closed", "connections", len(conns))
+}
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// Clients lists this node's connections for GET /v1/clients.
+func (h *Hub) Clients() []*clusterv1.ClientInfo {
+	h.mu.RLock()
+	out := make([]*clusterv1.ClientInfo, 0, len(h.all))
+	for c := range h.all {
+		sent := c.sentDigest()
+		out = append(out, &clusterv1.ClientInfo{
+			NodeId:        h.deps.NodeID,
+			ClientAddress: c.addr,
+			Transport:     "ws",
+			Org:           c.ident.Org,
+			Team:          c.ident.Team,
+			Employee:      c.ident.Employee,
+			VersionSent:   sent,
+			// The feed has no ACKs: what was written is all the server
+			// knows, so it counts as acknowledged (a client that cannot
+			// apply a message logs it and carries on, see client/).
+			State:               "acked",
+			VersionAcked:        sent,
+			ConnectedAtUnixNano: c.connectedAt.UnixNano(),
+			LastActiveUnixNano:  c.lastPong.Load(),
+			PeerAddr:            c.peer,
+		})
+	}
+	h.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *clusterv1.ClientInfo) int { return strings.Compare(a.ClientAddress, b.ClientAddress) })
+	return out
+}
+
+// OnChange is called by the node's change dispatcher, in commit order, for
+// every committed batch. It must not block on the network, and does not:
+// it only encodes messages and queues them without waiting.
+func (h *Hub) OnChange(c store.Change) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dispatched = max(h.dispatched, c.Index)
+	if h.closed || len(h.all) == 0 {
+		return
+	}
+	b := newBatch(h, c)
+	if c.Resync {
+		h.resyncLocked(b)
+		return
+	}
+	// Employees first: a revoked connection must not get this batch's
+	// policies, and a moved one gets an init that already includes them.
+	for _, e := range c.Entities {
+		if e.Type == store.EntityEmployee {
+			h.employeeChangedLocked(b, e)
+		}
+	}
+	h.policiesChangedLocked(b, c)
+}
+
+// policiesChangedLocked sends upsert or delete to every connection a policy
+// change touches.
+func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
+	type item struct {
+		name  string
+		index uint64
+	}
+	var pending map[*conn][]item
+	for _, e := range c.Entities {
+		if e.Type != store.EntityPolicy {
+			continue
+		}
+		targets := h.targetsLocked(e.Scopes)
+		h.logger.Debug("policy broadcast", "action", e.Action, "policy", e.ID, "index", e.Index,
+			"scopes", scopeStrings(e.Scopes), "connections", len(targets))
+		for t := range targets {
+			if e.Index <= t.base {
+				continue // already in the state the connection was sent
+			}
+			if pending == nil {
+				pending = map[*conn][]item{}
+			}
+			// A policy changed more than once in a batch is sent once, in
+			// its current state, at its first change's place and index:
+			// versions stay in order, and a client whose last message had
+			// version v holds, for every policy changed up to v, a state
+			// at least as new as v's (what ?since= resumes from).
+			if !slices.ContainsFunc(pending[t], func(it item) bool { return it.name == e.ID }) {
+				pending[t] = append(pending[t], item{e.ID, e.Index})
+			}
+		}
+	}
+	for t, items := range pending {
+		msgs := make([]outMsg, 0, len(items))
+		for _, it := range items {
+			m, err := b.policyMessage(t.ident, it.name, it.index)
+			if err != nil {
+				h.failLocked(t, err)
+				msgs = nil
+				break
+			}
+			msgs = append(msgs, m)
+		}
+		if msgs != nil {
+			h.sendLocked(t, b, msgs)
+		}
+	}
+}
+
+// employeeChangedLocked revokes or re-initialises the connections of a
+// changed employee.
+func (h *Hub) employeeChangedLocked(b *batch, e store.EntityChange) {
+	conns := h.byEmployee[e.ID]
+	if len(conns) == 0 {
+		return
+	}
+	var emp *policy.Employee
+	if e.Action != store.ActionDelete {
+		var err error
+		// The store may be ahead of this batch; its current record is
+		// the one that counts (a later delete revokes now, not later).
+		if emp, err = h.lookup(e.ID); err != nil {
+			h.logger.Error("read changed employee", "employee", e.ID, "err", err)
+			return
+		}
+	}
+	h.employeeStateLocked(b, e.ID, emp, slices.Collect(maps.Keys(conns)))
+}
+
+// employeeStateLocked brings the connections of employee id in line with
+// its record emp (nil: deleted).
+func (h *Hub) employeeStateLocked(b *batch, id string, emp *policy.Employee, conns []*conn) {
+	switch {
+	case emp == nil:
+		for _, c := range conns {
+			h.revokeLocked(c, reasonDeleted)
+		}
+	case !emp.Active():
+		for _, c := range conns {
+			h.revokeLocked(c, reasonDeactivated)
+		}
+	default:
+		ident := emp.Identity()
+		for _, c := range conns {
+			if c.ident == ident {
+				continue
+			}
+			h.logger.Info("feed connection identity changed", "conn", c.addr, "employee", id,
+				"from", c.ident.String(), "to", ident.String())
+			h.unindexLocked(c)
+			c.ident = ident
+			h.indexLocked(c)
+			h.sendInitLocked(c, b.at)
+		}
+	}
+}
+
+// resyncLocked re-checks every connection's employee (the state may have
+// been replaced wholesale) and sends every remaining connection a fresh
+// init.
+func (h *Hub) resyncLocked(b *batch) {
+	byEmp := map[string][]*conn{}
+	for c := range h.all {
+		byEmp[c.ident.Employee] = append(byEmp[c.ident.Employee], c)
+	}
+	h.logger.Info("feed resync", "index", b.index, "connections", len(h.all))
+	for id, conns := range byEmp {
+		emp, err := h.lookup(id)
+		if err != nil {
+			h.logger.Error("read employee for resync", "employee", id, "err", err)
+			continue
+		}
+		if emp == nil || !emp.Active() {
+			h.employeeStateLocked(b, id, emp, conns)
+			continue
+		}
+		for _, c := range conns {
+			if ident := emp.Identity(); c.ident != ident {
+				h.unindexLocked(c)
+				c.ident = ident
+				h.indexLocked(c)
+			}
+			h.sendInitLocked(c, b.at)
+		}
+	}
+}
+
+// targetsLocked returns the connections any of scopes applies to, using the
+// narrowest index for each scope.
+func (h *Hub) targetsLocked(scopes []policy.Scope) connSet {
+	out := connSet{}
+	for _, s := range scopes {
+		var candidates connSet
+		switch {
+		case s.Employee != "":
+			candidates = h.byEmployee[s.Employee]
+		case s.Team != "":
+			candidates = h.byTeam[teamKey{s.Org, s.Team}]
+		case s.Org != "":
+			candidates = h.byOrg[s.Org]
+		default:
+			candidates = h.all
+		}
+		for c := range candidates {
+			if s.AppliesTo(c.ident) {
+				out[c] = struct{}{}
+			}
+		}
+	}
+	return out
+}
+
+// sendLocked queues msgs for c. A batch that does not fit in c's free queue
+// space is replaced by one init; a message that does not fit at all closes
+// c as a slow consumer. It never blocks.
+func (h *Hub) sendLocked(c *conn, b *batch, msgs []outMsg) {
+	if len(msgs) > 1 && len(msgs) > cap(c.queue)-len(c.queue) {
+		h.sendInitLocked(c, b.at)
+		return
+	}
+	for _, m := range msgs {
+		if !h.enqueueLocked(c, m) {
+			return
+		}
+	}
+}
+
+// enqueueLocked queues m for c, or drops c as a slow consumer. A closing
+// connection takes nothing more.
+func (h *Hub) enqueueLocked(c *conn, m outMsg) bool {
+	select {
+	case <-c.closing:
+		h.unindexLocked(c)
+		return false
+	default:
+	}
+	select {
+	case c.queue <- m:
+		return true
+	default:
+	}
+	h.logger.Warn("feed connection too slow, closing", "conn", c.addr, "employee", c.ident.Employee,
+		"org", c.ident.Org, "queued", len(c.queue))
+	h.unindexLocked(c)
+	c.closeWith(feedv1.CloseSlowConsumer, "send buffer full", nil)
+	return false
+}
+
+// sendInitLocked queues a fresh init for c's identity.
+func (h *Hub) sendInitLocked(c *conn, at time.Time) {
+	m, base, err := h.initLocked(c.ident, at)
+	if err != nil {
+		h.failLocked(c, err)
+		return
+	}
+	if h.enqueueLocked(c, m) {
+		c.base = max(c.base, base)
+	}
+}
+
+// initLocked builds the init message for ident and the index it is
+// complete up to.
+func (h *Hub) initLocked(ident policy.Identity, at time.Time) (outMsg, uint64, error) {
+	set := h.deps.Policies.Set(ident)
+	data, ok := h.initCache[set]
+	if !ok {
+		var err error
+		if data, err = encodeInit(set); err != nil {
+			return outMsg{}, 0, err
+		}
+		if len(h.initCache) >= initCacheSize {
+			clear(h.initCache)
+		}
+		h.initCache[set] = data
+	}
+	return outMsg{data: data, digest: set.Version, at: at, policy: true}, set.Index, nil
+}
+
+// revokeLocked sends revoke to c and closes it with 4403.
+func (h *Hub) revokeLocked(c *conn, reason string) {
+	h.logger.Info("feed connection revoked", "conn", c.addr, "employee", c.ident.Employee,
+		"org", c.ident.Org, "reason", reason)
+	h.unindexLocked(c)
+	data, err := encode(feedv1.Revoke{Type: feedv1.TypeRevoke, Reason: reason})
+	if err != nil {
+		data = nil // the close code says it all
+	}
+	c.closeWith(feedv1.CloseRevoked, reason, data)
+}
+
+// failLocked closes c after an internal error (a message that cannot be
+// encoded): better a reconnect than a client with a silently wrong set.
+func (h *Hub) failLocked(c *conn, err error) {
+	h.logger.Error("feed message failed, closing connection", "conn", c.addr, "err", err)
+	h.unindexLocked(c)
+	c.closeWith(websocket.StatusInternalError, "internal error", nil)
+}
+
+// indexLocked adds c to the indexes.
+func (h *Hub) indexLocked(c *conn) {
+	h.all[c] = struct{}{}
+	addTo(h.byOrg, c.ident.Org, c)
+	addTo(h.byTeam, teamKey{c.ident.Org, c.ident.Team}, c)
+	addTo(h.byEmployee, c.ident.Employee, c)
+	c.indexed = true
+	h.metrics.byOrg.WithLabelValues(c.ident.Org).Set(float64(len(h.byOrg[c.ident.Org])))
+}
+
+// unindexLocked removes c from the indexes, so it gets no more messages;
+// it stays live until its handler ends.
+func (h *Hub) unindexLocked(c *conn) {
+	if !c.indexed {
+		return
+	}
+	c.indexed = false
+	delete(h.all, c)
+	removeFrom(h.byOrg, c.ident.Org, c)
+	removeFrom(h.byTeam, teamKey{c.ident.Org, c.ident.Team}, c)
+	removeFrom(h.byEmployee, c.ident.Employee, c)
+	if n := len(h.byOrg[c.ident.Org]); n > 0 {
+		h.metrics.byOrg.WithLabelValues(c.ident.Org).Set(float64(n))
+	} else {
+		h.metrics.byOrg.DeleteLabelValues(c.ident.Org)
+	}
+}
+
+func addTo[K comparable](m map[K]connSet, k K, c *conn) {
+	s := m[k]
+	if s == nil {
+		s = connSet{}
+		m[k] = s
+	}
+	s[c] = struct{}{}
+}
+
+func removeFrom[K comparable](m map[K]connSet, k K, c *conn) {
+	if s := m[k]; s != nil {
+		delete(s, c)
+		if len(s) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// lookup reads an employee: (nil, nil) when there is none, as
+// auth.Identify expects.
+func (h *Hub) lookup(id string) (*policy.Employee, error) {
+	e, err := h.deps.Store.GetEmployee(id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	return e, err
+}
+
+func scopeStrings(scopes []policy.Scope) []string {
+	out := make([]string, len(scopes))
+	for i, s := range scopes {
+		if s.IsGlobal() {
+			out[i] = "global"
+		} else {
+			out[i] = s.String()
+		}
+	}
+	return out
+}

@@ -1,0 +1,298 @@
+package feed
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/policy"
+)
+
+// sinceWait is how long a handshake whose ?since= is ahead of this node
+// waits for the node to catch up before it settles for init.
+const sinceWait = 2 * time.Second
+
+// Handshake errors beyond auth's sentinels.
+var (
+	// errInvalid: the request is not a usable feed handshake (400).
+	errInvalid = errors.New("invalid feed request")
+	// errMethod: not a GET (405).
+	errMethod = errors.New("method not allowed")
+	// errClosing: the node is shutting down (503).
+	errClosing = errors.New("feed is shutting down")
+)
+
+// statusOf is the one mapping from handshake errors to the HTTP status and
+// the error envelope's code.
+func statusOf(err error) (int, string) {
+	switch {
+	case errors.Is(err, errInvalid):
+		return http.StatusBadRequest, "invalid"
+	case errors.Is(err, errMethod):
+		return http.StatusMethodNotAllowed, "invalid"
+	case errors.Is(err, errClosing):
+		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials),
+		errors.Is(err, auth.ErrUnknownEmployee):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, auth.ErrInactiveEmployee), errors.Is(err, auth.ErrForbidden):
+		return http.StatusForbidden, "forbidden"
+	default:
+		return http.StatusInternalServerError, "internal"
+	}
+}
+
+// envelope is the admin API's error body, reproduced for the feed's
+// pre-upgrade rejections.
+type envelope struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// reject answers a handshake that is refused before the upgrade.
+func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := statusOf(err)
+	switch status {
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", "1")
+	case http.StatusMethodNotAllowed:
+		w.Header().Set("Allow", http.MethodGet)
+	case http.StatusInternalServerError:
+		h.logger.Warn("feed handshake failed", "peer", r.RemoteAddr, "err", err)
+	}
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		h.logger.Debug("feed handshake refused", "peer", r.RemoteAddr, "status", status, "err", err)
+	}
+	var env envelope
+	env.Error.Code, env.Error.Message = code, err.Error()
+	body, _ := json.Marshal(env)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// handshake is an admitted request.
+type handshake struct {
+	ident policy.Identity
+	since uint64
+	// viaSubprotocol: the token came as bearer.<jwt>.
+	viaSubprotocol bool
+}
+
+// ServeHTTP upgrades GET /ws/policies. Everything that can refuse the
+// connection (the request's shape, the token, the employee record) is
+// checked before the upgrade, so a refusal is an HTTP status.
+func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hs, err := h.admit(r)
+	if err != nil {
+		h.reject(w, r, err)
+		return
+	}
+	rec := &hijackRecorder{ResponseWriter: w}
+	ws, err := websocket.Accept(rec, r, &websocket.AcceptOptions{
+		// Selected when the client offers it, which it must when it sends
+		// its token as a subprotocol: the token is never echoed.
+		Subprotocols: []string{feedv1.Subprotocol},
+		// No ambient credentials: see the package doc.
+		InsecureSkipVerify: true,
+	})
+	if err != nil {
+		// Accept has answered already.
+		h.logger.Debug("feed upgrade failed", "peer", r.RemoteAddr, "err", err)
+		return
+	}
+	h.serve(newConn(h, ws, rec.conn, r.RemoteAddr, hs.ident), hs.since)
+}
+
+// admit checks a handshake request and resolves its identity.
+func (h *Hub) admit(r *http.Request) (handshake, error) {
+	var hs handshake
+	if h.ctx.Err() != nil {
+		return hs, errClosing
+	}
+	if r.Method != http.MethodGet {
+		return hs, fmt.Errorf("%w: %s %s: only GET", errMethod, r.Method, r.URL.Path)
+	}
+	if err := checkUpgrade(r); err != nil {
+		return hs, err
+	}
+	q := r.URL.Query()
+	if s := q.Get(feedv1.QuerySince); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return hs, fmt.Errorf("%w: %s=%q is not a version (a Raft index)", errInvalid, feedv1.QuerySince, s)
+		}
+		hs.since = v
+	}
+
+	var err error
+	if h.deps.Verifier == nil {
+		hs.ident, err = h.identifyByQuery(q.Get(feedv1.QueryEmployee))
+	} else {
+		hs.ident, hs.viaSubprotocol, err = h.identifyByToken(r)
+	}
+	if err != nil {
+		return hs, err
+	}
+	if hs.viaSubprotocol && !offersSubprotocol(r, feedv1.Subprotocol) {
+		return hs, fmt.Errorf("%w: a token sent as the %s<jwt> subprotocol needs the %q subprotocol offered too",
+			errInvalid, feedv1.SubprotocolPrefix, feedv1.Subprotocol)
+	}
+
+	if hs.since > h.deps.Store.AppliedIndex() {
+		// The client saw a version this node has not applied yet (it was
+		// on a node further ahead): give the node a moment to catch up.
+		ctx, cancel := context.WithTimeout(r.Context(), sinceWait)
+		stop := context.AfterFunc(h.ctx, cancel)
+		err := h.deps.Store.WaitApplied(ctx, hs.since)
+		stop()
+		cancel()
+		if err != nil {
+			h.logger.Debug("feed resume ahead of this node, sending init", "since", hs.since,
+				"applied", h.deps.Store.AppliedIndex(), "err", err)
+			hs.since = 0
+		}
+	}
+	return hs, nil
+}
+
+// identifyByToken verifies the request's JWT and resolves the employee.
+func (h *Hub) identifyByToken(r *http.Request) (policy.Identity, bool, error) {
+	token, viaSub := "", false
+	if hdr := r.Header.Get("Authorization"); hdr != "" {
+		t, err := auth.BearerToken(hdr)
+		if err != nil {
+			return policy.Identity{}, false, err
+		}
+		token = t
+	} else {
+		for _, p := range headerTokens(r.Header, "Sec-WebSocket-Protocol") {
+			if len(p) > len(feedv1.SubprotocolPrefix) && strings.EqualFold(p[:len(feedv1.SubprotocolPrefix)], feedv1.SubprotocolPrefix) {
+				token, viaSub = p[len(feedv1.SubprotocolPrefix):], true
+				break
+			}
+		}
+		if token == "" {
+			return policy.Identity{}, false, fmt.Errorf("%w: send Authorization: Bearer <jwt>, or the subprotocol %s<jwt>",
+				auth.ErrNoCredentials, feedv1.SubprotocolPrefix)
+		}
+	}
+	claims, err := h.deps.Verifier.Verify(token)
+	if err != nil {
+		return policy.Identity{}, false, err
+	}
+	id, err := auth.Identify(claims, h.lookup)
+	return id, viaSub, err
+}
+
+// identifyByQuery resolves ?employee= (auth.mode none, local development).
+func (h *Hub) identifyByQuery(id string) (policy.Identity, error) {
+	if id == "" {
+		return policy.Identity{}, fmt.Errorf("%w: auth.mode is none: name the employee with ?%s=<id>",
+			auth.ErrNoCredentials, feedv1.QueryEmployee)
+	}
+	emp, err := h.lookup(id)
+	switch {
+	case err != nil:
+		return policy.Identity{}, fmt.Errorf("look up employee %q: %w", id, err)
+	case emp == nil:
+		return policy.Identity{}, fmt.Errorf("employee %q: %w", id, auth.ErrUnknownEmployee)
+	case !emp.Active():
+		return policy.Identity{}, fmt.Errorf("employee %q has status %q: %w", id, emp.Status, auth.ErrInactiveEmployee)
+	}
+	return emp.Identity(), nil
+}
+
+// checkUpgrade refuses requests that are not a WebSocket handshake the
+// library would accept, so that they get the error envelope too.
+func checkUpgrade(r *http.Request) error {
+	switch {
+	case !r.ProtoAtLeast(1, 1):
+		return fmt.Errorf("%w: a WebSocket handshake needs HTTP/1.1, not %s", errInvalid, r.Proto)
+	case !hasToken(r.Header, "Connection", "upgrade") || !hasToken(r.Header, "Upgrade", "websocket"):
+		return fmt.Errorf("%w: %s is a WebSocket endpoint: send a WebSocket upgrade request", errInvalid, feedv1.Path)
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		return fmt.Errorf("%w: Sec-WebSocket-Version %q is not supported, only 13", errInvalid, r.Header.Get("Sec-WebSocket-Version"))
+	}
+	keys := r.Header.Values("Sec-WebSocket-Key")
+	if len(keys) != 1 {
+		return fmt.Errorf("%w: want exactly one Sec-WebSocket-Key", errInvalid)
+	}
+	if k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(keys[0])); err != nil || len(k) != 16 {
+		return fmt.Errorf("%w: Sec-WebSocket-Key is not 16 base64-encoded bytes", errInvalid)
+	}
+	return nil
+}
+
+func offersSubprotocol(r *http.Request, want string) bool {
+	return hasToken(r.Header, "Sec-WebSocket-Protocol", want)
+}
+
+func hasToken(h http.Header, key, token string) bool {
+	for _, t := range headerTokens(h, key) {
+		if strings.EqualFold(t, token) {
+			return true
+		}
+	}
+	return false
+}
+
+// headerTokens splits every value of a comma-separated header.
+func headerTokens(h http.Header, key string) []string {
+	var out []string
+	for _, v := range h[textproto.CanonicalMIMEHeaderKey(key)] {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
+// serve runs an upgraded connection until it ends: the handler goroutine
+// reads, a second goroutine writes.
+func (h *Hub) serve(c *conn, since uint64) {
+	mode, ident, ok := h.attach(c, since)
+	if !ok {
+		// The hub closed during the handshake.
+		c.closeWith(websocket.StatusGoingAway, "server shutting down", nil)
+		c.writeLoop()
+		return
+	}
+	defer h.wg.Done()
+	h.metrics.connections.Inc()
+	h.logger.Info("feed connection opened", "conn", c.addr, "employee", ident.Employee,
+		"org", ident.Org, "team", ident.Team, "since", since, "sync", mode)
+
+	go c.writeLoop()
+	c.readLoop()
+	<-c.writerDone
+
+	h.mu.Lock()
+	h.unindexLocked(c)
+	delete(h.live, c)
+	ident = c.ident
+	h.mu.Unlock()
+	h.metrics.connections.Dec()
+	h.logger.Info("feed connection closed", "conn", c.addr, "employee", ident.Employee,
+		"org", ident.Org, "code", int(c.closeCode), "reason", c.closeReason,
+		"duration", time.Since(c.connectedAt).Round(time.Millisecond))
+}

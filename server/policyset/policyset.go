@@ -1,0 +1,200 @@
+// Package policyset keeps every policy of the local replica in memory, as
+// stored, and answers "which policies apply to this identity, at which
+// version" without reading the database. The discovery stream and the
+// WebSocket feed both serve from it, so a sidecar sees the same set and the
+// same version (DESIGN part 2) whichever transport it uses.
+//
+// The node's change dispatcher calls Update for every committed batch before
+// it tells the listeners, so a listener that reacts to a change always reads
+// a set that includes it. Sets are computed once per identity and cached
+// until a change touches that identity's scope.
+package policyset
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store"
+)
+
+// maxCached bounds the per-identity cache; past it the cache starts over.
+// Identities come and go with connections, so an unbounded map would only
+// grow.
+const maxCached = 16384
+
+// Set is the policies that apply to one identity. It is immutable once
+// returned and may be shared.
+type Set struct {
+	Identity policy.Identity
+	// Version is the policy-set version, equal to store.PolicySet's.
+	Version string
+	// Index is the applied index of the last change the index had taken in
+	// when the set was computed.
+	Index uint64
+	// Policies apply to Identity, sorted by name.
+	Policies []store.RawPolicy
+}
+
+// Index is the in-memory copy. Safe for concurrent use.
+type Index struct {
+	st *store.Store
+
+	mu     sync.RWMutex
+	byName map[string]store.RawPolicy
+	names  []string // sorted
+	index  uint64
+	cache  map[policy.Identity]*Set
+}
+
+// New loads every policy from st.
+func New(st *store.Store) (*Index, error) {
+	x := &Index{st: st}
+	if err := x.reload(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+func (x *Index) reload() error {
+	all, index, err := x.st.RawPolicies()
+	if err != nil {
+		return fmt.Errorf("load policies: %w", err)
+	}
+	names := make([]string, 0, len(all))
+	for n := range all {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.byName, x.names, x.index = all, names, index
+	x.cache = map[policy.Identity]*Set{}
+	return nil
+}
+
+// Update takes in one committed batch. It re-reads the policies the batch
+// touched (their current stored state, which may already include later
+// batches; those are taken in again when their own change arrives) and drops
+// the cached sets of every identity whose scope the batch touched.
+func (x *Index) Update(c store.Change) error {
+	if c.Resync {
+		if err := x.reload(); err != nil {
+			return err
+		}
+		x.mu.Lock()
+		x.index = max(x.index, c.Index)
+		x.mu.Unlock()
+		return nil
+	}
+	var names []string
+	var scopes []policy.Scope
+	for _, e := range c.Entities {
+		if e.Type == store.EntityPolicy {
+			names = append(names, e.ID)
+			scopes = append(scopes, e.Scopes...)
+		}
+	}
+	if len(names) == 0 {
+		x.mu.Lock()
+		x.index = max(x.index, c.Index)
+		x.mu.Unlock()
+		return nil
+	}
+	fresh, _, err := x.st.RawPolicies(names...)
+	if err != nil {
+		return fmt.Errorf("read changed policies: %w", err)
+	}
+
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	resort := false
+	for _, n := range names {
+		rp, ok := fresh[n]
+		_, had := x.byName[n]
+		switch {
+		case ok:
+			x.byName[n] = rp
+			// Re-reading the current state can find a scope the batch did
+			// not mention (a later batch moved it); its own change will
+			// invalidate for that scope, so only the batch's scopes count.
+			resort = resort || !had
+		case had:
+			delete(x.byName, n)
+			resort = true
+		}
+	}
+	if resort {
+		x.names = x.names[:0]
+		for n := range x.byName {
+			x.names = append(x.names, n)
+		}
+		slices.Sort(x.names)
+	}
+	x.index = max(x.index, c.Index)
+	for id := range x.cache {
+		if Affects(scopes, id) {
+			delete(x.cache, id)
+		}
+	}
+	return nil
+}
+
+// Affects reports whether a change to policies with the given scopes can
+// change the set of identity id.
+func Affects(scopes []policy.Scope, id policy.Identity) bool {
+	for _, s := range scopes {
+		if s.AppliesTo(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// Set returns the policies that apply to id, computed at most once per
+// change that affects id.
+func (x *Index) Set(id policy.Identity) *Set {
+	x.mu.RLock()
+	s, ok := x.cache[id]
+	x.mu.RUnlock()
+	if ok {
+		return s
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if s, ok := x.cache[id]; ok {
+		return s
+	}
+	s = &Set{Identity: id, Index: x.index}
+	h := store.NewSetHash()
+	for _, n := range x.names {
+		rp := x.byName[n]
+		if !rp.Policy.Scope.AppliesTo(id) {
+			continue
+		}
+		h.Add(n, rp.Stored)
+		s.Policies = append(s.Policies, rp)
+	}
+	s.Version = h.Sum()
+	if len(x.cache) >= maxCached {
+		x.cache = map[policy.Identity]*Set{}
+	}
+	x.cache[id] = s
+	return s
+}
+
+// Get returns one policy as stored.
+func (x *Index) Get(name string) (store.RawPolicy, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	rp, ok := x.byName[name]
+	return rp, ok
+}
+
+// Applied is the index of the last change taken in.
+func (x *Index) Applied() uint64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.index
+}

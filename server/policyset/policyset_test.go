@@ -1,0 +1,110 @@
+package policyset
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/store"
+)
+
+// TestIndexMatchesStore is a property test: after random batches of policy
+// writes, moves and deletes, the index's set and version for every identity
+// equal what store.PolicySet reads from the database, which the REST API
+// serves. A stale cache entry or a missed invalidation shows up here.
+func TestIndexMatchesStore(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	logger := slog.New(slog.DiscardHandler)
+	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	fsm := raftfsm.New(st, logger)
+	sub := st.Subscribe()
+	defer sub.Close()
+	x, err := New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	scopes := []policy.Scope{{}, {Org: "a"}, {Org: "b"}, {Org: "a", Team: "t"}, {Org: "a", Team: "u"},
+		{Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Employee: "e2"}, {Org: "b", Team: "t"}}
+	identities := []policy.Identity{{}, {Org: "a"}, {Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Team: "u", Employee: "e2"},
+		{Org: "b", Team: "t", Employee: "e3"}, {Org: "c", Employee: "e4"}}
+	next := uint64(1)
+	for round := range 60 {
+		var logs []*raft.Log
+		for range 1 + rng.IntN(4) {
+			name := fmt.Sprintf("p%d", rng.IntN(8))
+			var cmd *commandv1.Command
+			if rng.IntN(4) == 0 {
+				cmd, err = raftfsm.DeletePolicy(name, nil)
+			} else {
+				spec, _ := json.Marshal(map[string]any{"tool_name": "Bash", "action": "deny", "reason": fmt.Sprint(rng.IntN(3))})
+				cmd, err = raftfsm.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scopes[rng.IntN(len(scopes))], Spec: spec}, nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.ProcessedAtUnixNano = time.Now().UnixNano()
+			data, err := proto.Marshal(cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs = append(logs, &raft.Log{Index: next, Term: 1, Type: raft.LogCommand, Data: data})
+			next++
+		}
+		fsm.ApplyBatch(logs) // deleting a missing policy is a business error: fine here
+		// Read sets before the update too, so stale cache entries exist to
+		// be invalidated.
+		for _, id := range identities {
+			x.Set(id)
+		}
+		for _, c := range sub.Next() {
+			if err := x.Update(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, id := range identities {
+			want, err := st.PolicySet(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := x.Set(id)
+			var gotNames, wantNames []string
+			for _, p := range got.Policies {
+				gotNames = append(gotNames, p.Policy.Name)
+			}
+			for _, p := range want.Policies {
+				wantNames = append(wantNames, p.Name)
+			}
+			if got.Version != want.Version || !slices.Equal(gotNames, wantNames) {
+				t.Fatalf("round %d, identity %s: index has %v (%.8s), store has %v (%.8s)", round, id, gotNames, got.Version, wantNames, want.Version)
+			}
+		}
+	}
+	if x.Applied() != next-1 {
+		t.Fatalf("Applied() = %d, want %d", x.Applied(), next-1)
+	}
+	if _, ok := x.Get("nonexistent"); ok {
+		t.Fatal("Get of a missing policy succeeded")
+	}
+}
