@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,6 +99,43 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 		}
 	}
 	return c, nil
+}
+
+// startReady starts a cluster of nodes nodes from env (extraEnv comes before
+// env.nodeEnv, so -node-env wins) and waits for it to be ready. It returns the
+// cluster, its leader and stop, which the caller must defer as stop(&err)
+// with its named result err: stop stops the cluster, adds a stop failure to
+// err, and prints the node logs when err is set and ctx has not ended (an
+// interrupted run is not a failure whose logs are worth reading), or when
+// alsoDump (may be nil) reports true. When startReady fails, the cluster has
+// been stopped already.
+func startReady(ctx context.Context, env *runEnv, nodes int, alsoDump func() bool, extraEnv ...string) (
+	cl *cluster, leader string, stop func(errp *error), err error,
+) {
+	env.logf("starting a %d-node cluster in %s", nodes, env.workDir)
+	cl, err = startCluster(clusterSpec{binary: env.binary, dir: env.workDir, nodes: nodes,
+		logLevel: env.nodeLogLevel, env: slices.Concat(extraEnv, env.nodeEnv)})
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("start cluster: %w", err)
+	}
+	stop = func(errp *error) {
+		env.logf("stopping the cluster")
+		if stopErr := cl.stop(); stopErr != nil {
+			*errp = errors.Join(*errp, fmt.Errorf("stop cluster: %w", stopErr))
+		}
+		if *errp != nil && ctx.Err() == nil || alsoDump != nil && alsoDump() {
+			cl.dumpLogs(env.stderr)
+		}
+	}
+
+	readyStart := time.Now()
+	if leader, err = cl.waitReady(ctx, env.readyTimeout); err != nil {
+		err = fmt.Errorf("wait for the cluster: %w", err)
+		stop(&err)
+		return nil, "", nil, err
+	}
+	env.logf("cluster ready in %v, leader %s", time.Since(readyStart).Round(time.Millisecond), leader)
+	return cl, leader, stop, nil
 }
 
 // config renders nd's YAML config file. Keys are config.Config's mapstructure

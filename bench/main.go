@@ -8,10 +8,22 @@
 //
 //	go run ./bench <scenario> [flags]
 //	go run ./bench writes -writers 100 -duration 20s -out results.jsonl
+//	go run ./bench propagation -streams 1000 -ws 1000 -writes 50
+//	go run ./bench propagation -nodes 1 -streams 0 -ws 10000 -writes 20
+//	go run ./bench idle-memory -streams 1000 -ws 1000
 //
 // Scenarios:
 //
-//	writes  write throughput and commit latency (PUT /v1/policies/{name})
+//	writes       write throughput and commit latency (PUT /v1/policies/{name})
+//	propagation  latency from a PUT's ack to every connected sidecar (gRPC
+//	             discovery streams and WebSocket feed connections) holding it
+//	idle-memory  a node's RSS and Go heap per idle gRPC stream and per idle
+//	             WebSocket connection
+//
+// The sidecar scenarios (sidecars.go) run thousands of simulated sidecars in
+// bench's own process, which shares the machine's CPUs with the nodes: their
+// latencies include bench's scheduling delay, so compare them with the
+// nodes' own histograms (server_p50/p99_ms_le) before blaming the server.
 //
 // A scenario lives in its own file and is listed in scenarios() below; it
 // registers its own flags next to the common ones (-binary, -keep, -out,
@@ -69,6 +81,8 @@ type runner interface {
 func scenarios() []scenario {
 	return []scenario{
 		writesScenario(),
+		propagationScenario(),
+		idleMemoryScenario(),
 	}
 }
 
@@ -237,7 +251,7 @@ func printUsage(w io.Writer, all []scenario) {
 	fmt.Fprintln(w, "usage: go run ./bench <scenario> [flags]   (go run ./bench <scenario> -h for its flags)")
 	fmt.Fprintln(w, "scenarios:")
 	for _, s := range all {
-		fmt.Fprintf(w, "  %-8s %s\n", s.name, s.summary)
+		fmt.Fprintf(w, "  %-12s %s\n", s.name, s.summary)
 	}
 }
 

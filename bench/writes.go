@@ -89,30 +89,12 @@ func (c *writesConfig) validate() error {
 // including a write that did not get a 2xx.
 func (c *writesConfig) run(ctx context.Context, env *runEnv) (err error) {
 	cfg := *c
-	env.logf("starting a %d-node cluster in %s", writesNodes, env.workDir)
-	cl, err := startCluster(clusterSpec{binary: env.binary, dir: env.workDir, nodes: writesNodes,
-		logLevel: env.nodeLogLevel, env: env.nodeEnv})
-	if err != nil {
-		return fmt.Errorf("start cluster: %w", err)
-	}
 	writeErrors := false
-	defer func() {
-		env.logf("stopping the cluster")
-		if stopErr := cl.stop(); stopErr != nil {
-			err = errors.Join(err, fmt.Errorf("stop cluster: %w", stopErr))
-		}
-		// An interrupted run is not a failure whose logs are worth reading.
-		if err != nil && ctx.Err() == nil || writeErrors {
-			cl.dumpLogs(env.stderr)
-		}
-	}()
-
-	readyStart := time.Now()
-	leader, err := cl.waitReady(ctx, env.readyTimeout)
+	cl, leader, stop, err := startReady(ctx, env, writesNodes, func() bool { return writeErrors })
 	if err != nil {
-		return fmt.Errorf("wait for the cluster: %w", err)
+		return err
 	}
-	env.logf("cluster ready in %v, leader %s", time.Since(readyStart).Round(time.Millisecond), leader)
+	defer stop(&err)
 
 	client := newLoadClient(cfg.writers, writesNodes, cfg.timeout)
 	defer client.CloseIdleConnections()

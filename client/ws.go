@@ -114,11 +114,11 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 			c.logger.Debug("ignoring a binary feed frame", "bytes", len(data))
 			continue
 		}
-		var m feedv1.Message
-		if err := json.Unmarshal(data, &m); err != nil {
+		m, err := decodeFeedMessage(data)
+		if err != nil {
 			// A message we cannot read may be a change we would miss:
 			// reconnect, and the replay brings it again.
-			return synced, fmt.Errorf("undecodable feed message: %w", err)
+			return synced, err
 		}
 		done, err := w.handle(sctx, conn, &m, server)
 		if err != nil {
@@ -131,13 +131,19 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 	}
 }
 
+// decodeFeedMessage decodes one text frame of the feed.
+func decodeFeedMessage(data []byte) (feedv1.Message, error) {
+	var m feedv1.Message
+	if err := json.Unmarshal(data, &m); err != nil {
+		return feedv1.Message{}, fmt.Errorf("undecodable feed message: %w", err)
+	}
+	return m, nil
+}
+
 // handle processes one message. synced reports that the client now holds a
 // set from this connection.
 func (w *wsTransport) handle(ctx context.Context, conn *websocket.Conn, m *feedv1.Message, server string) (synced bool, err error) {
-	c := w.c
-	set, held, index, has := c.snapshot()
-	switch m.Type {
-	case feedv1.TypePing:
+	if m.Type == feedv1.TypePing {
 		b, _ := json.Marshal(feedv1.Pong{Type: feedv1.TypePong})
 		wctx, cancel := context.WithTimeout(ctx, maxHealthTimeout)
 		defer cancel()
@@ -145,6 +151,17 @@ func (w *wsTransport) handle(ctx context.Context, conn *websocket.Conn, m *feedv
 			return false, fmt.Errorf("send pong: %w", err)
 		}
 		return false, nil
+	}
+	return w.c.applyFeed(m, server)
+}
+
+// applyFeed applies one feed message other than ping to the client's state.
+// It needs no connection, so that what a server sends can be fuzzed against
+// the state apart from the socket; handle is its only caller. synced
+// reports that the client now holds a set from this connection.
+func (c *Client) applyFeed(m *feedv1.Message, server string) (synced bool, err error) {
+	set, held, index, has := c.snapshot()
+	switch m.Type {
 	case feedv1.TypeRevoke:
 		return false, &revokedError{reason: m.Reason}
 	case feedv1.TypeInit:

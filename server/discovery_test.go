@@ -630,6 +630,23 @@ func TestDiscoveryClientsAndRolloutAcrossNodes(t *testing.T) {
 	if !slices.Equal(nodes, []string{"node1", "node2", "node3"}) {
 		t.Fatalf("/v1/clients lists streams on %v, want one on each node", nodes)
 	}
+	// Every node counts its own streams, pushes and ACKs.
+	for _, n := range c.running() {
+		body := string(apiFor(t, n).do(http.MethodGet, "/metrics", nil, nil).body)
+		for _, want := range []string{
+			fmt.Sprintf(`policyd_discovery_streams{node=%q,scope="ro//"} 1`, n.ID()),
+			fmt.Sprintf(`policyd_discovery_pushes_total{node=%q} `, n.ID()),
+			fmt.Sprintf(`policyd_discovery_push_latency_seconds_count{node=%q} `, n.ID()),
+			fmt.Sprintf(`policyd_discovery_acks_total{node=%q} `, n.ID()),
+		} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s /metrics lacks %q", n.ID(), want)
+			}
+		}
+		if strings.Contains(body, fmt.Sprintf(`policyd_discovery_acks_total{node=%q} 0`, n.ID())) {
+			t.Errorf("%s counted no ACKs", n.ID())
+		}
+	}
 	if r := lapi.do(http.MethodGet, "/v1/rollout?wait=forever", nil, nil); r.status != http.StatusBadRequest {
 		t.Fatalf("rollout?wait=forever: %d, want 400", r.status)
 	}

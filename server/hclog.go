@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"slices"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -40,7 +42,7 @@ func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off {
 		return
 	}
-	a.l.Log(context.Background(), toSlogLevel(level), msg, args...)
+	a.l.Log(context.Background(), toSlogLevel(level), msg, renderFormats(args)...)
 }
 
 func (a *hclogAdapter) Trace(msg string, args ...any) { a.Log(hclog.Trace, msg, args...) }
@@ -110,4 +112,26 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	}
 	w.a.Info(msg)
 	return len(p), nil
+}
+
+// renderFormats expands hclog.Fmt values (raft logs its configuration with
+// them), which slog would otherwise print as the raw format and arguments.
+// The caller's slice is never modified.
+func renderFormats(args []any) []any {
+	out := args
+	for i, v := range args {
+		f, ok := v.(hclog.Format)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		format, ok := f[0].(string)
+		if !ok {
+			continue
+		}
+		if &out[0] == &args[0] {
+			out = slices.Clone(args)
+		}
+		out[i] = fmt.Sprintf(format, f[1:]...)
+	}
+	return out
 }

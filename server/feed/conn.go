@@ -182,21 +182,33 @@ func (c *conn) readLoop() {
 			c.readFailed(err)
 			return
 		}
-		if typ != websocket.MessageText {
-			c.closeWith(websocket.StatusUnsupportedData, "binary frames are not accepted", nil)
-			return
-		}
-		var m clientMessage
-		if err := json.Unmarshal(data, &m); err != nil {
-			c.closeWith(feedv1.CloseInvalidMessage, "invalid JSON message", nil)
-			return
-		}
-		if m.Type != feedv1.TypePong {
-			c.closeWith(feedv1.CloseInvalidMessage, fmt.Sprintf("unexpected message type %q", m.Type), nil)
+		if code, reason, ok := classifyFrame(typ, data); !ok {
+			c.closeWith(code, reason, nil)
 			return
 		}
 		c.lastPong.Store(time.Now().UnixNano())
 	}
+}
+
+// classifyFrame decides what a frame the client sent means: ok for a pong,
+// otherwise the close code and reason to end the connection with. It is
+// pure (no connection, no clock) so that the decoding of untrusted frames
+// can be fuzzed apart from the socket; readLoop is its only caller. The
+// reason already fits a close frame.
+func classifyFrame(typ websocket.MessageType, data []byte) (code websocket.StatusCode, reason string, ok bool) {
+	if typ != websocket.MessageText {
+		return websocket.StatusUnsupportedData, "binary frames are not accepted", false
+	}
+	var m clientMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return feedv1.CloseInvalidMessage, "invalid JSON message", false
+	}
+	if m.Type != feedv1.TypePong {
+		// The type is the client's text, of any length: cut here too, not
+		// only in closeWith, so the result stands on its own.
+		return feedv1.CloseInvalidMessage, truncateReason(fmt.Sprintf("unexpected message type %q", m.Type)), false
+	}
+	return 0, "", true
 }
 
 // readFailed turns the error that ended the read loop into the close.

@@ -127,33 +127,23 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 	if h.ctx.Err() != nil {
 		return hs, errClosing
 	}
-	if r.Method != http.MethodGet {
-		return hs, fmt.Errorf("%w: %s %s: only GET", errMethod, r.Method, r.URL.Path)
-	}
-	if err := checkUpgrade(r); err != nil {
+	req, err := parseRequest(r, h.deps.Verifier != nil)
+	if err != nil {
 		return hs, err
 	}
-	q := r.URL.Query()
-	if s := q.Get(feedv1.QuerySince); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return hs, fmt.Errorf("%w: %s=%q is not a version (a Raft index)", errInvalid, feedv1.QuerySince, s)
-		}
-		hs.since = v
-	}
-
-	var err error
+	hs.since, hs.viaSubprotocol = req.since, req.viaSubprotocol
 	if h.deps.Verifier == nil {
-		hs.ident, err = h.identifyByQuery(q.Get(feedv1.QueryEmployee))
+		hs.ident, err = h.identifyByQuery(req.employee)
 	} else {
-		hs.ident, hs.viaSubprotocol, err = h.identifyByToken(r)
+		hs.ident, err = h.identifyByToken(req.token)
 	}
 	if err != nil {
 		return hs, err
 	}
-	if hs.viaSubprotocol && !offersSubprotocol(r, feedv1.Subprotocol) {
-		return hs, fmt.Errorf("%w: a token sent as the %s<jwt> subprotocol needs the %q subprotocol offered too",
-			errInvalid, feedv1.SubprotocolPrefix, feedv1.Subprotocol)
+	// After the token is verified, so that a bad token is a 401 whatever
+	// subprotocols were offered.
+	if err := checkSubprotocol(r, hs.viaSubprotocol); err != nil {
+		return hs, err
 	}
 
 	if hs.since > h.deps.Store.AppliedIndex() {
@@ -173,33 +163,82 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 	return hs, nil
 }
 
-// identifyByToken verifies the request's JWT and resolves the employee.
-func (h *Hub) identifyByToken(r *http.Request) (policy.Identity, bool, error) {
-	token, viaSub := "", false
+// request is what a handshake asks for, read from the request alone.
+type request struct {
+	since    uint64
+	employee string // ?employee= (auth.mode none)
+	token    string // the JWT (auth.mode jwt)
+	// viaSubprotocol: the token came as bearer.<jwt>.
+	viaSubprotocol bool
+}
+
+// parseRequest checks the shape of a handshake request (method, upgrade
+// headers, ?since=) and reads its credential: the token when withToken
+// (auth.mode jwt), else ?employee=, which identifyByQuery checks. It looks
+// nothing up and verifies nothing, so that the parsing of what a client
+// controls can be fuzzed without a hub; admit is its only caller.
+func parseRequest(r *http.Request, withToken bool) (request, error) {
+	var req request
+	if r.Method != http.MethodGet {
+		return req, fmt.Errorf("%w: %s %s: only GET", errMethod, r.Method, r.URL.Path)
+	}
+	if err := checkUpgrade(r); err != nil {
+		return req, err
+	}
+	q := r.URL.Query()
+	if s := q.Get(feedv1.QuerySince); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return req, fmt.Errorf("%w: %s=%q is not a version (a Raft index)", errInvalid, feedv1.QuerySince, s)
+		}
+		req.since = v
+	}
+	if !withToken {
+		req.employee = q.Get(feedv1.QueryEmployee)
+		return req, nil
+	}
+	var err error
+	req.token, req.viaSubprotocol, err = requestToken(r)
+	return req, err
+}
+
+// requestToken reads the JWT from "Authorization: Bearer <jwt>" or, when
+// there is no Authorization header, from a bearer.<jwt> subprotocol.
+func requestToken(r *http.Request) (token string, viaSubprotocol bool, err error) {
 	if hdr := r.Header.Get("Authorization"); hdr != "" {
 		t, err := auth.BearerToken(hdr)
 		if err != nil {
-			return policy.Identity{}, false, err
+			return "", false, err
 		}
-		token = t
-	} else {
-		for _, p := range headerTokens(r.Header, "Sec-WebSocket-Protocol") {
-			if len(p) > len(feedv1.SubprotocolPrefix) && strings.EqualFold(p[:len(feedv1.SubprotocolPrefix)], feedv1.SubprotocolPrefix) {
-				token, viaSub = p[len(feedv1.SubprotocolPrefix):], true
-				break
-			}
-		}
-		if token == "" {
-			return policy.Identity{}, false, fmt.Errorf("%w: send Authorization: Bearer <jwt>, or the subprotocol %s<jwt>",
-				auth.ErrNoCredentials, feedv1.SubprotocolPrefix)
+		return t, false, nil
+	}
+	for _, p := range headerTokens(r.Header, "Sec-WebSocket-Protocol") {
+		if len(p) > len(feedv1.SubprotocolPrefix) && strings.EqualFold(p[:len(feedv1.SubprotocolPrefix)], feedv1.SubprotocolPrefix) {
+			return p[len(feedv1.SubprotocolPrefix):], true, nil
 		}
 	}
+	return "", false, fmt.Errorf("%w: send Authorization: Bearer <jwt>, or the subprotocol %s<jwt>",
+		auth.ErrNoCredentials, feedv1.SubprotocolPrefix)
+}
+
+// checkSubprotocol refuses a token sent as bearer.<jwt> without the feed's
+// subprotocol offered: the server would have nothing to select but the
+// token, and must never echo it.
+func checkSubprotocol(r *http.Request, viaSubprotocol bool) error {
+	if viaSubprotocol && !offersSubprotocol(r, feedv1.Subprotocol) {
+		return fmt.Errorf("%w: a token sent as the %s<jwt> subprotocol needs the %q subprotocol offered too",
+			errInvalid, feedv1.SubprotocolPrefix, feedv1.Subprotocol)
+	}
+	return nil
+}
+
+// identifyByToken verifies a JWT and resolves the employee.
+func (h *Hub) identifyByToken(token string) (policy.Identity, error) {
 	claims, err := h.deps.Verifier.Verify(token)
 	if err != nil {
-		return policy.Identity{}, false, err
+		return policy.Identity{}, err
 	}
-	id, err := auth.Identify(claims, h.lookup)
-	return id, viaSub, err
+	return auth.Identify(claims, h.lookup)
 }
 
 // identifyByQuery resolves ?employee= (auth.mode none, local development).

@@ -1,0 +1,219 @@
+package feed
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
+
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
+)
+
+// Run longer with:
+//
+//	go test ./server/feed/ -run '^$' -fuzz '^FuzzClientFrame$' -fuzztime 60s
+//	go test ./server/feed/ -run '^$' -fuzz '^FuzzHandshake$' -fuzztime 60s
+
+// FuzzClientFrame feeds arbitrary frames to classifyFrame, the decoder of
+// everything a client sends: it never panics, accepts exactly a pong, and
+// any other frame gets the documented close code (1003 for binary, 4400
+// otherwise) with a reason that fits a close frame.
+func FuzzClientFrame(f *testing.F) {
+	for _, text := range []string{
+		`{"type":"pong"}`,
+		` {"type" : "pong", "extra": [1, {"x": null}]} `,
+		`{"TYPE":"pong"}`,
+		`{"type":"\u0070ong"}`,
+		`{"type":"ping"}`,
+		`{"type":"PONG"}`,
+		`{"type":"pong","type":"ping"}`,
+		`{"type":1}`,
+		`{"type":1,"type":"pong"}`,
+		`{"type":"pong","type":null}`,
+		`{}`,
+		`null`,
+		`[]`,
+		`"pong"`,
+		`{"type":"pong"`,
+		`{"type":"pong"} {}`,
+		`{"type":"` + strings.Repeat("é", 200) + `"}`,
+		"{\"type\":\"\xff\xfe\"}",
+		"",
+	} {
+		f.Add(false, []byte(text))
+	}
+	f.Add(true, []byte(`{"type":"pong"}`))
+	f.Add(true, []byte{0x00, 0xff})
+	f.Fuzz(func(t *testing.T, binary bool, data []byte) {
+		typ := websocket.MessageText
+		if binary {
+			typ = websocket.MessageBinary
+		}
+		code, reason, ok := classifyFrame(typ, data)
+		if want := !binary && isPong(data); ok != want {
+			t.Fatalf("classifyFrame(%v, %q) ok = %v, want %v (close %d %q)", typ, data, ok, want, code, reason)
+		}
+		if ok {
+			if code != 0 || reason != "" {
+				t.Fatalf("accepted %q with close %d %q", data, code, reason)
+			}
+			return
+		}
+		wantCode := websocket.StatusCode(feedv1.CloseInvalidMessage)
+		if binary {
+			wantCode = websocket.StatusUnsupportedData
+		}
+		if code != wantCode {
+			t.Fatalf("classifyFrame(%v, %q) close code %d, want %d", typ, data, code, wantCode)
+		}
+		if reason == "" || len(reason) > maxReasonBytes || !utf8.ValidString(reason) {
+			t.Fatalf("close reason %q (%d bytes) does not fit a close frame", reason, len(reason))
+		}
+	})
+}
+
+// isPong is the fuzz oracle for a pong, written apart from classifyFrame
+// after encoding/json's rules: a JSON object whose "type" members (names
+// matched case-insensitively, later ones winning, null leaving the value as
+// it was, anything but a string or null an error) leave "pong".
+func isPong(data []byte) bool {
+	if !json.Valid(data) {
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	typ := ""
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return false
+		}
+		if name, _ := tok.(string); !strings.EqualFold(name, "type") || string(raw) == "null" {
+			continue
+		}
+		if err := json.Unmarshal(raw, &typ); err != nil {
+			return false
+		}
+	}
+	return typ == feedv1.TypePong
+}
+
+// FuzzHandshake builds handshake requests from fuzzed method, query and
+// headers and runs what admit does before any lookup (parseRequest, then
+// checkSubprotocol), in both auth modes: it never panics, what it accepts
+// is a WebSocket upgrade with the parameters it read, and what it refuses
+// is a 4xx (never the 500 of an unclassified error) answered by reject with
+// the error envelope.
+func FuzzHandshake(f *testing.F) {
+	const key = "dGhlIHNhbXBsZSBub25jZQ=="
+	// method, query, Sec-WebSocket-Protocol, Authorization, Connection,
+	// Upgrade, Sec-WebSocket-Key; a "\n" in a header separates values sent
+	// as separate header lines, an empty one leaves the header out.
+	f.Add("GET", "", "", "Bearer abc.def.ghi", "Upgrade", "websocket", key)
+	f.Add("GET", "since=42", "", "Bearer abc.def.ghi", "keep-alive, Upgrade", "WebSocket", key)
+	f.Add("GET", "since=18446744073709551615&employee=alice", "", "", "upgrade", "websocket", key)
+	f.Add("GET", "since=18446744073709551616", "", "Bearer x", "Upgrade", "websocket", key)
+	f.Add("GET", "since=-1", "", "Bearer x", "Upgrade", "websocket", key)
+	f.Add("GET", "since=%zz;employee=%", "", "", "Upgrade", "websocket", key)
+	f.Add("GET", "", "policyd.feed.v1, bearer.abc.def.ghi", "", "Upgrade", "websocket", key)
+	f.Add("GET", "", "BEARER.abc\npolicyd.feed.v1", "", "Upgrade", "websocket", key)
+	f.Add("GET", "", "bearer.abc.def.ghi", "", "Upgrade", "websocket", key)
+	f.Add("GET", "", "bearer., ,bearer", "", "Upgrade", "websocket", key)
+	f.Add("GET", "", "", "Basic dXNlcjpwYXNz", "Upgrade", "websocket", key)
+	f.Add("GET", "", "", "Bearer ", "Upgrade", "websocket", key)
+	f.Add("GET", "", "", "", "close", "websocket", key)
+	f.Add("GET", "", "", "Bearer x", "Upgrade", "h2c", key)
+	f.Add("GET", "", "", "Bearer x", "Upgrade", "websocket", "")
+	f.Add("GET", "", "", "Bearer x", "Upgrade", "websocket", key+"\n"+key)
+	f.Add("GET", "", "", "Bearer x", "Upgrade", "websocket", "c2hvcnQ=")
+	f.Add("POST", "", "", "Bearer x", "Upgrade", "websocket", key)
+	f.Add("", "\x00", "\xff,\xfe", "\xff", "\xff", "\xff", "\xff")
+	hub := &Hub{logger: slog.New(slog.DiscardHandler)}
+	f.Fuzz(func(t *testing.T, method, query, protocol, authorization, connection, upgrade, wsKey string) {
+		r := httptest.NewRequest(http.MethodGet, feedv1.Path, nil)
+		r.Method = method
+		r.URL.RawQuery = query
+		for name, v := range map[string]string{
+			"Sec-WebSocket-Protocol": protocol,
+			"Authorization":          authorization,
+			"Connection":             connection,
+			"Upgrade":                upgrade,
+			"Sec-WebSocket-Key":      wsKey,
+		} {
+			if v == "" {
+				continue
+			}
+			for line := range strings.SplitSeq(v, "\n") {
+				r.Header.Add(name, line)
+			}
+		}
+		r.Header.Set("Sec-WebSocket-Version", "13")
+
+		for _, withToken := range []bool{false, true} {
+			req, err := parseRequest(r, withToken)
+			if err == nil {
+				checkAdmitted(t, r, req, withToken)
+				err = checkSubprotocol(r, req.viaSubprotocol)
+			}
+			if err == nil {
+				continue
+			}
+			status, _ := statusOf(err)
+			if status < 400 || status >= 500 {
+				t.Fatalf("withToken %v: %v maps to status %d, want a 4xx", withToken, err, status)
+			}
+			w := httptest.NewRecorder()
+			hub.reject(w, r, err)
+			var env envelope
+			if w.Code != status || json.Unmarshal(w.Body.Bytes(), &env) != nil || env.Error.Code == "" || env.Error.Message == "" {
+				t.Fatalf("withToken %v: %v answered %d %q, want %d with an error envelope", withToken, err, w.Code, w.Body, status)
+			}
+		}
+	})
+}
+
+// checkAdmitted checks what parseRequest accepted against the request.
+func checkAdmitted(t *testing.T, r *http.Request, req request, withToken bool) {
+	t.Helper()
+	if r.Method != http.MethodGet {
+		t.Fatalf("accepted method %q", r.Method)
+	}
+	if err := checkUpgrade(r); err != nil {
+		t.Fatalf("accepted a request checkUpgrade refuses: %v", err)
+	}
+	q := r.URL.Query()
+	if s := q.Get(feedv1.QuerySince); s != "" {
+		if v, err := strconv.ParseUint(s, 10, 64); err != nil || v != req.since {
+			t.Fatalf("since=%q read as %d", s, req.since)
+		}
+	} else if req.since != 0 {
+		t.Fatalf("no since, read as %d", req.since)
+	}
+	if !withToken {
+		if req.token != "" || req.viaSubprotocol || req.employee != q.Get(feedv1.QueryEmployee) {
+			t.Fatalf("auth.mode none read %+v", req)
+		}
+		return
+	}
+	switch {
+	case req.token == "" || req.employee != "":
+		t.Fatalf("auth.mode jwt read %+v", req)
+	case req.viaSubprotocol && (r.Header.Get("Authorization") != "" || strings.Contains(req.token, ",")):
+		t.Fatalf("token %q taken from the subprotocol of %v", req.token, r.Header)
+	case !req.viaSubprotocol && r.Header.Get("Authorization") == "":
+		t.Fatalf("token %q without an Authorization header", req.token)
+	}
+}
