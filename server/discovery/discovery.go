@@ -215,14 +215,21 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	for _, g := range affected {
 		set := s.deps.Policies.Set(g.id)
 		s.mu.Lock()
-		if s.groups[g.id] != g || g.snap.version == set.Version {
-			s.mu.Unlock()
+		unchanged := s.groups[g.id] != g || g.snap.version == set.Version
+		s.mu.Unlock()
+		if unchanged {
 			continue // emptied meanwhile, or the change left this scope's set as it was
 		}
+		// Encoded outside the lock: only this goroutine replaces an
+		// existing group's snapshot, so nothing can race it in between.
 		snap, err := s.newSnapshot(set, c.At)
 		if err != nil {
-			s.mu.Unlock()
 			s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
+			continue
+		}
+		s.mu.Lock()
+		if s.groups[g.id] != g {
+			s.mu.Unlock()
 			continue
 		}
 		g.snap = snap
