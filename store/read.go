@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"math"
@@ -204,6 +205,17 @@ func (s *Store) GetEmployee(id string) (*policy.Employee, error) {
 		return nil, err
 	}
 	return &e, nil
+}
+
+// FindEmployee returns the employee, or (nil, nil) when there is none: the
+// lookup auth.Identify takes, where an unknown employee is not a storage
+// error.
+func (s *Store) FindEmployee(id string) (*policy.Employee, error) {
+	e, err := s.GetEmployee(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	return e, err
 }
 
 // ListEmployees returns employees, optionally only those of org (and team),

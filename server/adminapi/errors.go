@@ -24,17 +24,35 @@ func badRequest(msg string) error {
 	return &apiError{status: http.StatusBadRequest, code: "invalid", msg: msg}
 }
 
-type envelope struct {
+// Envelope is the body of every error response policyd's HTTP listener
+// sends: {"error": {"code", "message"}} (DESIGN part 9).
+type Envelope struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
 }
 
-func errorBody(code, msg string) envelope {
-	var e envelope
+func errorBody(code, msg string) Envelope {
+	var e Envelope
 	e.Error.Code, e.Error.Message = code, msg
 	return e
+}
+
+// WriteError answers with status and the error envelope, plus the headers
+// that status calls for. The admin API and the WebSocket feed's refused
+// handshakes both answer through it.
+func WriteError(w http.ResponseWriter, status int, code, msg string) {
+	switch status {
+	case http.StatusServiceUnavailable:
+		// Long enough for an election to finish.
+		w.Header().Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, status, errorBody(code, msg))
 }
 
 // statusOf is the one mapping from errors to HTTP status and envelope code.
@@ -64,13 +82,6 @@ func statusOf(err error) (int, string) {
 
 func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := statusOf(err)
-	switch status {
-	case http.StatusServiceUnavailable:
-		// Long enough for an election to finish.
-		w.Header().Set("Retry-After", "1")
-	case http.StatusUnauthorized:
-		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
-	}
 	switch {
 	case status == http.StatusServiceUnavailable:
 		// Expected during elections and start-up (readiness probes); not
@@ -79,5 +90,5 @@ func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case status >= 500:
 		a.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 	}
-	writeJSON(w, status, errorBody(code, err.Error()))
+	WriteError(w, status, code, err.Error())
 }

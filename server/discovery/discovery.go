@@ -47,7 +47,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -261,9 +260,9 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 	}
 	s.mu.Unlock()
 	for _, st := range check {
-		e, err := s.deps.Store.GetEmployee(st.employee)
+		e, err := s.deps.Store.FindEmployee(st.employee)
 		switch {
-		case errors.Is(err, store.ErrNotFound) || (err == nil && !e.Active()):
+		case err == nil && (e == nil || !e.Active()):
 			s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
 			st.kill(status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated"))
 		case err != nil:
@@ -326,6 +325,31 @@ func (s *Service) Clients() []*clusterv1.ClientInfo {
 // register adds st, serving scope id, and returns the scope's current
 // snapshot.
 func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
+	// The first stream of a scope needs that scope's snapshot. It is encoded
+	// before taking the lock, so that a storm of reconnecting sidecars, each
+	// with its own scope, does not serialise on encoding; see registerLocked
+	// for why a snapshot encoded outside the lock is still current.
+	var set *policyset.Set
+	var fresh *snapshot
+	for {
+		g, err := s.registerLocked(st, id, set, fresh)
+		if g != nil || err != nil {
+			return g, err
+		}
+		set = s.deps.Policies.Set(id)
+		if fresh, err = s.newSnapshot(set, time.Time{}); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// registerLocked adds st to scope id's group. When the group does not exist
+// yet it is created with fresh, provided fresh was encoded from set and set
+// is still the index's current set for id (the index returns the same *Set
+// until a change invalidates it, and the dispatcher invalidates before it
+// pushes, so a stale set is detected here or the group is refreshed by the
+// push that follows). Otherwise it returns nil and the caller encodes.
+func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot) (*snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -338,11 +362,10 @@ func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
 	}
 	g := s.groups[id]
 	if g == nil {
-		snap, err := s.newSnapshot(s.deps.Policies.Set(id), time.Time{})
-		if err != nil {
-			return nil, err
+		if fresh == nil || s.deps.Policies.Set(id) != set {
+			return nil, nil
 		}
-		g = &group{id: id, snap: snap, streams: map[*stream]struct{}{}}
+		g = &group{id: id, snap: fresh, streams: map[*stream]struct{}{}}
 		s.groups[id] = g
 	}
 	g.streams[st] = struct{}{}

@@ -20,7 +20,6 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/store"
 )
 
 // Limits on what a request may carry. gRPC's max receive size bounds the
@@ -389,13 +388,7 @@ func (s *Service) authenticate(ctx context.Context) (caller, error) {
 	if err != nil {
 		return caller{}, err
 	}
-	id, err := auth.Identify(claims, func(id string) (*policy.Employee, error) {
-		e, err := s.deps.Store.GetEmployee(id)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, nil
-		}
-		return e, err
-	})
+	id, err := auth.Identify(claims, s.deps.Store.FindEmployee)
 	if err != nil {
 		return caller{}, err
 	}

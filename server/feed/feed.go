@@ -307,7 +307,7 @@ func (h *Hub) employeeChangedLocked(b *batch, e store.EntityChange) {
 		var err error
 		// The store may be ahead of this batch; its current record is
 		// the one that counts (a later delete revokes now, not later).
-		if emp, err = h.lookup(e.ID); err != nil {
+		if emp, err = h.deps.Store.FindEmployee(e.ID); err != nil {
 			h.logger.Error("read changed employee", "employee", e.ID, "err", err)
 			return
 		}
@@ -353,7 +353,7 @@ func (h *Hub) resyncLocked(b *batch) {
 	}
 	h.logger.Info("feed resync", "index", b.index, "connections", len(h.all))
 	for id, conns := range byEmp {
-		emp, err := h.lookup(id)
+		emp, err := h.deps.Store.FindEmployee(id)
 		if err != nil {
 			h.logger.Error("read employee for resync", "employee", id, "err", err)
 			continue
@@ -528,16 +528,6 @@ func removeFrom[K comparable](m map[K]connSet, k K, c *conn) {
 			delete(m, k)
 		}
 	}
-}
-
-// lookup reads an employee: (nil, nil) when there is none, as
-// auth.Identify expects.
-func (h *Hub) lookup(id string) (*policy.Employee, error) {
-	e, err := h.deps.Store.GetEmployee(id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil
-	}
-	return e, err
 }
 
 func scopeStrings(scopes []policy.Scope) []string {

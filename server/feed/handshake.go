@@ -3,7 +3,6 @@ package feed
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/adminapi"
 )
 
 // sinceWait is how long a handshake whose ?since= is ahead of this node
@@ -53,23 +53,10 @@ func statusOf(err error) (int, string) {
 	}
 }
 
-// envelope is the admin API's error body, reproduced for the feed's
-// pre-upgrade rejections.
-type envelope struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
 // reject answers a handshake that is refused before the upgrade.
 func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := statusOf(err)
 	switch status {
-	case http.StatusUnauthorized:
-		w.Header().Set("WWW-Authenticate", `Bearer realm="policyd"`)
-	case http.StatusServiceUnavailable:
-		w.Header().Set("Retry-After", "1")
 	case http.StatusMethodNotAllowed:
 		w.Header().Set("Allow", http.MethodGet)
 	case http.StatusInternalServerError:
@@ -78,14 +65,7 @@ func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusUnauthorized || status == http.StatusForbidden {
 		h.logger.Debug("feed handshake refused", "peer", r.RemoteAddr, "status", status, "err", err)
 	}
-	var env envelope
-	env.Error.Code, env.Error.Message = code, err.Error()
-	body, _ := json.Marshal(env)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	adminapi.WriteError(w, status, code, err.Error())
 }
 
 // handshake is an admitted request.
@@ -238,7 +218,7 @@ func (h *Hub) identifyByToken(token string) (policy.Identity, error) {
 	if err != nil {
 		return policy.Identity{}, err
 	}
-	return auth.Identify(claims, h.lookup)
+	return auth.Identify(claims, h.deps.Store.FindEmployee)
 }
 
 // identifyByQuery resolves ?employee= (auth.mode none, local development).
@@ -247,7 +227,7 @@ func (h *Hub) identifyByQuery(id string) (policy.Identity, error) {
 		return policy.Identity{}, fmt.Errorf("%w: auth.mode is none: name the employee with ?%s=<id>",
 			auth.ErrNoCredentials, feedv1.QueryEmployee)
 	}
-	emp, err := h.lookup(id)
+	emp, err := h.deps.Store.FindEmployee(id)
 	switch {
 	case err != nil:
 		return policy.Identity{}, fmt.Errorf("look up employee %q: %w", id, err)
