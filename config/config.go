@@ -54,6 +54,57 @@ type Config struct {
 	Forward   Forwarder `mapstructure:"forward"`
 	Discovery Discovery `mapstructure:"discovery"`
 	Feed      Feed      `mapstructure:"feed"`
+	// Kubernetes is the API server connection shared by reload and drift.
+	Kubernetes Kubernetes `mapstructure:"kubernetes"`
+	Reload     Reload     `mapstructure:"reload"`
+	Drift      Drift      `mapstructure:"drift"`
+}
+
+// TLS is one listener's (or the Raft transport's) certificate set. Empty
+// CertFile and KeyFile: plain TCP. ClientCAFile set: clients must present a
+// certificate signed by one of its CAs (mutual TLS). The files are re-read on
+// SIGHUP and when they change.
+type TLS struct {
+	CertFile     string `mapstructure:"cert_file"`
+	KeyFile      string `mapstructure:"key_file"`
+	ClientCAFile string `mapstructure:"client_ca_file"`
+}
+
+// Enabled reports whether the listener serves TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
+
+// Kubernetes is how the reload controller and the drift webhook reach the
+// API server.
+type Kubernetes struct {
+	// Kubeconfig is a kubeconfig file; empty = in-cluster configuration.
+	Kubeconfig string `mapstructure:"kubeconfig"`
+}
+
+// Reload configures the ConfigMap reload controller (run by the Raft leader).
+type Reload struct {
+	Enabled bool `mapstructure:"enabled"`
+	// Namespace watched for ConfigMaps and Deployments.
+	Namespace string `mapstructure:"namespace"`
+	// Selector (key=value) picks the ConfigMaps and the Deployments.
+	Selector string `mapstructure:"selector"`
+	// ScopeLabel is the label whose value ties a ConfigMap to Deployments.
+	ScopeLabel string `mapstructure:"scope_label"`
+	// Debounce is the minimum time between two restarts of one scope.
+	Debounce time.Duration `mapstructure:"debounce"`
+	// AnnotationPrefix prefixes restartedAt and config-hash-<cm>.
+	AnnotationPrefix string `mapstructure:"annotation_prefix"`
+}
+
+// Drift configures the drift-detection admission webhook (every node).
+type Drift struct {
+	// Addr is the HTTPS listener for /admission/drift; empty = not served.
+	Addr             string `mapstructure:"addr"`
+	TLS              TLS    `mapstructure:"tls"`
+	AnnotationPrefix string `mapstructure:"annotation_prefix"`
+	// Mode is the default for drift: enforce (deny) or log (allow, warn).
+	Mode string `mapstructure:"mode"`
+	// Callbacks receive a DriftReport POST per drift (sent by the leader).
+	Callbacks []string `mapstructure:"callbacks"`
 }
 
 // Log configures the process logger.
@@ -66,12 +117,14 @@ type Log struct {
 type HTTP struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // what peers and clients dial; empty = addr
+	TLS       TLS    `mapstructure:"tls"`
 }
 
 // GRPC is the listener for sidecar discovery and the internal cluster API.
 type GRPC struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // empty = addr
+	TLS       TLS    `mapstructure:"tls"`
 }
 
 // Peer is one member of the initial cluster.
@@ -84,6 +137,10 @@ type Peer struct {
 type Raft struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // empty = addr
+	// TLS secures the Raft transport; with ClientCAFile, peers authenticate
+	// each other (mutual TLS) and a node without a valid certificate can
+	// neither join nor replicate.
+	TLS TLS `mapstructure:"tls"`
 	// Bootstrap forms the initial cluster from Peers when the node has no
 	// Raft state yet. With no peers, the node bootstraps a single-node
 	// cluster of itself. A node meant to join an existing cluster sets
@@ -204,6 +261,17 @@ func Default() Config {
 			SendBuffer:      64,
 			WriteTimeout:    10 * time.Second,
 			MaxMessageBytes: 4096,
+		},
+		Reload: Reload{
+			Namespace:        "default",
+			Selector:         "app=helloworld",
+			ScopeLabel:       "env",
+			Debounce:         5 * time.Second,
+			AnnotationPrefix: "policyd.io",
+		},
+		Drift: Drift{
+			AnnotationPrefix: "policyd.io",
+			Mode:             "log",
 		},
 	}
 }

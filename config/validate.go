@@ -59,6 +59,9 @@ func (c *Config) Validate() error {
 	}
 
 	c.validateJWT(&p)
+	c.validateTLS(&p)
+	c.validateReload(&p)
+	c.validateDrift(&p)
 
 	seenKinds := map[string]int{}
 	for i, k := range c.Policy.ExtraKinds {

@@ -24,6 +24,12 @@ step "tools"
 tools_bin="$(hack/tools.sh)"
 export PATH="$tools_bin:$PATH"
 
+# envtest's kube-apiserver and etcd, built once from the Go module proxy and
+# cached under ~/.cache/kubeenv (several minutes the first time on 2 cores).
+step "kube-apiserver and etcd for envtest"
+KUBEBUILDER_ASSETS="$(hack/kube-bins.sh)"
+export KUBEBUILDER_ASSETS
+
 step "go mod download"
 go mod download
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# kube-bins.sh: build (once) and cache kube-apiserver and etcd for the tests
+# (envtest) and for bench's etcd comparison. hack/test.sh calls it.
+#
+# Prints the cache directory holding the binaries; use it as KUBEBUILDER_ASSETS:
+#   export KUBEBUILDER_ASSETS="$(hack/kube-bins.sh)"
+#
+# Everything comes from the Go module proxy (no GitHub / dl.k8s.io downloads).
+# The cache dir is keyed by k8s version, etcd version, Go version and GOOS/GOARCH,
+# so a version bump builds into a fresh dir and old dirs can be deleted safely.
+set -euo pipefail
+
+KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"       # k8s.io/kubernetes tag; staging modules use v0.<minor>.<patch>
+ETCD_VERSION="${ETCD_VERSION:-v3.6.4}"        # go.etcd.io/etcd/server/v3 tag
+CACHE_ROOT="${KUBEENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubeenv}"
+
+GOVER="$(go env GOVERSION)"
+PLAT="$(go env GOOS)_$(go env GOARCH)"
+KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_${GOVER}_${PLAT}"
+DEST="$CACHE_ROOT/$KEY"
+
+if [[ -f "$DEST/.complete" ]]; then echo "$DEST"; exit 0; fi
+
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.lock"
+flock 9                                   # serialize concurrent builders on one machine
+if [[ -f "$DEST/.complete" ]]; then echo "$DEST"; exit 0; fi
+
+WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+export GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0   # static binaries; -mod=mod lets tidy write go.sum
+
+kv="${KUBE_VERSION#v}"; major="${kv%%.*}"; rest="${kv#*.}"; minor="${rest%%.*}"
+staging="v0.${kv#*.}"                       # v1.34.4 -> v0.34.4
+
+# --- kube-apiserver -----------------------------------------------------------
+mkdir -p "$WORK/kube" "$WORK/etcd" "$WORK/out"
+kmod="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')"
+{
+  printf 'module kubeenv/tools/kube\n\ngo 1.24.0\n\n'
+  grep -m1 '^godebug ' "$kmod" || true     # keep k8s's GODEBUG defaults (e.g. default=go1.24)
+  printf '\ntool k8s.io/kubernetes/cmd/kube-apiserver\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
+  # k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/src/...; map them to released tags.
+  grep -E '=> \./staging/' "$kmod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
+  printf ')\n'
+} > "$WORK/kube/go.mod"
+ld="-s -w"
+for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+  ld+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+done
+( cd "$WORK/kube" && go mod tidy >&2 && \
+  go build -trimpath -ldflags "$ld" -o "$WORK/out/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2 )
+
+# --- etcd ---------------------------------------------------------------------
+printf 'module kubeenv/tools/etcd\n\ngo 1.24.0\n\ntool go.etcd.io/etcd/server/v3\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
+  "$ETCD_VERSION" > "$WORK/etcd/go.mod"
+( cd "$WORK/etcd" && go mod tidy >&2 && \
+  go build -trimpath -ldflags "-s -w" -o "$WORK/out/etcd" go.etcd.io/etcd/server/v3 >&2 )
+
+# --- sanity + publish atomically ---------------------------------------------
+"$WORK/out/kube-apiserver" --version >&2
+"$WORK/out/etcd" --version >&2          # (no "| head": SIGPIPE + pipefail would abort)
+cp "$WORK/kube/go.mod" "$WORK/out/kube.go.mod"; cp "$WORK/kube/go.sum" "$WORK/out/kube.go.sum"
+cp "$WORK/etcd/go.mod" "$WORK/out/etcd.go.mod"; cp "$WORK/etcd/go.sum" "$WORK/out/etcd.go.sum"
+if command -v kubectl >/dev/null 2>&1; then ln -sf "$(command -v kubectl)" "$WORK/out/kubectl"; fi  # optional for envtest
+touch "$WORK/out/.complete"
+rm -rf "$DEST"; mv "$WORK/out" "$DEST"
+echo "$DEST"
