@@ -18,7 +18,7 @@ GO_LDFLAGS := -s -w -X main.version=$(VERSION)
 # the recipe if hack/tools.sh fails.
 TOOLS = tools_bin="$$(hack/tools.sh)" && export PATH="$$tools_bin:$$PATH" &&
 
-.PHONY: all build run test lint generate fuzz image clean
+.PHONY: all build run test lint generate fuzz image clean bench
 
 all: build
 
@@ -36,6 +36,15 @@ lint:
 
 generate:
 	$(TOOLS) go generate ./...
+
+# bench runs bench's standard set (DESIGN part 10; etcd side by side,
+# propagation, idle memory, failover) against bin/policyd in under 10
+# minutes, and writes every figure with the machine's description to
+# bench/results/latest.json. The figures only compare within one run: run
+# it on an otherwise idle machine. See the README's Performance section.
+bench: build
+	mkdir -p bench/results
+	go run ./bench suite -binary bin/policyd -results bench/results/latest.json
 
 # fuzz runs every fuzz target in the module for FUZZTIME, one at a time
 # (go test -fuzz accepts only one target per run).
@@ -61,6 +70,22 @@ image:
 	printf '%s\n' 'policyd:x:65532:' >build/group
 	cp /etc/ssl/certs/ca-certificates.crt build/ca-certificates.crt
 	docker build -t policyd:$(VERSION) -t policyd:latest .
+
+# COMPOSE is the docker compose v2 plugin when present, else docker-compose v1.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_FILE := deploy/compose/docker-compose.yml
+
+.PHONY: compose-up compose-down
+
+# compose-up builds the image and starts the 3-node cluster and its sidecar
+# (deploy/compose); the admin APIs are on 127.0.0.1:18081-18083.
+compose-up: image
+	POLICYD_IMAGE=policyd:$(VERSION) $(COMPOSE) -p policyd -f $(COMPOSE_FILE) up -d
+	$(COMPOSE) -p policyd -f $(COMPOSE_FILE) ps
+
+# compose-down stops the compose cluster and deletes its volumes.
+compose-down:
+	$(COMPOSE) -p policyd -f $(COMPOSE_FILE) down -v --remove-orphans
 
 clean:
 	rm -rf bin build

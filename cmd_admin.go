@@ -13,12 +13,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/store"
@@ -30,6 +32,11 @@ type adminClient struct {
 	token  string
 	output string
 	http   *http.Client
+	// TLS files for an https --server: the CA bundle the node's certificate
+	// must chain to, and a client certificate for mutual TLS.
+	caFile, certFile, keyFile string
+	tlsOnce                   sync.Once
+	tlsErr                    error
 }
 
 func (c *adminClient) registerFlags(root *cobra.Command) {
@@ -41,7 +48,26 @@ func (c *adminClient) registerFlags(root *cobra.Command) {
 	pf.StringVar(&c.server, "server", def, "admin API base URL (env POLICYD_SERVER)")
 	pf.StringVar(&c.token, "token", os.Getenv("POLICYD_TOKEN"), "admin API bearer token (env POLICYD_TOKEN)")
 	pf.StringVarP(&c.output, "output", "o", "table", "output format for lists: table or json")
+	pf.StringVar(&c.caFile, "ca-file", os.Getenv("POLICYD_CA_FILE"), "PEM CA bundle the node's TLS certificate must chain to, for an https --server or watch over TLS (default: system roots; env POLICYD_CA_FILE)")
+	pf.StringVar(&c.certFile, "cert-file", os.Getenv("POLICYD_CERT_FILE"), "client certificate for a node requiring mutual TLS (env POLICYD_CERT_FILE)")
+	pf.StringVar(&c.keyFile, "key-file", os.Getenv("POLICYD_KEY_FILE"), "key of --cert-file (env POLICYD_KEY_FILE)")
 	c.http = &http.Client{}
+}
+
+// setupTLS configures the HTTP client from the TLS flags, once.
+func (c *adminClient) setupTLS() error {
+	c.tlsOnce.Do(func() {
+		if c.caFile == "" && c.certFile == "" && c.keyFile == "" {
+			return
+		}
+		tc, err := client.TLSFiles(c.caFile, c.certFile, c.keyFile)
+		if err != nil {
+			c.tlsErr = &usageError{fmt.Errorf("--ca-file/--cert-file/--key-file: %w", err)}
+			return
+		}
+		c.http.Transport = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: tc}
+	})
+	return c.tlsErr
 }
 
 // apiError is an error envelope returned by the server.
@@ -90,6 +116,9 @@ func (c *adminClient) send(ctx context.Context, method, path string, hdr http.He
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if err := c.setupTLS(); err != nil {
+		return nil, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
@@ -14,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/server"
@@ -28,20 +31,32 @@ func serveCommand() *cobra.Command {
 		Short: "Run a policyd node (with no config: a single-node cluster in ./data on loopback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load("", os.Environ(), cmd.Flags())
+			load := func() (config.Config, error) { return config.Load("", os.Environ(), cmd.Flags()) }
+			cfg, err := load()
 			if err != nil {
 				return err
 			}
-			return serve(cmd.Context(), cfg, cmd.ErrOrStderr())
+			return serve(cmd.Context(), cfg, load, cmd.ErrOrStderr())
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
 	return cmd
 }
 
-// serve runs a node until ctx ends, then shuts it down in order.
-func serve(ctx context.Context, cfg config.Config, logOut io.Writer) error {
-	logger := newLogger(cfg.Log, logOut)
+// serve runs a node until ctx ends, then shuts it down in order. On SIGHUP
+// it loads the configuration again (reload, the same file, environment and
+// flags) and applies its run-time settings; see server.Node.Reload.
+func serve(ctx context.Context, cfg config.Config, reload func() (config.Config, error), logOut io.Writer) error {
+	logger, level := newLogger(cfg.Log, logOut)
+	// client-go logs through klog's process-wide logger; route it to ours so
+	// the reload controller's and the webhook's client messages share the
+	// format and level.
+	klog.SetSlogLogger(logger.With("component", "kubernetes"))
+	// Subscribe first: SIGHUP's default action is to exit, and one sent
+	// while the node starts is applied once it has.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := bridgeRaftMetrics(reg); err != nil {
@@ -51,22 +66,45 @@ func serve(ctx context.Context, cfg config.Config, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	node.SetLogLevel(level)
 	node.Start()
-	<-ctx.Done()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-hup:
+			reloadSettings(node, reload, logger)
+		}
+	}
 	logger.Info("signal received, stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	return node.Close(sctx)
 }
 
-func newLogger(c config.Log, w io.Writer) *slog.Logger {
+// reloadSettings handles one SIGHUP. A configuration that does not load
+// changes nothing; the node logs what it applied and what needs a restart.
+func reloadSettings(node *server.Node, reload func() (config.Config, error), logger *slog.Logger) {
+	logger.Info("SIGHUP received, reloading the configuration")
+	cfg, err := reload()
+	if err != nil {
+		logger.Error("configuration not reloaded: it does not load; nothing changed", "err", err)
+		return
+	}
+	_, _, _ = node.Reload(cfg) // logged by the node
+}
+
+// newLogger returns the process logger and its level, which SIGHUP may
+// change.
+func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.Level)) // validated by config
-	opts := &slog.HandlerOptions{Level: lvl}
+	level := &slog.LevelVar{}
+	level.Set(lvl)
+	opts := &slog.HandlerOptions{Level: level}
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), level
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), level
 }
 
 var bridgeOnce sync.Once

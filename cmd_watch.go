@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +39,9 @@ revoked) to stdout. With --output json each event is one JSON object per line:
   {"event":"update","version":"...","policies":["name",...],"count":1,...}
 It runs until SIGINT/SIGTERM, or exits 1 when access is revoked.
 
+With --ca-file (and, for nodes requiring mutual TLS, --cert-file and
+--key-file) it connects over TLS: gRPC with TLS, or wss:// for ws.
+
 The JWT is read from --token-file (re-read on every reconnect) or from
 POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 --org/--team/--employee (grpc) or --employee (ws).`,
@@ -69,6 +73,11 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 			if transport == client.TransportWS && cfg.Token == "" && cfg.TokenSource == nil && employee == "" {
 				return &usageError{errors.New("--transport ws needs a token (--token-file or POLICYD_WATCH_TOKEN) or, with the server in auth.mode none, --employee")}
 			}
+			tc, err := watchTLS(cmd)
+			if err != nil {
+				return err
+			}
+			cfg.TLS = tc
 			p := &watchPrinter{w: cmd.OutOrStdout(), json: output == "json"}
 			cfg.OnStateChange = p.state
 			cfg.OnUpdate = p.update
@@ -93,6 +102,23 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 	f.DurationVar(&grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
 	f.StringVarP(&output, "output", "o", "text", "text, or json (one object per line)")
 	return cmd
+}
+
+// watchTLS builds the TLS configuration from the global --ca-file,
+// --cert-file and --key-file flags; nil when none is set.
+func watchTLS(cmd *cobra.Command) (*tls.Config, error) {
+	var files [3]string
+	for i, name := range []string{"ca-file", "cert-file", "key-file"} {
+		files[i], _ = cmd.Flags().GetString(name) // "" when not defined
+	}
+	if files == [3]string{} {
+		return nil, nil
+	}
+	tc, err := client.TLSFiles(files[0], files[1], files[2])
+	if err != nil {
+		return nil, &usageError{fmt.Errorf("--ca-file/--cert-file/--key-file: %w", err)}
+	}
+	return tc, nil
 }
 
 // envList splits a comma-separated environment variable.

@@ -60,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		eventsCommand(cl),
 		clusterCommand(cl),
 		watchCommand(),
+		snapshotCommand(cl),
+		recoverCommand(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -22,7 +22,12 @@
 // Key files are re-read, at most once a second and only from Verify, when
 // their content changes, so keys rotate without a restart; a version that
 // does not parse keeps the previous keys and logs a warning. The HMAC secret
-// is read once and must be at least 32 bytes.
+// must be at least 32 bytes; it is read at start and again by
+// JWTVerifier.Reload (SIGHUP), which also re-reads the key files at once.
+//
+// AdminTokens is immutable; a reload loads a new set (LoadAdminTokens) and the
+// listener swaps it in, so a request is checked against one whole file
+// version.
 //
 // A token must carry exp and may carry nbf and iat, all checked with the
 // configured leeway for clock skew; iss and aud are checked when configured.

@@ -110,8 +110,10 @@ type keyFile struct {
 type JWTVerifier struct {
 	logger *slog.Logger
 	parser *jwt.Parser
-	hmac   []byte     // nil unless HS256 is configured
-	files  []*keyFile // public key sources, reloaded on change
+	// hmac is nil unless HS256 is configured; hmacFile is re-read by Reload.
+	hmac     atomic.Pointer[[]byte]
+	hmacFile string
+	files    []*keyFile // public key sources, reloaded on change
 
 	now   func() time.Time
 	start time.Time
@@ -127,9 +129,9 @@ type JWTVerifier struct {
 // files must hold at least one usable key; a JWKS key that cannot be used
 // (another algorithm, curve or key type) is skipped with a warning.
 //
-// The HMAC secret is read once. The key files are re-read when their content
-// changes, at most once a second; see Verify. A nil logger
-// discards the reload messages.
+// The key files are re-read when their content changes, at most once a
+// second; see Verify. The HMAC secret is read again only by Reload. A nil
+// logger discards the reload messages.
 func NewJWTVerifier(cfg config.JWT, logger *slog.Logger) (*JWTVerifier, error) {
 	return newJWTVerifier(cfg, logger, time.Now)
 }
@@ -159,7 +161,8 @@ func newJWTVerifier(cfg config.JWT, logger *slog.Logger, now func() time.Time) (
 		if err != nil {
 			return nil, fmt.Errorf("jwt verifier: %w", err)
 		}
-		v.hmac = secret
+		v.hmac.Store(&secret)
+		v.hmacFile = cfg.HMACSecretFile
 		methods = []string{algHS256}
 	} else {
 		methods = []string{algRS256, algES256}
@@ -252,10 +255,11 @@ func (v *JWTVerifier) keyFunc(t *jwt.Token) (any, error) {
 	}
 	alg := t.Method.Alg()
 	if alg == algHS256 {
-		if v.hmac == nil {
+		secret := v.hmac.Load()
+		if secret == nil {
 			return nil, errors.New("HS256 is not accepted: no HMAC secret is configured")
 		}
-		return v.hmac, nil
+		return *secret, nil
 	}
 	if alg != algRS256 && alg != algES256 {
 		return nil, fmt.Errorf("algorithm %q is not accepted", alg)
@@ -309,21 +313,55 @@ func (v *JWTVerifier) maybeReload() {
 	}
 	v.nextCheck.Store(int64(elapsed + keyReloadInterval))
 	for _, f := range v.files {
-		v.reload(f)
+		_ = v.reload(f) // logged
 	}
 }
 
-// reload re-reads f and swaps in its keys if its content changed. Called with
-// reloadMu held.
-func (v *JWTVerifier) reload(f *keyFile) {
+// Reload re-reads the HMAC secret and the key files now (SIGHUP) rather than
+// at the next check. A source that fails to read or parse keeps its previous
+// keys, is logged, and its error is returned (joined with the others'); the
+// sources that loaded are in use either way.
+func (v *JWTVerifier) Reload() error {
+	v.reloadMu.Lock()
+	defer v.reloadMu.Unlock()
+	var errs []error
+	if v.hmacFile != "" {
+		secret, err := loadHMACSecret(v.hmacFile)
+		switch {
+		case err != nil:
+			v.logger.Error("cannot reload the JWT HMAC secret; keeping the previous one", "file", v.hmacFile, "err", err)
+			errs = append(errs, err)
+		case !bytes.Equal(secret, *v.hmac.Load()):
+			v.hmac.Store(&secret)
+			v.logger.Info("reloaded JWT HMAC secret", "file", v.hmacFile)
+		}
+	}
+	for _, f := range v.files {
+		if err := v.reload(f); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.what, err))
+		}
+	}
+	v.nextCheck.Store(int64(v.now().Sub(v.start) + keyReloadInterval))
+	return errors.Join(errs...)
+}
+
+// reload re-reads f and swaps in its keys if its content changed. It returns
+// the error that keeps f on its previous keys, if any: this read's, or the
+// parse error of unchanged content. Called with reloadMu held.
+func (v *JWTVerifier) reload(f *keyFile) error {
 	data, err := readKeyFile(f.path)
 	if err != nil {
+		// Forget the digest: content that reappears must be parsed again.
+		f.digest = [sha256.Size]byte{}
 		v.reloadFailed(f, err)
-		return
+		return err
 	}
 	digest := sha256.Sum256(data)
 	if digest == f.digest {
-		return
+		if f.lastErr != "" {
+			return errors.New(f.lastErr)
+		}
+		return nil
 	}
 	// Remember the digest even if parsing fails, so that one bad version
 	// is reported once rather than every interval; the next write changes
@@ -332,11 +370,12 @@ func (v *JWTVerifier) reload(f *keyFile) {
 	keys, err := f.parse(f.path, data, v.logger)
 	if err != nil {
 		v.reloadFailed(f, err)
-		return
+		return err
 	}
 	f.keys.Store(&keys)
 	f.lastErr = ""
 	v.logger.Info("reloaded JWT keys", "file", f.path, "keys", len(keys))
+	return nil
 }
 
 func (v *JWTVerifier) reloadFailed(f *keyFile, err error) {

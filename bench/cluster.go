@@ -28,8 +28,10 @@ const logTailLines = 200
 // cluster is a set of policyd processes on loopback forming one Raft
 // cluster, each with its own config file, data dir and log file under dir.
 type cluster struct {
-	dir   string
-	nodes []*node
+	dir    string
+	nodes  []*node
+	binary string   // what restart runs
+	env    []string // POLICYD_*=value settings of every node
 }
 
 // node is one policyd process.
@@ -41,6 +43,12 @@ type node struct {
 	dir        string
 	configPath string
 	logPath    string
+	// args are the process's arguments; nil means `serve --config
+	// configPath` (a policyd node).
+	args []string
+	// termIsClean: dying of the SIGTERM that stop sends is a clean exit
+	// (etcd re-raises it after shutting down; policyd exits 0).
+	termIsClean bool
 
 	cmd     *exec.Cmd
 	logFile *os.File
@@ -66,7 +74,7 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 		return nil, err
 	}
 	dir := spec.dir
-	c := &cluster{dir: dir}
+	c := &cluster{dir: dir, binary: spec.binary, env: spec.env}
 	for i := range spec.nodes {
 		id := "node" + strconv.Itoa(i+1)
 		nd := &node{
@@ -154,14 +162,19 @@ func (c *cluster) config(nd *node, logLevel string) string {
 	return b.String()
 }
 
-// start runs `policyd serve --config` for nd in its own process group, with
-// extraEnv added to its environment and its output appended to nd.logPath.
+// start runs binary with nd.args (by default `policyd serve --config`) in
+// its own process group, with extraEnv added to its environment and its
+// output appended to nd.logPath.
 func (nd *node) start(binary string, extraEnv []string) error {
 	f, err := os.OpenFile(nd.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("%s: open log: %w", nd.id, err)
 	}
-	cmd := exec.Command(binary, "serve", "--config", nd.configPath)
+	args := nd.args
+	if args == nil {
+		args = []string{"serve", "--config", nd.configPath}
+	}
+	cmd := exec.Command(binary, args...)
 	cmd.Dir = nd.dir
 	cmd.Env = append(nodeEnv(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = f, f
@@ -179,12 +192,37 @@ func (nd *node) start(binary string, extraEnv []string) error {
 	return nil
 }
 
-// nodeEnv is bench's environment without POLICYD_* variables, which would
-// otherwise override the generated config files.
+// kill sends SIGKILL to node i's process group and waits for it to exit: a
+// crash, with no chance to close anything.
+func (c *cluster) kill(i int) error {
+	nd := c.nodes[i]
+	if nd.cmd == nil || nd.hasExited() {
+		return fmt.Errorf("%s is not running", nd.id)
+	}
+	if err := signalGroup(nd.cmd.Process, syscall.SIGKILL); err != nil && !nd.hasExited() {
+		return fmt.Errorf("kill %s: %w", nd.id, err)
+	}
+	<-nd.exited
+	return nil
+}
+
+// restart starts node i again, with its config and data dir, after it has
+// exited.
+func (c *cluster) restart(i int) error {
+	nd := c.nodes[i]
+	if nd.cmd != nil && !nd.hasExited() {
+		return fmt.Errorf("%s is still running", nd.id)
+	}
+	return nd.start(c.binary, c.env)
+}
+
+// nodeEnv is bench's environment without POLICYD_* and ETCD_* variables,
+// which would otherwise override the generated config files (policyd) or
+// flags (etcd).
 func nodeEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "POLICYD_") {
+		if !strings.HasPrefix(kv, "POLICYD_") && !strings.HasPrefix(kv, "ETCD_") {
 			env = append(env, kv)
 		}
 	}
@@ -364,6 +402,10 @@ func (c *cluster) stop() error {
 			_ = signalGroup(nd.cmd.Process, syscall.SIGKILL)
 			<-nd.exited
 			errs = append(errs, fmt.Errorf("%s did not exit within %v of SIGTERM and was killed", nd.id, stopGrace))
+			continue
+		}
+		var ee *exec.ExitError
+		if nd.termIsClean && errors.As(nd.waitErr, &ee) && ee.String() == "signal: terminated" {
 			continue
 		}
 		if nd.waitErr != nil {

@@ -106,6 +106,7 @@ type memPhase struct {
 type memProbe struct {
 	nd     *node
 	client *http.Client
+	logf   func(format string, a ...any) // may be nil
 }
 
 func (p *memProbe) sample(ctx context.Context) (memSample, error) {
@@ -132,6 +133,18 @@ func (p *memProbe) sample(ctx context.Context) (memSample, error) {
 	return s, nil
 }
 
+// forceGC asks the node to run a GC now; a failure only means waiting for
+// one.
+func (p *memProbe) forceGC(ctx context.Context) {
+	code, _, err := get(ctx, p.client, "http://"+p.nd.httpAddr+"/debug/pprof/heap?gc=1")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("status %d", code)
+	}
+	if err != nil && p.logf != nil {
+		p.logf("note: %s: forcing a GC failed (%v); waiting for one instead", p.nd.id, err)
+	}
+}
+
 // fetchMetrics returns the Prometheus text of a node's GET /metrics.
 func fetchMetrics(ctx context.Context, client *http.Client, addr string) ([]byte, error) {
 	u := "http://" + addr + "/metrics"
@@ -156,8 +169,11 @@ func fetchMetrics(ctx context.Context, client *http.Client, addr string) ([]byte
 
 // settle waits (up to gcWait) for a GC cycle after the one numbered
 // gcBase, then for two readings a second apart within settleTolerance (up
-// to settleTimeout), and returns the last reading.
+// to settleTimeout), and returns the last reading. It first asks the node
+// for a GC (GET /debug/pprof/heap?gc=1, admin role): then there is no
+// waiting for Go's 2-minute forced GC, unless the node does not serve it.
 func (p *memProbe) settle(ctx context.Context, gcBase int64, gcWait, settleTimeout time.Duration) (memPhase, error) {
+	p.forceGC(ctx)
 	s, err := p.sample(ctx)
 	if err != nil {
 		return memPhase{}, err
@@ -236,7 +252,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err != nil {
 		return err
 	}
-	probe := &memProbe{nd: nd, client: client}
+	probe := &memProbe{nd: nd, client: client, logf: env.logf}
 
 	measure := func(what string) (memPhase, error) {
 		s, err := probe.sample(ctx)

@@ -11,6 +11,9 @@
 //	go run ./bench propagation -streams 1000 -ws 1000 -writes 50
 //	go run ./bench propagation -nodes 1 -streams 0 -ws 10000 -writes 20
 //	go run ./bench idle-memory -streams 1000 -ws 1000
+//	go run ./bench etcd -writers 100 -duration 20s
+//	go run ./bench failover -rounds 3 -grpc 200 -ws 200
+//	go run ./bench suite -results bench/results/latest.json   (make bench)
 //
 // Scenarios:
 //
@@ -19,6 +22,11 @@
 //	             discovery streams and WebSocket feed connections) holding it
 //	idle-memory  a node's RSS and Go heap per idle gRPC stream and per idle
 //	             WebSocket connection
+//	etcd         the writes workload against policyd, then against a
+//	             3-member etcd started by bench, and the ratio
+//	failover     kill -9 the leader under write load with SDK sidecars
+//	             connected: new leader, writes, sidecars current, lost writes
+//	suite        the standard set above, in one run (make bench)
 //
 // The sidecar scenarios (sidecars.go) run thousands of simulated sidecars in
 // bench's own process, which shares the machine's CPUs with the nodes: their
@@ -83,6 +91,9 @@ func scenarios() []scenario {
 		writesScenario(),
 		propagationScenario(),
 		idleMemoryScenario(),
+		etcdScenario(),
+		failoverScenario(),
+		suiteScenario(),
 	}
 }
 
@@ -91,6 +102,7 @@ type commonFlags struct {
 	binary       string
 	keep         bool
 	out          string
+	results      string
 	readyTimeout time.Duration
 	nodeLogLevel string
 	nodeEnv      envList
@@ -114,6 +126,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.binary, "binary", defaultBinary, "policyd binary to run; when the default is missing, bench builds one into its temp dir")
 	fs.BoolVar(&c.keep, "keep", false, "keep the temp dir (configs, data dirs, node logs) after the run")
 	fs.StringVar(&c.out, "out", "", "also write the JSON lines to this file")
+	fs.StringVar(&c.results, "results", "", "write every figure, the targets they carry and the machine (CPU, Go, git commit)\nto this JSON file (make bench: bench/results/latest.json)")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready")
 	fs.StringVar(&c.nodeLogLevel, "node-log-level", "warn", "log.level of the policyd nodes (debug|info|warn|error)")
 	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file (repeatable),\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms")
@@ -236,8 +249,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logf:         logf,
 		emit:         rep.emit,
 	}
+	started := time.Now()
 	runErr := scenarioRunner.run(ctx, env)
 	rep.printSummary(stderr)
+	if common.results != "" {
+		doc, err := buildResults(collectMachine(ctx, root), "go run ./bench "+strings.Join(args, " "),
+			started, time.Since(started), rep.figures, runErr)
+		if err == nil {
+			err = writeResults(common.results, doc)
+		}
+		if err != nil {
+			runErr = errors.Join(runErr, err)
+		} else {
+			logf("results written to %s", common.results)
+		}
+	}
 	if err := rep.close(); err != nil && runErr == nil {
 		runErr = err
 	}

@@ -29,6 +29,9 @@ type writesConfig struct {
 	valueSize int
 	single    bool
 	timeout   time.Duration
+	// profileDir, when set, receives CPU profiles of every node taken
+	// during each measured window.
+	profileDir string
 }
 
 // writesScenario measures write throughput and commit latency: writers
@@ -42,16 +45,34 @@ func writesScenario() scenario {
 		summary: "write throughput and commit latency (PUT /v1/policies/{name}, 3 nodes)",
 		setup: func(fs *flag.FlagSet) runner {
 			c := &writesConfig{}
-			fs.IntVar(&c.writers, "writers", 100, "concurrent writers, each with one request in flight")
-			fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time per run")
-			fs.DurationVar(&c.warmup, "warmup", 2*time.Second, "unmeasured time before each run's measurement")
-			fs.IntVar(&c.keys, "keys", 10, "policy names per writer (bench-w<writer>-<i%keys>)")
-			fs.IntVar(&c.valueSize, "value-size", 4096, "size in bytes of each PUT's JSON body")
-			fs.BoolVar(&c.single, "single", true, "after the -writers run, also run with 1 writer for the same duration")
-			fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "per-request timeout (a timeout counts as an error)")
+			c.register(fs)
 			return c
 		},
 	}
+}
+
+// register registers the workload's flags on fs (the writes and etcd
+// scenarios share them, so that both run the same workload).
+func (c *writesConfig) register(fs *flag.FlagSet) {
+	fs.IntVar(&c.writers, "writers", 100, "concurrent writers, each with one request in flight")
+	fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time per run")
+	fs.DurationVar(&c.warmup, "warmup", 2*time.Second, "unmeasured time before each run's measurement")
+	fs.IntVar(&c.keys, "keys", 10, "keys per writer (bench-w<writer>-<i%keys>)")
+	fs.IntVar(&c.valueSize, "value-size", 4096, "size in bytes of each write's value (a policy's JSON body)")
+	fs.BoolVar(&c.single, "single", true, "after the -writers run, also run with 1 writer for the same duration")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "per-request timeout (a timeout counts as an error)")
+	fs.StringVar(&c.profileDir, "cpu-profile", "", "write a CPU profile of every policyd node, taken over each measured window\n"+
+		"(GET /debug/pprof/profile), to this directory as <node>-<role>-w<writers>.pprof")
+}
+
+// writerCounts is the writer count of each run: -writers, then 1 with
+// -single.
+func (c *writesConfig) writerCounts() []int {
+	runs := []int{c.writers}
+	if c.single && c.writers != 1 {
+		runs = append(runs, 1)
+	}
+	return runs
 }
 
 // validate checks the flags.
@@ -84,59 +105,80 @@ func (c *writesConfig) validate() error {
 }
 
 // run starts a cluster, runs the -writers load and then (with -single) the
-// 1-writer load, and emits one figure per run. The cluster is stopped on
-// every path; its logs are printed when anything but an interruption failed,
-// including a write that did not get a 2xx.
-func (c *writesConfig) run(ctx context.Context, env *runEnv) (err error) {
+// 1-writer load, and emits one figure per run.
+func (c *writesConfig) run(ctx context.Context, env *runEnv) error {
+	_, err := c.runPolicyd(ctx, env)
+	return err
+}
+
+// runPolicyd is run, returning the figures it emitted. The cluster is
+// stopped on every path; its logs are printed when anything but an
+// interruption failed, including a write that did not get a 2xx.
+func (c *writesConfig) runPolicyd(ctx context.Context, env *runEnv) (figs []*writesFigure, err error) {
 	cfg := *c
 	writeErrors := false
 	cl, leader, stop, err := startReady(ctx, env, writesNodes, func() bool { return writeErrors })
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer stop(&err)
 
 	client := newLoadClient(cfg.writers, writesNodes, cfg.timeout)
 	defer client.CloseIdleConnections()
 	if err := preflight(ctx, client, cl.nodes[0].httpAddr, cfg.valueSize); err != nil {
-		return err
+		return nil, err
 	}
 
-	runs := []int{cfg.writers}
-	if cfg.single && cfg.writers != 1 {
-		runs = append(runs, 1)
-	}
-	for _, writers := range runs {
+	for _, writers := range cfg.writerCounts() {
 		if leader, err = cl.waitReady(ctx, env.readyTimeout); err != nil {
-			return fmt.Errorf("wait for the cluster before the %d-writer run: %w", writers, err)
+			return figs, fmt.Errorf("wait for the cluster before the %d-writer run: %w", writers, err)
 		}
 		leaderIdx := slices.IndexFunc(cl.nodes, func(nd *node) bool { return nd.id == leader })
 		env.logf("writes: %d writer(s), %d keys each, %d-byte bodies, warmup %v, measuring %v",
 			writers, cfg.keys, cfg.valueSize, cfg.warmup, cfg.duration)
-		res, err := writeLoad(ctx, client, cl.httpAddrs(), leaderIdx, cfg, writers)
+		var profiles func() error
+		if cfg.profileDir != "" {
+			profiles = profileNodes(ctx, cl, leader, cfg.profileDir, fmt.Sprintf("w%d", writers), cfg.warmup, cfg.duration)
+		}
+		res, err := writeLoad(ctx, restWrite(client, cl.httpAddrs()), writesNodes, leaderIdx, cfg, writers)
+		if profiles != nil {
+			if perr := profiles(); perr != nil {
+				env.logf("warning: CPU profiles: %v", perr)
+			} else {
+				env.logf("CPU profiles of the %d-writer run written to %s", writers, cfg.profileDir)
+			}
+		}
 		if err != nil {
-			return fmt.Errorf("%d-writer run: %w", writers, err)
+			return figs, fmt.Errorf("%d-writer run: %w", writers, err)
 		}
 		if err := cl.checkAlive(); err != nil {
-			return fmt.Errorf("after the %d-writer run: %w", writers, err)
+			return figs, fmt.Errorf("after the %d-writer run: %w", writers, err)
 		}
-		if err := env.emit(res.figure(cfg, writers)); err != nil {
-			return err
+		f := res.figure(cfg, writers)
+		if err := env.emit(f); err != nil {
+			return figs, err
 		}
-		if res.unmeasuredErrs > 0 {
-			env.logf("warning: %d write(s) failed during warmup or after the measured window", res.unmeasuredErrs)
-		}
-		for _, kind := range slices.Sorted(maps.Keys(res.errExamples)) {
-			writeErrors = true
-			env.logf("write error %s (first of %d): %s", kind, res.errs[kind], res.errExamples[kind])
-		}
+		figs = append(figs, f)
+		writeErrors = res.logErrors(env) || writeErrors
 		if after, err := cl.waitReady(ctx, env.readyTimeout); err != nil {
-			return fmt.Errorf("after the %d-writer run: %w", writers, err)
+			return figs, fmt.Errorf("after the %d-writer run: %w", writers, err)
 		} else if after != leader {
 			env.logf("warning: the leader changed during the %d-writer run: %s, then %s", writers, leader, after)
 		}
 	}
-	return nil
+	return figs, nil
+}
+
+// logErrors logs the failures of a run and reports whether there were any,
+// measured or not.
+func (r *loadResult) logErrors(env *runEnv) bool {
+	if r.unmeasuredErrs > 0 {
+		env.logf("warning: %d write(s) failed during warmup or after the measured window", r.unmeasuredErrs)
+	}
+	for _, kind := range slices.Sorted(maps.Keys(r.errExamples)) {
+		env.logf("write error %s (first of %d): %s", kind, r.errs[kind], r.errExamples[kind])
+	}
+	return len(r.errExamples) > 0
 }
 
 // newLoadClient returns the one client all writers share, with enough idle
@@ -181,17 +223,46 @@ type loadResult struct {
 	unmeasuredErrs int               // failures during warmup or after the window
 }
 
-// writeLoad runs writers goroutines for cfg.warmup + cfg.duration and
-// measures the requests that complete within the measured window; requests
-// still in flight at its end finish but are not counted.
-func writeLoad(ctx context.Context, client *http.Client, addrs []string, leaderIdx int, cfg writesConfig, writers int) (*loadResult, error) {
+// writeFunc performs one write of body under key name on node target and
+// returns nil once the system acknowledged it as committed. A failure
+// that is a *statusError counts by its code; any other by its class
+// (timeout or transport).
+type writeFunc func(ctx context.Context, target int, name string, body []byte) error
+
+// statusError is a write the system answered with a failure code.
+type statusError struct {
+	code string // e.g. "503", or a gRPC code name
+	msg  string
+}
+
+func (e *statusError) Error() string { return "status " + e.code + ": " + e.msg }
+
+// restWrite writes a policy with PUT /v1/policies/{name} to addrs[target].
+func restWrite(client *http.Client, addrs []string) writeFunc {
+	return func(ctx context.Context, target int, name string, body []byte) error {
+		code, msg, err := put(ctx, client, "http://"+addrs[target]+"/v1/policies/"+name, body)
+		if err != nil {
+			return err
+		}
+		if code/100 != 2 {
+			return &statusError{code: strconv.Itoa(code), msg: msg}
+		}
+		return nil
+	}
+}
+
+// writeLoad runs writers goroutines, each writing with write to nodes nodes
+// in turn, for cfg.warmup + cfg.duration and measures the requests that
+// complete within the measured window; requests still in flight at its end
+// finish but are not counted.
+func writeLoad(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg writesConfig, writers int) (*loadResult, error) {
 	measureFrom := time.Now().Add(cfg.warmup)
 	stopAt := measureFrom.Add(cfg.duration)
 	results := make([]*loadResult, writers)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
-			results[w] = runWriter(ctx, client, addrs, leaderIdx, cfg, w, measureFrom, stopAt)
+			results[w] = runWriter(ctx, write, nodes, leaderIdx, cfg, w, measureFrom, stopAt)
 		})
 	}
 	wg.Wait()
@@ -224,8 +295,8 @@ func (r *loadResult) merge(o *loadResult) {
 }
 
 // runWriter is one writer: one request at a time, to node (writer+i) mod
-// len(addrs), on key i mod cfg.keys, until stopAt.
-func runWriter(ctx context.Context, client *http.Client, addrs []string, leaderIdx int, cfg writesConfig, writer int, measureFrom, stopAt time.Time) *loadResult {
+// nodes, on key i mod cfg.keys, until stopAt.
+func runWriter(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg writesConfig, writer int, measureFrom, stopAt time.Time) *loadResult {
 	res := newLoadResult()
 	names := make([]string, cfg.keys)
 	for k := range names {
@@ -237,25 +308,16 @@ func runWriter(ctx context.Context, client *http.Client, addrs []string, leaderI
 		if !start.Before(stopAt) {
 			break
 		}
-		target := (writer + i) % len(addrs)
+		target := (writer + i) % nodes
 		name := names[i%cfg.keys]
 		buf = policyBody(buf[:0], name, uint64(i), cfg.valueSize)
-		code, msg, err := put(ctx, client, "http://"+addrs[target]+"/v1/policies/"+name, buf)
+		err := write(ctx, target, name, buf)
 		end := time.Now()
 		if err != nil && ctx.Err() != nil {
 			break // interrupted: not a server failure
 		}
 		measured := !end.Before(measureFrom) && end.Before(stopAt)
-		kind := ""
-		switch {
-		case err != nil && isTimeout(err):
-			kind = "timeout"
-		case err != nil:
-			kind = "transport"
-		case code/100 != 2:
-			kind = strconv.Itoa(code)
-		}
-		if kind == "" {
+		if err == nil {
 			if !measured {
 				continue
 			}
@@ -266,11 +328,9 @@ func runWriter(ctx context.Context, client *http.Client, addrs []string, leaderI
 			}
 			continue
 		}
+		kind := errorKind(err)
 		if _, seen := res.errExamples[kind]; !seen {
-			if err != nil {
-				msg = err.Error()
-			}
-			res.errExamples[kind] = fmt.Sprintf("PUT %s to %s: %s", name, addrs[target], msg)
+			res.errExamples[kind] = fmt.Sprintf("write %s to node %d: %v", name, target+1, err)
 		}
 		if measured {
 			res.errs[kind]++
@@ -279,6 +339,20 @@ func runWriter(ctx context.Context, client *http.Client, addrs []string, leaderI
 		}
 	}
 	return res
+}
+
+// errorKind classifies a failed write: its status code, "timeout" or
+// "transport".
+func errorKind(err error) string {
+	var se *statusError
+	switch {
+	case errors.As(err, &se):
+		return se.code
+	case isTimeout(err):
+		return "timeout"
+	default:
+		return "transport"
+	}
 }
 
 // put sends body with PUT and returns the status code and, unless it is a

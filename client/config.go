@@ -68,7 +68,9 @@ type Config struct {
 	// health checks. Default: hostname-pid-random.
 	ClientAddress string
 	// TLS, when set, is used for gRPC and for https/wss. Nil: plaintext
-	// (unless a Servers entry says https:// or wss://).
+	// (unless a Servers entry says https:// or wss://). TLSFiles builds one
+	// from a CA bundle and, for nodes requiring mutual TLS, a client key
+	// pair.
 	TLS *tls.Config
 
 	// Grace is how long cached policies are served while disconnected

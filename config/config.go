@@ -89,7 +89,8 @@ type Reload struct {
 	Selector string `mapstructure:"selector"`
 	// ScopeLabel is the label whose value ties a ConfigMap to Deployments.
 	ScopeLabel string `mapstructure:"scope_label"`
-	// Debounce is the minimum time between two restarts of one scope.
+	// Debounce delays a restart after a ConfigMap change; a further change
+	// inside the window pushes it back, so the changes coalesce into one.
 	Debounce time.Duration `mapstructure:"debounce"`
 	// AnnotationPrefix prefixes restartedAt and config-hash-<cm>.
 	AnnotationPrefix string `mapstructure:"annotation_prefix"`
@@ -105,6 +106,9 @@ type Drift struct {
 	Mode string `mapstructure:"mode"`
 	// Callbacks receive a DriftReport POST per drift (sent by the leader).
 	Callbacks []string `mapstructure:"callbacks"`
+	// Initialization adds per-kind initialization rules for parents, each
+	// "group/Kind=Signal+Signal" (parsed by admission.ParseInitOverride).
+	Initialization []string `mapstructure:"initialization"`
 }
 
 // Log configures the process logger.

@@ -49,11 +49,15 @@ func (c *Config) Validate() error {
 	c.validateRaft(&p)
 
 	p.oneOf("auth.mode", c.Auth.Mode, "none", "jwt")
-	if c.Auth.AdminTokensFile == "" && !c.Auth.AllowOpenAdmin {
+	// Mutual TLS on the HTTP listener authenticates admin clients too
+	// (DESIGN part 9): only holders of a certificate from client_ca_file
+	// reach the API, so no token file is needed then.
+	if c.Auth.AdminTokensFile == "" && !c.Auth.AllowOpenAdmin && c.HTTP.TLS.ClientCAFile == "" {
 		// An unparsable http.addr is reported on its own key already.
 		if host, _, err := splitHostPort(c.HTTP.Addr); err == nil && !isLoopback(host) {
 			p.add("auth.admin_tokens_file", "required because http.addr %q is reachable from other hosts; "+
-				"set auth.admin_tokens_file, or set auth.allow_open_admin: true to serve the admin API without authentication",
+				"set auth.admin_tokens_file, require client certificates with http.tls.client_ca_file, "+
+				"or set auth.allow_open_admin: true to serve the admin API without authentication",
 				c.HTTP.Addr)
 		}
 	}

@@ -116,6 +116,19 @@ func TestValidate(t *testing.T) {
 		{name: "open admin on a routable address", mutate: func(c *Config) { c.HTTP.Addr = "10.0.0.1:8080" }, want: []string{"auth.admin_tokens_file: required", "auth.allow_open_admin"}},
 		{name: "open admin on all interfaces", mutate: func(c *Config) { c.HTTP.Addr = ":8080" }, want: []string{"auth.admin_tokens_file: required"}},
 		{name: "open admin on a host name", mutate: func(c *Config) { c.HTTP.Addr = "policyd.example.com:8080" }, want: []string{"auth.admin_tokens_file: required"}},
+		{name: "mutual TLS stands in for admin tokens", mutate: func(c *Config) {
+			c.HTTP.Addr = "10.0.0.1:8080"
+			c.HTTP.TLS = TLS{CertFile: "/c.pem", KeyFile: "/k.pem", ClientCAFile: "/ca.pem"}
+		}},
+		{name: "tls cert without key", mutate: func(c *Config) { c.GRPC.TLS.CertFile = "/c.pem" }, want: []string{"grpc.tls: cert_file and key_file must be set together"}},
+		{name: "tls client CA without TLS", mutate: func(c *Config) { c.Raft.TLS.ClientCAFile = "/ca.pem" }, want: []string{"raft.tls.client_ca_file: needs cert_file and key_file"}},
+		{name: "reload selector not key=value", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Selector = true, "app" }, want: []string{`reload.selector: "app" must be key=value`}},
+		{name: "reload selector empty value", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Selector = true, "app=" }, want: []string{`reload.selector: "app=" must be key=value`}},
+		{name: "reload empty namespace", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Namespace = true, " " }, want: []string{"reload.namespace: must not be empty"}},
+		{name: "reload disabled is not checked", mutate: func(c *Config) { c.Reload.Selector, c.Reload.Namespace = "bad", "" }},
+		{name: "drift mode", mutate: func(c *Config) { c.Drift.Mode = "block" }, want: []string{`drift.mode: "block" must be one of enforce, log`}},
+		{name: "drift addr without tls", mutate: func(c *Config) { c.Drift.Addr = "127.0.0.1:8443" }, want: []string{"drift.tls: cert_file and key_file are required"}},
+		{name: "drift callback not a URL", mutate: func(c *Config) { c.Drift.Callbacks = []string{"ftp://x"} }, want: []string{`drift.callbacks: [0] "ftp://x" must be an http:// or https:// URL`}},
 		{name: "extra kind pattern", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"lowerKind"} }, want: []string{`policies.extra_kinds[0]: "lowerKind" must match`}},
 		{name: "extra kind empty", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{""} }, want: []string{`policies.extra_kinds[0]: "" must match`}},
 		{name: "extra kind duplicate", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"A", "B", "A"} }, want: []string{`policies.extra_kinds[2]: "A" duplicates policies.extra_kinds[0]`}},

@@ -56,6 +56,17 @@ var decoders = map[Type]decodeFunc{
 	TypeRegisterMember: decodeRegisterMember,
 	TypeRemoveMember:   decodeRemoveMember,
 	TypePruneEvents:    decodePruneEvents,
+
+	// Drift (DESIGN part 7).
+	TypeObserveDrift:        decodeObserveDrift,
+	TypeRecordDriftDelivery: decodeRecordDriftDelivery,
+	TypeCompleteDriftTasks:  decodeCompleteDriftTasks,
+	TypePruneDrift:          decodePruneDrift,
+
+	// Reload (DESIGN part 6).
+	TypeReloadObserve:       decodeReloadObserve,
+	TypeReloadRestarted:     decodeReloadRestarted,
+	TypeReloadRestartFailed: decodeReloadRestartFailed,
 }
 
 // Apply applies a single entry.

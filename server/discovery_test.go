@@ -455,6 +455,35 @@ func TestDiscoveryFailoverGetsUnchanged(t *testing.T) {
 	}
 }
 
+// TestDiscoveryRefusedWhenNotCurrent: a node that cannot confirm it holds
+// every committed write (here: it lost its quorum) refuses new streams with
+// Unavailable instead of serving a set that may be older than the one the
+// sidecar already holds; once quorum returns it serves again.
+func TestDiscoveryRefusedWhenNotCurrent(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	org := policy.Scope{Org: "cu"}
+	apiFor(t, c.leader()).put("/v1/policies/cu.a", scopedPolicy("cu.a", org, "a"))
+	c.waitConverged()
+	survivor := slices.Index(c.nodes, c.follower())
+	var stopped []int
+	for i := range c.nodes {
+		if i != survivor {
+			c.stop(i)
+			stopped = append(stopped, i)
+		}
+	}
+	s := openStream(t, dialGRPC(t, c.nodes[survivor].GRPCAddr()), "c-cu", org)
+	if st := s.end(); st.Code() != codes.Unavailable {
+		t.Fatalf("stream on a node without quorum ended with %v, want Unavailable", st)
+	}
+	c.restart(stopped[0])
+	c.leader()
+	s2 := openStream(t, dialGRPC(t, c.nodes[survivor].GRPCAddr()), "c-cu2", org)
+	if got := names(s2.next()); !slices.Equal(got, []string{"cu.a"}) {
+		t.Fatalf("after quorum returned: policies %v, want [cu.a]", got)
+	}
+}
+
 // TestDiscoveryScopedDelivery: each scope receives exactly the policies
 // that apply to it (global + org + team + employee), including across moves
 // of a policy between scopes.

@@ -8,9 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,54 +16,25 @@ import (
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testConfig is a node on loopback with free ports and Raft timeouts short
-// enough for tests (hashicorp/raft's own tests go lower) but safe under -race
-// on two cores.
-func testConfig(t *testing.T, id string) config.Config {
+// testConfig is a node on loopback with free ports and short Raft timeouts
+// (servertest.Config), storing in the test's temporary directory.
+func testConfig(t testing.TB, id string) config.Config {
 	t.Helper()
-	cfg := config.Default()
-	cfg.NodeID = id
-	cfg.DataDir = filepath.Join(t.TempDir(), id)
-	cfg.HTTP.Addr = "127.0.0.1:0"
-	cfg.GRPC.Addr = "127.0.0.1:0"
-	cfg.Raft.Addr = "127.0.0.1:0"
-	cfg.Raft.Bootstrap = false
-	cfg.Raft.HeartbeatTimeout = 300 * time.Millisecond
-	cfg.Raft.ElectionTimeout = 300 * time.Millisecond
-	cfg.Raft.LeaderLeaseTimeout = 150 * time.Millisecond
-	cfg.Raft.CommitTimeout = 5 * time.Millisecond
-	cfg.Raft.ApplyTimeout = 5 * time.Second
-	cfg.Forward.Timeout = 5 * time.Second
-	cfg.Log.Level = "warn"
-	return cfg
+	return servertest.Config(filepath.Join(t.TempDir(), id), id)
 }
 
-func testLogger(t *testing.T) *slog.Logger {
-	t.Helper()
-	level := slog.LevelWarn
-	if os.Getenv("POLICYD_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
-}
-
-// testWriter sends logs to t.Log, so they show only for failing tests.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
+// testLogger sends logs to t.Log, so they show only for failing tests.
+func testLogger(t testing.TB) *slog.Logger { return servertest.Logger(t) }
 
 // startNode builds and starts a node and closes it when the test ends.
-func startNode(t *testing.T, cfg config.Config, beforeStart ...func(*Node)) *Node {
+func startNode(t testing.TB, cfg config.Config, beforeStart ...func(*Node)) *Node {
 	t.Helper()
 	n, err := New(cfg, testLogger(t), nil)
 	if err != nil {
@@ -79,7 +48,7 @@ func startNode(t *testing.T, cfg config.Config, beforeStart ...func(*Node)) *Nod
 	return n
 }
 
-func closeNode(t *testing.T, n *Node) {
+func closeNode(t testing.TB, n *Node) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -89,7 +58,7 @@ func closeNode(t *testing.T, n *Node) {
 }
 
 // waitFor polls cond until it returns nil or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var err error

@@ -9,6 +9,12 @@
 // streams, stop leader tasks and background loops, hand leadership over if
 // this node leads, shut raft down, then close the log store and the state
 // database.
+//
+// Each listener serves TLS when its tls block is set, mutual TLS with
+// client_ca_file (tls.go; Raft through a TLS stream layer, streamlayer.go).
+// Nodes reach each other with their own certificate as client certificate.
+// Reload applies a re-read configuration's run-time settings, on SIGHUP
+// (settings.go).
 package server
 
 import (
@@ -37,6 +43,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
 	"github.com/policyd/policyd/server/feed"
@@ -73,6 +80,7 @@ type Node struct {
 	health  *health.Server
 	api     *adminapi.API
 	peers   *peerPool
+	tls     nodeTLS
 
 	// Sidecar-facing serving: the in-memory policy index, fed by one
 	// subscription in commit order, and the two transports reading it.
@@ -92,6 +100,11 @@ type Node struct {
 	readyTerm   atomic.Uint64
 	leaderTasks []LeaderTask
 	registerMu  sync.Mutex
+	reload      *reload.Controller // nil unless reload.enabled
+	drift       *driftWebhook      // nil unless drift.addr is set
+
+	// settings are what SIGHUP may change at run time (settings.go).
+	settings settings
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -152,9 +165,13 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if n.policies, err = policyset.New(n.store); err != nil {
 		return nil, err
 	}
+	if err = n.setupTLS(); err != nil {
+		return nil, err
+	}
 	if n.httpLn, err = net.Listen("tcp", cfg.HTTP.Addr); err != nil {
 		return nil, fmt.Errorf("listen http.addr %s: %w", cfg.HTTP.Addr, err)
 	}
+	n.httpLn = n.httpListener(n.httpLn)
 	if n.grpcLn, err = net.Listen("tcp", cfg.GRPC.Addr); err != nil {
 		return nil, fmt.Errorf("listen grpc.addr %s: %w", cfg.GRPC.Addr, err)
 	}
@@ -170,6 +187,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
 		NodeID: id, LeaderID: n.leaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+		CaughtUp: newReadGate(n.ctx, cfg.Forward.Timeout, n.ConsistentRead).Wait,
 	}); err != nil {
 		return nil, err
 	}
@@ -178,9 +196,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}); err != nil {
 		return nil, err
 	}
-	n.grpcSrv = grpc.NewServer(append(discovery.ServerOptions(),
+	n.grpcSrv = grpc.NewServer(append(append(discovery.ServerOptions(),
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
-	)...)
+	), n.grpcServerOptions()...)...)
 	clusterv1.RegisterClusterServer(n.grpcSrv, &clusterService{n: n})
 	n.discovery.Register(n.grpcSrv)
 	n.health = health.NewServer()
@@ -200,6 +218,12 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	// Shutdown waits for handlers; long-lived streams must end first.
 	n.httpSrv.RegisterOnShutdown(n.api.CloseStreams)
 	n.httpSrv.RegisterOnShutdown(n.feed.CloseAll)
+	if err = n.setupReload(); err != nil {
+		return nil, err
+	}
+	if err = n.setupDrift(); err != nil {
+		return nil, err
+	}
 	n.registerMetrics()
 	return n, nil
 }
@@ -268,6 +292,7 @@ func (n *Node) Close(ctx context.Context) error {
 			n.grpcSrv.Stop()
 			<-stopped
 		}
+		n.closeDrift(ctx)
 		// 2. Background loops and leader tasks.
 		n.cancel()
 		n.wg.Wait()

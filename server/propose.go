@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -241,7 +242,13 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	idx := n.raft.CommitIndex()
+	// The read index is what the local FSM has applied, not raft's commit
+	// index: every acknowledged write has been applied on the leader that
+	// acknowledged it, and this term's barrier applied everything earlier
+	// leaders acknowledged. The commit index can instead name a no-op or
+	// barrier entry that never reaches the FSM, and a reader waiting for
+	// the store to apply it would wait until the next write.
+	idx := n.store.AppliedIndex()
 	if err := n.raft.VerifyLeader().Error(); err != nil {
 		return 0, ErrNotLeader
 	}
@@ -255,9 +262,14 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 type peerPool struct {
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
+	// creds secure the connections: plaintext, or with grpc.tls the
+	// node's certificate (set by setupTLS before the first dial).
+	creds credentials.TransportCredentials
 }
 
-func newPeerPool() *peerPool { return &peerPool{conns: map[string]*grpc.ClientConn{}} }
+func newPeerPool() *peerPool {
+	return &peerPool{conns: map[string]*grpc.ClientConn{}, creds: insecure.NewCredentials()}
+}
 
 func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	p.mu.Lock()
@@ -265,7 +277,7 @@ func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	if cc, ok := p.conns[addr]; ok {
 		return clusterv1.NewClusterClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds))
 	if err != nil {
 		return nil, fmt.Errorf("dial peer %s: %w", addr, err)
 	}
@@ -346,5 +358,6 @@ func fromStatus(err error) error {
 // notSent recognises grpc-go's Unavailable errors for a connection that was
 // never established (dial failures), as opposed to one that broke mid-call.
 func notSent(msg string) bool {
-	return strings.Contains(msg, "Error while dialing") || strings.Contains(msg, "connection refused")
+	return strings.Contains(msg, "Error while dialing") || strings.Contains(msg, "connection refused") ||
+		strings.Contains(msg, "authentication handshake failed") // TLS refused before any request
 }

@@ -367,7 +367,13 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 		writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
 		for _, name := range dataBuckets {
 			writeLen(name)
-			if err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+			b := tx.Bucket(name)
+			if b == nil {
+				// A file from a version without this bucket, read by
+				// Inspect (Open creates it): the same as an empty bucket.
+				continue
+			}
+			if err := b.ForEach(func(k, v []byte) error {
 				writeLen(k)
 				writeLen(v)
 				return nil

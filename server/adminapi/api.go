@@ -1,6 +1,7 @@
 // Package adminapi is the admin REST API (DESIGN part 9): policies,
 // employees, the event log (list and Server-Sent Events), cluster status and
-// membership, health, readiness and metrics.
+// membership, health, readiness, metrics and, for the admin role, the Go
+// runtime profiles (/debug/pprof/).
 //
 // Every route declares the role it needs (read for GET, admin for writes);
 // /healthz and /readyz are open so probes need no credentials. Every error,
@@ -19,6 +20,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,6 +55,7 @@ type Backend interface {
 	// Ready is nil when a leader is known and this node has caught up.
 	Ready() error
 	clientsLister
+	reloadStatuser
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -98,10 +101,24 @@ type API struct {
 	mux     *http.ServeMux
 	streams context.Context
 	stop    context.CancelFunc
+	// tokens is cfg.Tokens, swapped by SetTokens on SIGHUP.
+	tokens atomic.Pointer[auth.AdminTokens]
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	routes   []Route
 }
+
+// Route is one registered endpoint: its ServeMux pattern ("GET /v1/x") and
+// the admin token role it needs (negative: open, no token needed).
+type Route struct {
+	Pattern string
+	Role    auth.Role
+}
+
+// Routes lists every registered endpoint in registration order, so tests can
+// walk the whole API (an endpoint added without a test entry fails them).
+func (a *API) Routes() []Route { return append([]Route(nil), a.routes...) }
 
 // New builds the API over b.
 func New(cfg Config, logger *slog.Logger, b Backend) *API {
@@ -109,6 +126,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	a := &API{cfg: cfg, logger: logger, b: b, mux: http.NewServeMux()}
+	a.tokens.Store(cfg.Tokens)
 	a.streams, a.stop = context.WithCancel(context.Background())
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "policyd", Name: "http_requests_total", Help: "Admin API requests by route, method and status code.",
@@ -141,9 +159,13 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/cluster", auth.RoleRead, a.clusterStatus)
 	a.route("POST /v1/cluster/join", auth.RoleAdmin, a.clusterJoin)
 	a.route("DELETE /v1/cluster/members/{id}", auth.RoleAdmin, a.clusterRemove)
+	a.route("GET /v1/snapshot", auth.RoleAdmin, a.snapshot)
 
 	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
 	a.route("GET /v1/rollout", auth.RoleRead, a.rollout)
+	a.route("GET /v1/reload", auth.RoleRead, a.reloadState)
+	a.route("GET /v1/drift", auth.RoleRead, a.listDrift)
+	a.routePprof()
 
 	a.mux.HandleFunc("/", a.noRoute)
 	return a
@@ -156,6 +178,11 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTT
 // graceful HTTP shutdown does not wait for them.
 func (a *API) CloseStreams() { a.stop() }
 
+// SetTokens replaces the admin token set (a reloaded tokens file); requests
+// that start after it returns are checked against t. A nil t opens the API,
+// like a nil Config.Tokens.
+func (a *API) SetTokens(t *auth.AdminTokens) { a.tokens.Store(t) }
+
 // handlerFunc returns an error instead of writing one, so the status mapping
 // lives in writeError alone.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
@@ -164,6 +191,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 // body limit, panic recovery and metrics.
 func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 	method, path, _ := strings.Cut(pattern, " ")
+	a.routes = append(a.routes, Route{Pattern: pattern, Role: need})
 	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
@@ -177,8 +205,8 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			a.requests.WithLabelValues(path, method, strconv.Itoa(sw.code())).Inc()
 			a.latency.WithLabelValues(path, method).Observe(time.Since(start).Seconds())
 		}()
-		if need >= 0 && a.cfg.Tokens != nil {
-			if _, err := a.cfg.Tokens.Authorize(r.Header.Get("Authorization"), need); err != nil {
+		if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
+			if _, err := tokens.Authorize(r.Header.Get("Authorization"), need); err != nil {
 				a.writeError(sw, r, err)
 				return
 			}

@@ -1,6 +1,8 @@
 package adminapi
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -129,6 +131,10 @@ func (e entity[T]) write(w http.ResponseWriter, key string) error {
 	if err != nil {
 		return err
 	}
+	return e.writeValue(w, v)
+}
+
+func (e entity[T]) writeValue(w http.ResponseWriter, v *T) error {
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(e.revision(v), 10)))
 	writeJSON(w, http.StatusOK, v)
 	return nil
@@ -175,11 +181,38 @@ func (e entity[T]) putHandler(a *API) handlerFunc {
 		if err != nil {
 			return err
 		}
-		if _, err := a.commit(r, cmd); err != nil {
+		res, err := a.commit(r, cmd)
+		if err != nil {
 			return err
 		}
-		return e.write(w, key)
+		return e.writeCommitted(w, a, key, res.GetIndex())
 	}
+}
+
+// writeCommitted answers a PUT with the entity as this write stored it. The
+// local copy is read first; if a later write has already replaced or
+// deleted it (a concurrent DELETE can land between commit and read-back),
+// the answer comes from this write's own event, so a committed PUT is never
+// answered 404 or with another write's revision.
+func (e entity[T]) writeCommitted(w http.ResponseWriter, a *API, key string, index uint64) error {
+	v, err := e.get(key)
+	if err == nil && e.revision(v) == index {
+		return e.writeValue(w, v)
+	}
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	page, err := a.b.Store().ListEvents(store.EventFilter{After: index - 1, Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(page.Events) == 1 && page.Events[0].ID == index {
+		var committed T
+		if err := json.Unmarshal(page.Events[0].Data, &committed); err == nil {
+			return e.writeValue(w, &committed)
+		}
+	}
+	return fmt.Errorf("%w: read back %s %q at revision %d: a later write replaced it", store.ErrConflict, e.param, key, index)
 }
 
 func (e entity[T]) deleteHandler(a *API) handlerFunc {

@@ -80,6 +80,12 @@ type Deps struct {
 	// Verifier checks sidecar JWTs; nil means auth.mode none.
 	Verifier *auth.JWTVerifier
 	Registry prometheus.Registerer
+	// CaughtUp returns once the local replica holds every write committed
+	// before the call (a coalesced consistent read). A stream waits for it
+	// before its first snapshot, so a sidecar failing over to a lagging
+	// node never goes back in time; an error refuses the stream with
+	// Unavailable. Nil: no wait (tests of the service alone).
+	CaughtUp func(ctx context.Context) error
 }
 
 // Service implements PolicyDiscoveryService.
@@ -95,6 +101,12 @@ type Service struct {
 	nonceSeq    atomic.Uint64
 	streamSeq   atomic.Uint64
 	now         func() time.Time
+
+	// closed ends streams still waiting for CaughtUp when the node shuts
+	// down: a dying node must refuse at once, not hold a sidecar for the
+	// whole wait.
+	closed    context.Context
+	markClose context.CancelFunc
 
 	mu      sync.Mutex
 	closing bool
@@ -127,6 +139,7 @@ func New(cfg config.Discovery, logger *slog.Logger, deps Deps) (*Service, error)
 		groups:      map[policy.Identity]*group{},
 		byAddr:      map[string]map[*stream]struct{}{},
 	}
+	s.closed, s.markClose = context.WithCancel(context.Background())
 	m, err := newMetrics(deps.NodeID, deps.Registry)
 	if err != nil {
 		return nil, err
@@ -194,11 +207,15 @@ func (s *Service) OnChange(c store.Change) {
 			employees = append(employees, e.ID)
 		}
 	}
-	if c.Resync || len(scopes) > 0 {
-		s.push(c, scopes)
-	}
+	// Employees first: a stream whose employee left its team in this batch
+	// must be ended before the batch's snapshots are pushed, or it would
+	// receive its old team's policies as of an index where it no longer
+	// belongs to that team (the feed orders them the same way).
 	if s.deps.Verifier != nil && (c.Resync || len(employees) > 0) {
 		s.recheckEmployees(c.Resync, employees)
+	}
+	if c.Resync || len(scopes) > 0 {
+		s.push(c, scopes)
 	}
 }
 
@@ -276,6 +293,7 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 // CloseAll ends every stream with Unavailable and refuses new ones; the
 // node calls it before stopping the gRPC server, which waits for streams.
 func (s *Service) CloseAll() {
+	s.markClose()
 	s.mu.Lock()
 	s.closing = true
 	all := make([]*stream, 0, len(s.streams))

@@ -75,6 +75,10 @@ type stream struct {
 
 	wake   chan struct{} // the writer has a pending response
 	killed chan error    // the stream must end with this status
+	// dead is set by kill: a stream ended for a revocation or an identity
+	// change must not send anything more, not even a response queued
+	// before the kill, because that could carry another scope's policies.
+	dead atomic.Bool
 
 	mu           sync.Mutex
 	pending      *response
@@ -98,6 +102,9 @@ func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyD
 	who, err := s.authenticate(ctx)
 	if err != nil {
 		return statusOf(err)
+	}
+	if err := s.caughtUp(ctx); err != nil {
+		return err
 	}
 	st := &stream{
 		svc:         s,
@@ -179,7 +186,7 @@ func (st *stream) write(gs grpc.ServerStream, done <-chan struct{}) error {
 		case <-st.wake:
 		}
 		r := st.take()
-		if r == nil {
+		if r == nil || st.dead.Load() {
 			continue
 		}
 		if err := st.send(gs, r); err != nil {
@@ -234,6 +241,9 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 // offer makes r the stream's next response, replacing any not yet sent:
 // only the newest matters.
 func (st *stream) offer(r *response) {
+	if st.dead.Load() {
+		return
+	}
 	st.mu.Lock()
 	st.pending = r
 	st.mu.Unlock()
@@ -253,6 +263,7 @@ func (st *stream) take() *response {
 
 // kill ends the stream with err (the first reason wins).
 func (st *stream) kill(err error) {
+	st.dead.Store(true)
 	select {
 	case st.killed <- err:
 	default:
@@ -439,4 +450,24 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// caughtUp waits until the local replica holds everything committed before
+// the stream opened (Deps.CaughtUp), or refuses the stream with Unavailable
+// so that the sidecar tries another node.
+func (s *Service) caughtUp(ctx context.Context) error {
+	if s.deps.CaughtUp == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.closed, cancel)
+	defer stop()
+	if err := s.deps.CaughtUp(ctx); err != nil {
+		if s.closed.Err() != nil {
+			return status.Error(codes.Unavailable, "server shutting down")
+		}
+		return status.Errorf(codes.Unavailable, "this node cannot confirm it is up to date (%v); try another node", err)
+	}
+	return nil
 }

@@ -1,13 +1,10 @@
 package feed
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,13 +19,16 @@ import (
 // maxReasonBytes is the longest close reason a close frame can carry.
 const maxReasonBytes = 123
 
-// conn is one feed connection. It has two goroutines: its handler, which
-// reads (only pongs are expected), and writeLoop, which does every write.
+// conn is one feed connection. An idle one has no goroutine: its writes
+// run on a goroutine started when there is something to write (drain),
+// its reads on one started when its socket is readable (readTask, started
+// by the poller), its ping on a timer. See the package doc, Liveness.
 type conn struct {
 	h           *Hub
 	ws          *websocket.Conn
-	raw         net.Conn // the hijacked socket, cut when a close stalls
-	addr        string   // client_address: peer address and a counter
+	wire        *wire  // the hijacked socket, cut when a close stalls
+	id          uint64 // unique in the hub; the poller's key
+	addr        string // client_address: peer address and id
 	peer        string
 	connectedAt time.Time
 
@@ -37,94 +37,209 @@ type conn struct {
 	base    uint64 // changes at or below it are in what was sent
 	indexed bool
 
-	queue    chan outMsg
-	lastPong atomic.Int64 // unix nanos; the connect time until the first pong
-	sent     atomic.Pointer[string]
+	lastPong atomic.Int64           // unix nanos; the connect time until the first pong
+	sent     atomic.Pointer[string] // nil until the first set-changing message
 
-	closeOnce   sync.Once
-	closing     chan struct{} // closed by closeWith; the fields below are set first
+	// mu guards the fields below. Lock order: h.mu, then mu, then the
+	// poller's.
+	mu sync.Mutex
+	// queue holds the messages not yet written, at most
+	// feed.send_buffer; nil when empty, so that an idle connection holds
+	// no queue.
+	queue   []outMsg
+	started bool // serve has set the connection up: work may start
+	writing bool // drain runs: it does every write
+	reading bool // a read task runs
+	pingDue bool
+	// closeReq: closeWith was called and set the close fields; drain
+	// writes nothing else, then closes.
+	closeReq    bool
 	closeCode   websocket.StatusCode
 	closeReason string
 	final       []byte // sent before the close frame (revoke), or nil
-	writerDone  chan struct{}
+	ended       bool   // the close has begun: nothing new starts
+	readerDone  chan struct{}
+	pinger      *time.Timer
+	polled      *poller // the poller that watches the socket, or nil
 }
 
-func newConn(h *Hub, ws *websocket.Conn, raw net.Conn, peer string, ident policy.Identity) *conn {
+func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Identity) *conn {
 	now := time.Now()
+	id := h.seq.Add(1)
 	c := &conn{
 		h:           h,
 		ws:          ws,
-		raw:         raw,
-		addr:        fmt.Sprintf("%s#%d", peer, h.seq.Add(1)),
+		wire:        w,
+		id:          id,
+		addr:        fmt.Sprintf("%s#%d", peer, id),
 		peer:        peer,
 		connectedAt: now,
 		ident:       ident,
-		queue:       make(chan outMsg, h.cfg.SendBuffer),
-		closing:     make(chan struct{}),
-		writerDone:  make(chan struct{}),
 	}
 	c.lastPong.Store(now.UnixNano())
-	empty := ""
-	c.sent.Store(&empty)
+	ws.SetReadLimit(h.cfg.MaxMessageBytes)
 	return c
 }
 
 // sentDigest is the digest of the last set-changing message written.
-func (c *conn) sentDigest() string { return *c.sent.Load() }
-
-// closeWith asks the writer to close the connection: write final (if any),
-// then the close frame with code and reason. Only the first call counts. It
-// never blocks.
-func (c *conn) closeWith(code websocket.StatusCode, reason string, final []byte) {
-	c.closeOnce.Do(func() {
-		c.closeCode, c.closeReason, c.final = code, truncateReason(reason), final
-		close(c.closing)
-	})
+func (c *conn) sentDigest() string {
+	if d := c.sent.Load(); d != nil {
+		return *d
+	}
+	return ""
 }
 
-// cut closes the socket at once, without a close handshake. Every blocked
-// read and write of the connection returns.
-func (c *conn) cut() {
-	if c.raw != nil {
-		_ = c.raw.Close()
+// enqueueResult is what enqueue did with a message.
+type enqueueResult int
+
+const (
+	enqueued enqueueResult = iota
+	enqueueClosing
+	enqueueFull
+)
+
+// enqueue queues m unless the connection is closing or limit messages are
+// queued already. It never blocks.
+func (c *conn) enqueue(m outMsg, limit int) enqueueResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closeReq:
+		return enqueueClosing
+	case len(c.queue) >= limit:
+		return enqueueFull
+	}
+	c.queue = append(c.queue, m)
+	c.kickLocked()
+	return enqueued
+}
+
+// queued is the number of messages not yet written.
+func (c *conn) queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
+// closeWith asks the connection to close: write final (if any), then the
+// close frame with code and reason. Only the first call counts. It never
+// blocks.
+func (c *conn) closeWith(code websocket.StatusCode, reason string, final []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closeReq {
+		return
+	}
+	c.closeReq = true
+	c.closeCode, c.closeReason, c.final = code, truncateReason(reason), final
+	c.queue = nil
+	c.kickLocked()
+}
+
+// kickLocked starts drain unless it runs or the connection is not set up
+// yet (serve starts it then).
+func (c *conn) kickLocked() {
+	if c.started && !c.writing && !c.ended {
+		c.writing = true
+		go c.drain()
 	}
 }
 
-// writeLoop does every write of the connection: queued messages, pings and
-// the final close. It returns once the connection is closed.
-func (c *conn) writeLoop() {
-	defer close(c.writerDone)
+// start sets up an attached connection: its ping timer and its reader
+// (registered with p, or a goroutine of its own when p is nil or cannot
+// watch the socket). It reports whether there is something to write, in
+// which case the caller must run drain.
+func (c *conn) start(p *poller) (drainNow bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started = true
+	if !c.closeReq {
+		c.pinger = time.AfterFunc(c.h.cfg.PingInterval, c.pingTick)
+		c.startReadingLocked(p)
+	}
+	if c.closeReq || c.pingDue || len(c.queue) > 0 {
+		c.writing = true
+		return true
+	}
+	return false
+}
+
+// startReadingLocked registers the socket with p, or starts a reader
+// goroutine for the connection's lifetime when that is not possible.
+func (c *conn) startReadingLocked(p *poller) {
+	if p != nil && c.wire.rc != nil {
+		c.wire.nonblocking.Store(true)
+		err := p.add(c)
+		if err == nil {
+			c.polled = p
+			if c.wire.pending != nil {
+				// Sent with the handshake: the socket may never become
+				// readable for it.
+				c.reading = true
+				go c.readTask()
+			}
+			return
+		}
+		c.wire.nonblocking.Store(false)
+		c.h.logger.Warn("feed connection not polled, reading with a goroutine", "conn", c.addr, "err", err)
+	}
+	c.reading = true
+	go c.readTask()
+}
+
+// pingTick runs every feed.ping_interval: it closes a connection that has
+// not answered for two intervals, else has drain send a ping.
+func (c *conn) pingTick() {
 	interval := c.h.cfg.PingInterval
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
+	if time.Since(time.Unix(0, c.lastPong.Load())) >= 2*interval {
+		c.closeWith(feedv1.ClosePongTimeout, "no pong for two ping intervals", nil)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closeReq || c.ended {
+		return
+	}
+	c.pingDue = true
+	c.kickLocked()
+	c.pinger.Reset(interval)
+}
+
+// drain does every write of the connection, until there is nothing left
+// to write: pings, queued messages and, once asked, the close. Only one
+// drain runs at a time (writing), and no lock is held across a write.
+func (c *conn) drain() {
 	for {
-		// A pending close wins over queued messages: after a revoke or a
-		// slow-consumer decision nothing else is sent.
-		select {
-		case <-c.closing:
-			c.finish()
+		c.mu.Lock()
+		if c.closeReq {
+			// A pending close wins over queued messages: after a revoke or
+			// a slow-consumer decision nothing else is sent.
+			c.mu.Unlock()
+			c.end()
 			return
+		}
+		var m outMsg
+		switch {
+		case c.pingDue:
+			c.pingDue = false
+			m = outMsg{data: pingMessage}
+		case len(c.queue) > 0:
+			m = c.queue[0]
+			c.queue[0] = outMsg{}
+			if c.queue = c.queue[1:]; len(c.queue) == 0 {
+				c.queue = nil // release the array: idle connections hold none
+			}
 		default:
-		}
-		select {
-		case <-c.closing:
-			c.finish()
+			c.writing = false
+			c.mu.Unlock()
 			return
-		case m := <-c.queue:
-			if err := c.write(m.data); err != nil {
-				c.closeWith(websocket.StatusAbnormalClosure, "write failed: "+err.Error(), nil)
-				continue
-			}
-			c.written(m)
-		case <-ticker.C:
-			if since := time.Since(time.Unix(0, c.lastPong.Load())); since >= 2*interval {
-				c.closeWith(feedv1.ClosePongTimeout, "no pong for two ping intervals", nil)
-				continue
-			}
-			if err := c.write(pingMessage); err != nil {
-				c.closeWith(websocket.StatusAbnormalClosure, "write failed: "+err.Error(), nil)
-			}
 		}
+		c.mu.Unlock()
+		if err := c.write(m.data); err != nil {
+			c.closeWith(websocket.StatusAbnormalClosure, "write failed: "+err.Error(), nil)
+			continue
+		}
+		c.written(m)
 	}
 }
 
@@ -149,9 +264,47 @@ func (c *conn) write(data []byte) error {
 	return c.ws.Write(ctx, websocket.MessageText, data)
 }
 
+// end closes the connection as asked by closeWith and detaches it from
+// the hub, once its reader has stopped. It runs on drain's goroutine.
+func (c *conn) end() {
+	c.mu.Lock()
+	c.ended = true
+	if c.pinger != nil {
+		c.pinger.Stop()
+	}
+	p := c.polled
+	c.polled = nil
+	c.mu.Unlock()
+	if p != nil {
+		p.remove(c)
+	}
+	c.finish()
+	// The socket is closed: a read in progress returns.
+	c.mu.Lock()
+	var wait chan struct{}
+	if c.reading {
+		c.readerDone = make(chan struct{})
+		wait = c.readerDone
+	}
+	c.mu.Unlock()
+	if wait != nil {
+		<-wait
+	}
+	c.h.detach(c)
+}
+
+// cut closes the socket at once, without a close handshake. Every blocked
+// read and write of the connection returns.
+func (c *conn) cut() {
+	if c.wire != nil {
+		_ = c.wire.Close()
+	}
+}
+
 // finish sends the final message, if any, and closes the connection with
 // the requested code. The whole close is bounded: past the grace the
 // socket is cut, so a peer that stopped reading cannot hold the goroutine.
+// closeReq must have been seen set, under mu.
 func (c *conn) finish() {
 	grace := min(c.h.cfg.WriteTimeout, maxCloseGrace)
 	t := time.AfterFunc(grace, c.cut)
@@ -164,7 +317,22 @@ func (c *conn) finish() {
 	if c.final != nil {
 		_ = c.write(c.final)
 	}
+	// The library reads the client's close frame itself, through the
+	// wire: it must wait for it.
+	c.wire.nonblocking.Store(false)
 	_ = c.ws.Close(c.closeCode, c.closeReason)
+}
+
+// readable is called by the poller when the socket has something to read.
+func (c *conn) readable() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// While closing, the library reads the close handshake itself.
+	if c.reading || c.closeReq || c.ended {
+		return
+	}
+	c.reading = true
+	go c.readTask()
 }
 
 // clientMessage is what a client may send: only {"type":"pong"} is valid.
@@ -172,28 +340,50 @@ type clientMessage struct {
 	Type string `json:"type"`
 }
 
-// readLoop reads the client's messages until the connection ends. Only
-// pong is accepted; anything else closes the connection.
-func (c *conn) readLoop() {
-	c.ws.SetReadLimit(c.h.cfg.MaxMessageBytes)
+// readTask reads the client's messages: while polled, until the client is
+// between messages and the socket holds nothing more; otherwise until the
+// connection ends. Only pong is accepted; anything else closes the
+// connection.
+func (c *conn) readTask() {
+	rearm := false
 	for {
 		typ, data, err := c.ws.Read(context.Background())
+		if errors.Is(err, errWouldBlock) {
+			rearm = true
+			break
+		}
 		if err != nil {
 			c.readFailed(err)
-			return
+			break
 		}
 		if code, reason, ok := classifyFrame(typ, data); !ok {
 			c.closeWith(code, reason, nil)
-			return
+			break
 		}
 		c.lastPong.Store(time.Now().UnixNano())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reading = false
+	switch {
+	case c.readerDone != nil:
+		close(c.readerDone)
+	case !rearm || c.closeReq || c.ended || c.polled == nil:
+	default:
+		if err := c.polled.rearm(c); err != nil {
+			// Keep reading rather than stop: a goroutine until the end.
+			c.h.logger.Warn("feed connection not polled any more, reading with a goroutine", "conn", c.addr, "err", err)
+			c.wire.nonblocking.Store(false)
+			c.reading = true
+			go c.readTask()
+		}
 	}
 }
 
 // classifyFrame decides what a frame the client sent means: ok for a pong,
 // otherwise the close code and reason to end the connection with. It is
 // pure (no connection, no clock) so that the decoding of untrusted frames
-// can be fuzzed apart from the socket; readLoop is its only caller. The
+// can be fuzzed apart from the socket; readTask is its only caller. The
 // reason already fits a close frame.
 func classifyFrame(typ websocket.MessageType, data []byte) (code websocket.StatusCode, reason string, ok bool) {
 	if typ != websocket.MessageText {
@@ -211,7 +401,7 @@ func classifyFrame(typ websocket.MessageType, data []byte) (code websocket.Statu
 	return 0, "", true
 }
 
-// readFailed turns the error that ended the read loop into the close.
+// readFailed turns the error that ended a read into the close.
 func (c *conn) readFailed(err error) {
 	switch code := websocket.CloseStatus(err); {
 	case errors.Is(err, websocket.ErrMessageTooBig):
@@ -236,22 +426,3 @@ func truncateReason(s string) string {
 	}
 	return s
 }
-
-// hijackRecorder remembers the socket the WebSocket library hijacks, so
-// that a stalled close can be cut.
-type hijackRecorder struct {
-	http.ResponseWriter
-	conn net.Conn
-}
-
-// Hijack implements http.Hijacker.
-func (w *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	nc, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
-	if err == nil {
-		w.conn = nc
-	}
-	return nc, rw, err
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *hijackRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -104,19 +104,55 @@
 // # Liveness and backpressure
 //
 // Each connection has one bounded send queue (feed.send_buffer messages)
-// and one writer goroutine that does every network write, each bounded by
-// feed.write_timeout. The broadcaster never blocks: a message that does not
-// fit in a full queue closes the connection with 4429 (CloseSlowConsumer);
-// the client reconnects and gets init (or a short replay). The writer also
-// sends ping every feed.ping_interval and closes with 4408
-// (ClosePongTimeout) when no pong arrived for two intervals. A close (the
-// reason, then the close handshake) gets at most min(write_timeout,
-// maxCloseGrace) before the socket is cut.
+// and one write path: every network write (messages, pings, the close) is
+// done by drain, each bounded by feed.write_timeout, and at most one drain
+// runs per connection; no lock is held across a write. The broadcaster
+// never blocks: a message that does not fit in a full queue closes the
+// connection with 4429 (CloseSlowConsumer); the client reconnects and gets
+// init (or a short replay). A timer sends ping every feed.ping_interval
+// and closes with 4408 (ClosePongTimeout) when no pong arrived for two
+// intervals. A close (the reason, then the close handshake) gets at most
+// min(write_timeout, maxCloseGrace) before the socket is cut.
 //
 // A connection's reader accepts only text frames holding {"type":"pong"},
 // up to feed.max_message_bytes: a binary frame closes with 1003, invalid
 // JSON or another type with 4400 (CloseInvalidMessage), a frame over the
-// limit with 1009.
+// limit with 1009. Protocol-level ping frames (the SDK sends them) are
+// answered with pong frames by the WebSocket library.
+//
+// # Idle connections
+//
+// An idle connection runs no goroutine and holds only small buffers, so
+// that a node holds tens of thousands (issue target: 16 KB each; measured
+// with go run ./bench idle-memory -streams 0 -ws 10000):
+//
+//   - drain runs on a goroutine started when there is something to write
+//     (the handshake's own goroutine writes the first messages) and ends
+//     when the queue is empty; the queue is a slice released when empty.
+//   - The ping is a timer, not a ticker in a loop.
+//   - Reads: on Linux the hub's poller (one epoll instance, one goroutine)
+//     watches every connection's socket, level-triggered and one-shot, and
+//     starts a read task when it is readable. The task reads messages
+//     until the client is between messages and the socket holds nothing
+//     more, then re-arms the registration and ends. The WebSocket library
+//     only has a blocking Read, so the socket it reads from (wire) returns
+//     errWouldBlock instead of waiting, but only at a message boundary,
+//     which it knows by following the frame structure of what it returned
+//     (see wire). The library then stands exactly where a new message
+//     starts. So a client's pong, close frame or garbage is read as soon
+//     as it arrives, as with a reader goroutine: nothing is detected later
+//     than before.
+//   - net/http's 4 KiB read and write buffers of the hijacked connection
+//     are replaced by smaller ones (readBufferSize, writeBufferSize): a
+//     message larger than the write buffer takes two write syscalls.
+//
+// What still holds a goroutine: a client that stops in the middle of a
+// frame (or of a fragmented message) keeps its read task waiting for the
+// rest, until the pong timeout closes it; and a connection the poller
+// cannot watch reads with a goroutine of its own for its lifetime: TLS
+// (tls.Conn buffers decrypted data the socket's readiness says nothing
+// about), platforms other than Linux, or a failure to register with epoll
+// (logged).
 //
 // CloseAll (server shutdown) refuses new connections with 503, closes every
 // connection with 1001 and returns when their goroutines have ended;

@@ -92,7 +92,16 @@ type Hub struct {
 	byEmployee map[string]connSet
 	initCache  map[*policyset.Set][]byte
 
-	wg         sync.WaitGroup // one per attached connection handler
+	// poll watches the sockets of idle connections; created with the
+	// first connection, closed by CloseAll. pollFailed: it could not be
+	// created, connections read with goroutines of their own.
+	poll       *poller
+	pollFailed bool
+	// noPoll makes every connection read with a goroutine of its own, as
+	// on platforms without the poller (tests).
+	noPoll bool
+
+	wg         sync.WaitGroup // one per attached connection, until it is detached
 	closedDone chan struct{}  // closed when CloseAll has finished
 }
 
@@ -134,7 +143,8 @@ func New(cfg config.Feed, logger *slog.Logger, deps Deps) (*Hub, error) {
 
 // Run does the hub's background work until ctx ends, then closes every
 // connection (as CloseAll) and returns once they have ended. Connections
-// run their own writer goroutines; Run only bounds their lifetime.
+// run on goroutines of their own, started when they have work (see conn);
+// Run only bounds their lifetime.
 func (h *Hub) Run(ctx context.Context) {
 	select {
 	case <-ctx.Done():
@@ -144,9 +154,10 @@ func (h *Hub) Run(ctx context.Context) {
 }
 
 // CloseAll closes every connection (1001 going away) and refuses new ones
-// (503). It returns when every connection's goroutines have ended: those
-// that do not finish their close handshake within shutdownGrace have their
-// sockets cut. It is safe to call more than once and concurrently.
+// (503). It returns when every connection's goroutines (and the poller's)
+// have ended: those that do not finish their close handshake within
+// shutdownGrace have their sockets cut. It is safe to call more than once
+// and concurrently.
 func (h *Hub) CloseAll() {
 	h.mu.Lock()
 	if h.closed {
@@ -171,6 +182,14 @@ func (h *Hub) CloseAll() {
 		}
 		h.wg.Wait()
 	}
+	// No connection is left to use the poller, and none can attach.
+	h.mu.Lock()
+	p := h.poll
+	h.poll = nil
+	h.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
 	close(h.closedDone)
 	h.logger.Info("feed closed", "connections", len(conns))
 }
@@ -190,6 +209,28 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// connPoller returns the poller for a new connection, creating it with
+// the first one; nil when connections must read with goroutines of their
+// own (no poller on this platform, or it could not be created) or the hub
+// is closing.
+func (h *Hub) connPoller() *poller {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.noPoll || h.pollFailed {
+		return nil
+	}
+	if h.poll == nil {
+		p, err := newPoller()
+		if err != nil {
+			h.pollFailed = true
+			h.logger.Warn("feed connections will read with a goroutine each", "err", err)
+			return nil
+		}
+		h.poll = p
+	}
+	return h.poll
 }
 
 // Clients lists this node's connections for GET /v1/clients.
@@ -402,7 +443,7 @@ func (h *Hub) targetsLocked(scopes []policy.Scope) connSet {
 // space is replaced by one init; a message that does not fit at all closes
 // c as a slow consumer. It never blocks.
 func (h *Hub) sendLocked(c *conn, b *batch, msgs []outMsg) {
-	if len(msgs) > 1 && len(msgs) > cap(c.queue)-len(c.queue) {
+	if len(msgs) > 1 && len(msgs) > h.cfg.SendBuffer-c.queued() {
 		h.sendInitLocked(c, b.at)
 		return
 	}
@@ -416,19 +457,15 @@ func (h *Hub) sendLocked(c *conn, b *batch, msgs []outMsg) {
 // enqueueLocked queues m for c, or drops c as a slow consumer. A closing
 // connection takes nothing more.
 func (h *Hub) enqueueLocked(c *conn, m outMsg) bool {
-	select {
-	case <-c.closing:
+	switch c.enqueue(m, h.cfg.SendBuffer) {
+	case enqueued:
+		return true
+	case enqueueClosing:
 		h.unindexLocked(c)
 		return false
-	default:
-	}
-	select {
-	case c.queue <- m:
-		return true
-	default:
 	}
 	h.logger.Warn("feed connection too slow, closing", "conn", c.addr, "employee", c.ident.Employee,
-		"org", c.ident.Org, "queued", len(c.queue))
+		"org", c.ident.Org, "queued", h.cfg.SendBuffer)
 	h.unindexLocked(c)
 	c.closeWith(feedv1.CloseSlowConsumer, "send buffer full", nil)
 	return false

@@ -649,7 +649,13 @@ func TestResumeSince(t *testing.T) {
 }
 
 func TestPingPong(t *testing.T) {
-	f := newFixture(t, fixtureOpts{feed: func(c *config.Feed) { c.PingInterval = 50 * time.Millisecond }})
+	for _, mode := range readModes {
+		t.Run(mode.name, func(t *testing.T) { testPingPong(t, mode.noPoll) })
+	}
+}
+
+func testPingPong(t *testing.T, noPoll bool) {
+	f := newFixture(t, fixtureOpts{noPoll: noPoll, feed: func(c *config.Feed) { c.PingInterval = 50 * time.Millisecond }})
 	seedData(f)
 	live := f.dial(t, dialOpts{token: f.token("bob", "acme", "blue")})
 	start := time.Now()
@@ -737,6 +743,12 @@ func TestSlowConsumerDropped(t *testing.T) {
 }
 
 func TestBadClientInput(t *testing.T) {
+	for _, mode := range readModes {
+		t.Run(mode.name, func(t *testing.T) { testBadClientInput(t, mode.noPoll) })
+	}
+}
+
+func testBadClientInput(t *testing.T, noPoll bool) {
 	tests := []struct {
 		name string
 		typ  websocket.MessageType
@@ -751,7 +763,7 @@ func TestBadClientInput(t *testing.T) {
 		{"binary frame", websocket.MessageBinary, []byte(`{"type":"pong"}`), websocket.StatusUnsupportedData},
 		{"oversized frame", websocket.MessageText, []byte(`{"type":"pong","x":"` + strings.Repeat("a", 8192) + `"}`), websocket.StatusMessageTooBig},
 	}
-	f := newFixture(t, fixtureOpts{})
+	f := newFixture(t, fixtureOpts{noPoll: noPoll})
 	seedData(f)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

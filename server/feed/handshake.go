@@ -85,8 +85,8 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reject(w, r, err)
 		return
 	}
-	rec := &hijackRecorder{ResponseWriter: w}
-	ws, err := websocket.Accept(rec, r, &websocket.AcceptOptions{
+	hj := &hijacker{ResponseWriter: w}
+	ws, err := websocket.Accept(hj, r, &websocket.AcceptOptions{
 		// Selected when the client offers it, which it must when it sends
 		// its token as a subprotocol: the token is never echoed.
 		Subprotocols: []string{feedv1.Subprotocol},
@@ -98,7 +98,7 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.logger.Debug("feed upgrade failed", "peer", r.RemoteAddr, "err", err)
 		return
 	}
-	h.serve(newConn(h, ws, rec.conn, r.RemoteAddr, hs.ident), hs.since)
+	h.serve(newConn(h, ws, hj.wire, r.RemoteAddr, hs.ident), hs.since)
 }
 
 // admit checks a handshake request and resolves its identity.
@@ -286,32 +286,35 @@ func headerTokens(h http.Header, key string) []string {
 	return out
 }
 
-// serve runs an upgraded connection until it ends: the handler goroutine
-// reads, a second goroutine writes.
+// serve sets up an upgraded connection and returns: from then on the
+// connection runs on short-lived goroutines (see conn).
 func (h *Hub) serve(c *conn, since uint64) {
 	mode, ident, ok := h.attach(c, since)
 	if !ok {
 		// The hub closed during the handshake.
 		c.closeWith(websocket.StatusGoingAway, "server shutting down", nil)
-		c.writeLoop()
+		c.finish()
 		return
 	}
-	defer h.wg.Done()
-	h.metrics.connections.Inc()
 	h.logger.Info("feed connection opened", "conn", c.addr, "employee", ident.Employee,
 		"org", ident.Org, "team", ident.Team, "since", since, "sync", mode)
+	if c.start(h.connPoller()) {
+		// The first messages (or the close) are written on this
+		// goroutine, which exists already.
+		c.drain()
+	}
+}
 
-	go c.writeLoop()
-	c.readLoop()
-	<-c.writerDone
-
+// detach removes an ended connection from the hub.
+func (h *Hub) detach(c *conn) {
 	h.mu.Lock()
 	h.unindexLocked(c)
 	delete(h.live, c)
-	ident = c.ident
+	ident := c.ident
 	h.mu.Unlock()
 	h.metrics.connections.Dec()
 	h.logger.Info("feed connection closed", "conn", c.addr, "employee", ident.Employee,
 		"org", ident.Org, "code", int(c.closeCode), "reason", c.closeReason,
 		"duration", time.Since(c.connectedAt).Round(time.Millisecond))
+	h.wg.Done()
 }

@@ -97,7 +97,20 @@ type fixtureOpts struct {
 	// socket: small, a client that stops reading blocks the server's
 	// writes after that much instead of megabytes.
 	sendBuffer int
+	// noPoll: every connection reads with a goroutine of its own, as
+	// where there is no poller.
+	noPoll bool
+	// tls serves over TLS (wss://).
+	tls bool
 }
+
+// readModes are the two ways a connection reads: polled (no goroutine
+// while idle) and with a reader goroutine of its own (no poller on the
+// platform, TLS). Tests of what clients send run in both.
+var readModes = []struct {
+	name   string
+	noPoll bool
+}{{"polled", false}, {"reader goroutine", true}}
 
 func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	t.Helper()
@@ -133,6 +146,7 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.hub.noPoll = opts.noPoll
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -144,8 +158,13 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	if opts.sendBuffer > 0 {
 		f.srv.Listener = smallSendListener{f.srv.Listener, opts.sendBuffer}
 	}
-	f.srv.Start()
-	f.hc = &http.Client{Transport: &http.Transport{}}
+	if opts.tls {
+		f.srv.StartTLS()
+		f.hc = f.srv.Client()
+	} else {
+		f.srv.Start()
+		f.hc = &http.Client{Transport: &http.Transport{}}
+	}
 	t.Cleanup(func() {
 		f.hub.CloseAll()
 		cancel()

@@ -100,6 +100,7 @@ func (h *Hub) attach(c *conn, since uint64) (string, policy.Identity, bool) {
 func (h *Hub) attachLocked(c *conn, since uint64, sync func()) string {
 	h.wg.Add(1)
 	h.live[c] = struct{}{}
+	h.metrics.connections.Inc()
 	emp, err := h.deps.Store.FindEmployee(c.ident.Employee)
 	switch {
 	case err != nil:

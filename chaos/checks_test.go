@@ -1,0 +1,196 @@
+//go:build linux
+
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/hashicorp/go-msgpack/v2/codec"
+	"github.com/hashicorp/raft"
+)
+
+// These tests show that the suite's checks can fail: the model rejects the
+// anomalies the chaos run looks for, and the proxy tells senders apart.
+
+func op(client int, in kvInput, out kvOutput, call, ret int64) porcupine.Operation {
+	return porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret}
+}
+
+func TestKVModel(t *testing.T) {
+	put := func(k, w string) kvInput { return kvInput{Op: opPut, Key: k, Write: w} }
+	get := func(k string) kvInput { return kvInput{Op: opGet, Key: k} }
+	ok, read := kvOutput{Result: resOK}, func(w string) kvOutput { return kvOutput{Result: resOK, Value: w} }
+	const never = 1 << 62
+	tests := []struct {
+		name string
+		ops  []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{"read your write", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(1, get("k0"), read("a"), 11, 20),
+		}, porcupine.Ok},
+		{"stale read after an acknowledged write", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(0, put("k0", "b"), ok, 11, 20), op(1, get("k0"), read("a"), 21, 30),
+		}, porcupine.Illegal},
+		{"read of a write that was never issued", []porcupine.Operation{
+			op(1, get("k0"), read("ghost"), 0, 10),
+		}, porcupine.Illegal},
+		{"unknown write may apply late", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(2, put("k0", "b"), kvOutput{Result: resUnknown}, 5, never),
+			op(1, get("k0"), read("a"), 20, 30), op(1, get("k0"), read("b"), 40, 50),
+		}, porcupine.Ok},
+		{"unknown write cannot apply before it was sent", []porcupine.Operation{
+			op(1, get("k0"), read("b"), 0, 10), op(2, put("k0", "b"), kvOutput{Result: resUnknown}, 20, never),
+		}, porcupine.Illegal},
+		{"cas succeeds only on its expected write", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(0, put("k0", "b"), ok, 11, 20),
+			op(1, kvInput{Op: opCAS, Key: "k0", Write: "c", Expect: "a"}, ok, 21, 30),
+		}, porcupine.Illegal},
+		{"cas conflict when the expected write holds", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10),
+			op(1, kvInput{Op: opCAS, Key: "k0", Write: "c", Expect: "a"}, kvOutput{Result: resConflict}, 11, 20),
+		}, porcupine.Illegal},
+		{"conditional delete of a superseded write", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(0, put("k0", "b"), ok, 11, 20),
+			op(1, kvInput{Op: opDel, Key: "k0", Expect: "a", IfMatch: 3}, ok, 21, 30),
+		}, porcupine.Illegal},
+		{"delete then a read of the deleted value", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(0, kvInput{Op: opDel, Key: "k0"}, ok, 11, 20),
+			op(1, get("k0"), read("a"), 21, 30),
+		}, porcupine.Illegal},
+		{"keys are independent", []porcupine.Operation{
+			op(0, put("k0", "a"), ok, 0, 10), op(1, get("k1"), kvOutput{Result: resNotFound}, 11, 20),
+		}, porcupine.Ok},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := porcupine.CheckOperationsTimeout(kvModel, tc.ops, 10*time.Second); got != tc.want {
+				t.Fatalf("check = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOperationsResolveUnknownWrites(t *testing.T) {
+	log := mustLog(t, []policyEvent{putEvent(5, "k0", "applied")})
+	recs := []record{
+		{In: kvInput{Op: opPut, Key: "k0", Write: "applied"}, Out: kvOutput{Result: resUnknown}},
+		{In: kvInput{Op: opPut, Key: "k0", Write: "lost-in-flight"}, Out: kvOutput{Result: resUnknown}},
+		{In: kvInput{Op: opGet, Key: "k0"}, Out: kvOutput{Result: resUnknown}},
+		{In: kvInput{Op: opDel, Key: "k0"}, Out: kvOutput{Result: resNotSent}},
+		{In: kvInput{Op: opDel, Key: "k0", Expect: "applied", IfMatch: 5}, Out: kvOutput{Result: resUnknown}},
+	}
+	ops := operations(recs, log)
+	if len(ops) != 1 || ops[0].Input.(kvInput).Write != "applied" || ops[0].Output.(kvOutput).Result != resOK {
+		t.Fatalf("operations = %+v, want only the applied write, as ok with no known return (the conditional delete of a revision nothing deleted is dropped)", ops)
+	}
+}
+
+func putEvent(id uint64, key, write string) policyEvent {
+	data, _ := json.Marshal(map[string]any{"name": key, "revision": id, "spec": map[string]string{"reason": write}})
+	return policyEvent{ID: id, Action: "UPDATE", EntityID: key, Data: data}
+}
+
+// delEvent is a DELETE event: its data is the deleted policy.
+func delEvent(id uint64, key string, rev uint64, write string) policyEvent {
+	ev := putEvent(rev, key, write)
+	ev.ID, ev.Action = id, "DELETE"
+	return ev
+}
+
+func mustLog(t *testing.T, evs []policyEvent) *writeLog {
+	t.Helper()
+	w, err := newWriteLog(evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestCheckSidecar(t *testing.T) {
+	log := mustLog(t, []policyEvent{
+		putEvent(3, "k0", "a"), putEvent(4, "k1", "b"),
+		delEvent(6, "k0", 3, "a"), putEvent(7, "k0", "c"),
+	})
+	tests := []struct {
+		name string
+		grpc bool
+		ups  []sidecarUpdate
+		want string // "" = accepted; else part of the error
+	}{
+		{"in order", true, []sidecarUpdate{{Set: state{}}, {Set: state{"k0": 3}}, {Set: state{"k0": 3, "k1": 4}}, {Set: state{"k1": 4}}, {Set: state{"k0": 7, "k1": 4}}}, ""},
+		{"skips are fine", true, []sidecarUpdate{{Set: state{"k0": 7, "k1": 4}}}, ""},
+		{"back in time", true, []sidecarUpdate{{Set: state{"k0": 7, "k1": 4}}, {Set: state{"k0": 3, "k1": 4}}}, "went back"},
+		{"deleted policy reappears", false, []sidecarUpdate{{Set: state{"k0": 3}}, {Set: state{}}, {Set: state{"k0": 3}}}, "went back"},
+		{"revision never written", false, []sidecarUpdate{{Set: state{"k0": 5}}}, "never written"},
+		{"torn whole set over gRPC is counted, not failed", true, []sidecarUpdate{{Set: state{"k0": 7}}}, ""},
+		{"mixed set between feed deltas", false, []sidecarUpdate{{Set: state{"k0": 7}}, {Set: state{"k0": 7, "k1": 4}}}, ""},
+		{"feed index goes back", false, []sidecarUpdate{{Index: 7, Set: state{"k0": 7, "k1": 4}}, {Index: 6, Set: state{"k0": 7, "k1": 4}}}, "raft index"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkSidecar(tc.ups, log, tc.grpc)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("rejected: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestIdentify encodes RPCs the way raft's NetworkTransport does and checks
+// that the proxy reads their sender, and refuses what it cannot attribute.
+func TestIdentify(t *testing.T) {
+	ids := map[string]int{"node1": 0, "node2": 1}
+	encode := func(typ uint8, req any) []byte {
+		var b bytes.Buffer
+		b.WriteByte(typ)
+		h := &codec.MsgpackHandle{}
+		h.TimeNotBuiltin = true // as raft's encoder
+		if err := codec.NewEncoder(&b, h).Encode(req); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	hdr := func(id string) raft.RPCHeader {
+		return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(id), Addr: []byte("127.0.0.1:1")}
+	}
+	tests := []struct {
+		name string
+		wire []byte
+		want int // -1: error
+	}{
+		{"append entries", encode(rpcAppendEntries, &raft.AppendEntriesRequest{RPCHeader: hdr("node2"), Term: 3,
+			Entries: []*raft.Log{{Index: 1, Term: 3, Data: []byte("node1")}}}), 1},
+		{"vote", encode(rpcRequestVote, &raft.RequestVoteRequest{RPCHeader: hdr("node1"), Term: 4}), 0},
+		{"pre-vote", encode(rpcRequestPreVote, &raft.RequestPreVoteRequest{RPCHeader: hdr("node2"), Term: 4}), 1},
+		{"snapshot", encode(rpcInstallSnapshot, &raft.InstallSnapshotRequest{RPCHeader: hdr("node1"), Size: 10}), 0},
+		{"timeout now", encode(rpcTimeoutNow, &raft.TimeoutNowRequest{RPCHeader: hdr("node2")}), 1},
+		{"unknown server", encode(rpcRequestVote, &raft.RequestVoteRequest{RPCHeader: hdr("node9")}), -1},
+		{"unknown rpc type", []byte{42, 0x80}, -1},
+		{"garbage", []byte{rpcAppendEntries, 0xc1, 0xc1}, -1},
+		{"empty", nil, -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := identify(bufio.NewReader(bytes.NewReader(tc.wire)), ids)
+			if tc.want < 0 {
+				if err == nil {
+					t.Fatalf("identified node %d, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("identify = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,412 @@
+//go:build linux
+
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// opKind is a client operation on one key.
+type opKind uint8
+
+const (
+	opGet opKind = iota // GET ?consistent=true
+	opPut               // PUT
+	opCAS               // PUT with If-Match
+	opDel               // DELETE
+)
+
+func (k opKind) String() string {
+	return [...]string{"get", "put", "cas", "del"}[k]
+}
+
+// result is what an operation's response says happened.
+type result uint8
+
+const (
+	resOK       result = iota
+	resNotFound        // 404: the key did not exist
+	resConflict        // 409: the If-Match revision was not the current one
+	resUnknown         // failed or timed out: may or may not have happened
+	resNotSent         // refused before the request was sent: did not happen
+)
+
+func (r result) String() string {
+	return [...]string{"ok", "not-found", "conflict", "unknown", "not-sent"}[r]
+}
+
+// kvInput is an operation's request. Values are write ids ("" = absent).
+type kvInput struct {
+	Op  opKind `json:"op"`
+	Key string `json:"key"`
+	// Write is the write id a put or cas stores.
+	Write string `json:"write,omitempty"`
+	// Expect is, for a cas, the write id whose revision the If-Match named
+	// ("" for If-Match: 0, must not exist). Revisions are Raft indexes,
+	// unique per write, so "the revision matches" is "the key holds Expect".
+	Expect  string `json:"expect,omitempty"`
+	IfMatch uint64 `json:"if_match,omitempty"`
+	Node    int    `json:"node"`
+}
+
+// kvOutput is an operation's response.
+type kvOutput struct {
+	Result result `json:"result"`
+	// Value is the write id a get read.
+	Value string `json:"value,omitempty"`
+	// Revision is the revision a get read or a put was answered with.
+	Revision uint64 `json:"revision,omitempty"`
+	// Gone marks a write answered 404: committed, then deleted before the
+	// answer read it back.
+	Gone bool   `json:"gone,omitempty"`
+	Err  string `json:"err,omitempty"`
+}
+
+// record is one operation with its invocation and response times (since
+// the history began).
+type record struct {
+	Client int           `json:"client"`
+	In     kvInput       `json:"in"`
+	Out    kvOutput      `json:"out"`
+	Call   time.Duration `json:"call"`
+	Return time.Duration `json:"return"`
+}
+
+// history collects records from every client.
+type history struct {
+	start time.Time
+	mu    sync.Mutex
+	recs  []record
+}
+
+func newHistory() *history { return &history{start: time.Now()} }
+
+func (h *history) now() time.Duration { return time.Since(h.start) }
+
+func (h *history) add(r record) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r)
+}
+
+func (h *history) records() []record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.recs)
+}
+
+// kvModel is a register per key holding a write id; porcupine checks each
+// key on its own (partition by key). An operation of unknown outcome gets
+// an infinite return time, so the checker may place it anywhere after its
+// call, including after every other operation, which is the same as never.
+var kvModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			k := op.Input.(kvInput).Key
+			if _, ok := byKey[k]; !ok {
+				keys = append(keys, k)
+			}
+			byKey[k] = append(byKey[k], op)
+		}
+		sort.Strings(keys)
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, byKey[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(string), input.(kvInput), output.(kvOutput)
+		switch in.Op {
+		case opGet:
+			if out.Result == resNotFound {
+				return s == "", s
+			}
+			return s == out.Value, s
+		case opPut:
+			return true, in.Write
+		case opCAS:
+			switch out.Result {
+			case resOK:
+				return s == in.Expect, in.Write
+			case resConflict:
+				return s != in.Expect, s
+			default: // unknown: it took effect iff the precondition held
+				if s == in.Expect {
+					return true, in.Write
+				}
+				return true, s
+			}
+		case opDel:
+			cond := in.IfMatch != 0 // conditional: only if the key holds Expect
+			switch out.Result {
+			case resOK:
+				return s != "" && (!cond || s == in.Expect), ""
+			case resNotFound:
+				return s == "", s
+			case resConflict:
+				return cond && s != "" && s != in.Expect, s
+			default:
+				if cond && s != in.Expect {
+					return true, s
+				}
+				return true, ""
+			}
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(kvInput), output.(kvOutput)
+		switch in.Op {
+		case opGet:
+			if out.Result == resNotFound {
+				return fmt.Sprintf("get(%s)@n%d → absent", in.Key, in.Node+1)
+			}
+			return fmt.Sprintf("get(%s)@n%d → %s (rev %d)", in.Key, in.Node+1, out.Value, out.Revision)
+		case opPut:
+			return fmt.Sprintf("put(%s, %s)@n%d → %s", in.Key, in.Write, in.Node+1, out.Result)
+		case opCAS:
+			return fmt.Sprintf("cas(%s, %s if %q/rev %d)@n%d → %s", in.Key, in.Write, in.Expect, in.IfMatch, in.Node+1, out.Result)
+		default:
+			return fmt.Sprintf("del(%s)@n%d → %s", in.Key, in.Node+1, out.Result)
+		}
+	},
+	DescribeState: func(state any) string {
+		if state.(string) == "" {
+			return "absent"
+		}
+		return state.(string)
+	},
+}
+
+// policyEvent is the part of an event log entry the checks read.
+type policyEvent struct {
+	ID       uint64          `json:"id"`
+	Action   string          `json:"action"`
+	EntityID string          `json:"entity_id"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// storedPolicy is the part of a policy the suite reads: the write id is the
+// spec's reason.
+type storedPolicy struct {
+	Name     string `json:"name"`
+	Revision uint64 `json:"revision"`
+	Spec     struct {
+		Reason string `json:"reason"`
+	} `json:"spec"`
+}
+
+// writeLog is the event log of the test's policies, indexed.
+type writeLog struct {
+	events []policyEvent
+	// applied maps a write id to the event ids that applied it (one, unless
+	// a write was applied twice).
+	applied map[string][]uint64
+	// lastChange is the id of each key's last event.
+	lastChange map[string]uint64
+	// deletedRev holds the revisions that a DELETE removed.
+	deletedRev map[uint64]bool
+}
+
+func newWriteLog(events []policyEvent) (*writeLog, error) {
+	w := &writeLog{events: events, applied: map[string][]uint64{}, lastChange: map[string]uint64{}, deletedRev: map[uint64]bool{}}
+	for _, ev := range events {
+		w.lastChange[ev.EntityID] = ev.ID
+		var p storedPolicy
+		if err := json.Unmarshal(ev.Data, &p); err != nil {
+			return nil, fmt.Errorf("event %d: decode policy: %w", ev.ID, err)
+		}
+		if ev.Action == "DELETE" {
+			w.deletedRev[p.Revision] = true // the event's data is the deleted policy
+			continue
+		}
+		if p.Revision != ev.ID {
+			return nil, fmt.Errorf("event %d: policy %s stored at revision %d, not the event's index", ev.ID, p.Name, p.Revision)
+		}
+		w.applied[p.Spec.Reason] = append(w.applied[p.Spec.Reason], ev.ID)
+	}
+	return w, nil
+}
+
+// state is a policy set as name → revision, in a canonical string form.
+type state map[string]uint64
+
+func (s state) String() string {
+	names := make([]string, 0, len(s))
+	for n := range s {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(n + "@" + strconv.FormatUint(s[n], 10) + " ")
+	}
+	return b.String()
+}
+
+// states replays the log: the set after each event, starting from the
+// empty set (index 0).
+func (w *writeLog) states() (idx []uint64, sets []string) {
+	cur := state{}
+	idx, sets = []uint64{0}, []string{cur.String()}
+	for _, ev := range w.events {
+		if ev.Action == "DELETE" {
+			delete(cur, ev.EntityID)
+		} else {
+			cur[ev.EntityID] = ev.ID
+		}
+		idx, sets = append(idx, ev.ID), append(sets, cur.String())
+	}
+	return idx, sets
+}
+
+// final is the set after the last event.
+func (w *writeLog) final() state {
+	cur := state{}
+	for _, ev := range w.events {
+		if ev.Action == "DELETE" {
+			delete(cur, ev.EntityID)
+		} else {
+			cur[ev.EntityID] = ev.ID
+		}
+	}
+	return cur
+}
+
+// operations turns the records into porcupine's history, resolving unknown
+// writes with the event log: a put or cas whose write id the log does not
+// hold was not applied and is dropped; one it holds succeeded (at an
+// unknown time). Unknown reads and unsent requests are dropped.
+func operations(recs []record, w *writeLog) []porcupine.Operation {
+	ops := make([]porcupine.Operation, 0, len(recs))
+	for _, r := range recs {
+		out, ret := r.Out, r.Return.Nanoseconds()
+		switch {
+		case out.Result == resNotSent:
+			continue
+		case out.Result != resUnknown:
+		case r.In.Op == opGet:
+			continue
+		case r.In.Op == opPut || r.In.Op == opCAS:
+			if len(w.applied[r.In.Write]) == 0 {
+				continue
+			}
+			out.Result, ret = resOK, math.MaxInt64
+		case r.In.Op == opDel && r.In.IfMatch != 0 && !w.deletedRev[r.In.IfMatch]:
+			// Nothing deleted that revision: this delete did not apply.
+			continue
+		default:
+			ret = math.MaxInt64
+		}
+		ops = append(ops, porcupine.Operation{
+			ClientId: r.Client, Input: r.In, Output: out, Call: r.Call.Nanoseconds(), Return: ret,
+		})
+	}
+	return ops
+}
+
+// sidecarUpdate is one set a sidecar put in force.
+type sidecarUpdate struct {
+	Version string `json:"version"`
+	Index   uint64 `json:"index,omitempty"`
+	// Full is a whole set received at once (a discovery response, a feed
+	// init); otherwise a feed delta applied to the previous set.
+	Full bool  `json:"full"`
+	Set  state `json:"set"`
+}
+
+// keyTimeline is one key's history in the log: the event ids that changed
+// it and whether it existed after each (position 0 is "never written").
+type keyTimeline struct {
+	ids     []uint64
+	present []bool
+}
+
+func (w *writeLog) timelines() map[string]*keyTimeline {
+	out := map[string]*keyTimeline{}
+	for _, k := range keys {
+		out[k] = &keyTimeline{ids: []uint64{0}, present: []bool{false}}
+	}
+	for _, ev := range w.events {
+		tl := out[ev.EntityID]
+		if tl == nil {
+			tl = &keyTimeline{ids: []uint64{0}, present: []bool{false}}
+			out[ev.EntityID] = tl
+		}
+		tl.ids = append(tl.ids, ev.ID)
+		tl.present = append(tl.present, ev.Action != "DELETE")
+	}
+	return out
+}
+
+// advance returns the first position at or after pos where the key is in
+// the state held (present at revision rev, or absent), or -1.
+func (tl *keyTimeline) advance(pos int, rev uint64, held bool) int {
+	for j := pos; j < len(tl.ids); j++ {
+		if held && tl.present[j] && tl.ids[j] == rev || !held && !tl.present[j] {
+			return j
+		}
+	}
+	return -1
+}
+
+// checkSidecar checks a sidecar's updates against the log: every policy
+// revision it held was written, each key only ever moves forward in its
+// own history (greedy earliest match, which finds an order whenever one
+// exists), WebSocket raft indexes never decrease, and every whole set
+// received over gRPC is a set that existed after some commit. (A feed
+// delta need not give one: the feed sends a policy changed twice in one
+// Raft batch once, in its latest state, so the set between two messages of
+// a batch may be a mix; see server/feed policiesChangedLocked.)
+func checkSidecar(ups []sidecarUpdate, w *writeLog, grpc bool) (torn int, err error) {
+	tls := w.timelines()
+	pos := map[string]int{}
+	_, sets := w.states()
+	existed := map[string]bool{}
+	for _, s := range sets {
+		existed[s] = true
+	}
+	var lastIndex uint64
+	for i, u := range ups {
+		for k, tl := range tls {
+			rev, held := u.Set[k]
+			j := tl.advance(pos[k], rev, held)
+			if j < 0 {
+				if tl.advance(0, rev, held) >= 0 {
+					return torn, fmt.Errorf("update %d (version %.12s): %s went back to revision %d (held %v) after revision %d", i, u.Version, k, rev, held, tl.ids[pos[k]])
+				}
+				return torn, fmt.Errorf("update %d (version %.12s): %s at revision %d was never written", i, u.Version, k, rev)
+			}
+			pos[k] = j
+		}
+		for k := range u.Set {
+			if tls[k] == nil {
+				return torn, fmt.Errorf("update %d: unknown policy %s", i, k)
+			}
+		}
+		if grpc && !existed[u.Set.String()] {
+			torn++
+		}
+		if u.Index != 0 {
+			if u.Index < lastIndex {
+				return torn, fmt.Errorf("update %d has raft index %d after %d", i, u.Index, lastIndex)
+			}
+			lastIndex = u.Index
+		}
+	}
+	return torn, nil
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/policyd/policyd/store"
+)
+
+var savedRE = regexp.MustCompile(`saved snapshot at applied index (\d+) \(digest ([0-9a-f]{64}), \d+ bytes\)`)
+
+// TestSnapshotSaveRestore: a backup saved from a follower holds the
+// cluster's exact state; after the whole cluster is lost (killed, data
+// wiped), restoring the backup on every node brings back that state with
+// the same digest, and the restored cluster takes new writes whose Raft
+// indexes follow the backup's. A single fresh node restored from the same
+// file serves the same policies.
+func TestSnapshotSaveRestore(t *testing.T) {
+	c := newProcCluster(t, 3)
+	leader := c.leader(0, 1, 2)
+	follower := (leader + 1) % 3
+	for i, name := range []string{"acme.one", "acme.two", "acme.three", "acme.gone"} {
+		c.apply(i%3, name)
+	}
+	c.cli(0, "policy", "delete", "acme.gone")
+	if out, err := cliInput(t, c.dir, `{"id": "alice", "org": "acme", "team": "red"}`, "--server", c.http[1], "employee", "apply", "-f", "-"); err != nil {
+		t.Fatalf("employee apply: %v\n%s", err, out)
+	}
+	live := c.converged(0, 1, 2)
+	wantPolicies, err := c.policyNames(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	backup := filepath.Join(c.dir, "backup.db")
+	out := c.cli(follower, "snapshot", "save", backup)
+	m := savedRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("save output %q", out)
+	}
+	if m[2] != live {
+		t.Fatalf("backup digest %s, live cluster %s", m[2], live)
+	}
+	if fi, err := os.Stat(backup); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("backup file: %v %v (it holds every employee; want mode 0600)", fi, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.dir, ".backup.db.*.part")); len(left) != 0 {
+		t.Fatalf("temporary files left behind: %v", left)
+	}
+
+	// A running node's data directory is refused.
+	if out, err := cliErr(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(0), "--force"); err == nil || !strings.Contains(out, "locked by a running process") {
+		t.Fatalf("restore onto a running node: %v %s", err, out)
+	}
+
+	// Disaster: every node dies and its disk is lost.
+	for i := range 3 {
+		c.daemons[i].kill(t)
+		if err := os.RemoveAll(c.dataDir(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		out := cli(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(i))
+		if !strings.Contains(out, "applied index "+m[1]+", digest "+live) {
+			t.Fatalf("restore on %s: %s", c.ids[i], out)
+		}
+	}
+	for i := range 3 {
+		c.start(i)
+	}
+	for i := range 3 {
+		waitReady(t, c.http[i])
+	}
+	c.leader(0, 1, 2)
+	if got := c.converged(0, 1, 2); got != live {
+		t.Fatalf("restored cluster digest %s, backup %s", got, live)
+	}
+	got, err := c.policyNames(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, wantPolicies) {
+		t.Fatalf("restored policies %v, want %v", got, wantPolicies)
+	}
+	// New entries follow the backup's index: were they numbered from 1, the
+	// state would skip them as already applied.
+	applied := c.apply(2, "acme.after-restore")
+	backupIndex, _ := strconv.ParseUint(m[1], 10, 64)
+	var rev uint64
+	if _, err := fmt.Sscanf(applied, "policy/acme.after-restore applied (revision %d)", &rev); err != nil || rev <= backupIndex {
+		t.Fatalf("write after restore: %q (%v); want a revision above the backup's index %d", applied, err, backupIndex)
+	}
+	waitForCLI(t, "the new write on every node", func() error {
+		for i := range 3 {
+			if _, err := getRevision(c.http[i] + "/v1/policies/acme.after-restore"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for i := range 3 {
+		c.daemons[i].interrupt(t)
+	}
+
+	// The other route: one fresh node restored alone (others would join it).
+	ports := freePorts(t, 3)
+	flags := []string{"--node-id", "solo", "--data-dir", "data/solo",
+		"--http-addr", "127.0.0.1:" + strconv.Itoa(ports[0]), "--grpc-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "--raft-addr", "127.0.0.1:" + strconv.Itoa(ports[2])}
+	if out := cli(t, c.dir, append([]string{"snapshot", "restore", backup}, flags...)...); !strings.Contains(out, "new cluster: solo=127.0.0.1:"+strconv.Itoa(ports[2])) {
+		t.Fatalf("single-node restore: %s", out)
+	}
+	solo := startDaemon(t, c.dir, flags...)
+	base := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	waitReady(t, base)
+	soloCluster := &procCluster{t: t, dir: c.dir, http: []string{base}}
+	got, err = soloCluster.policyNames(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, wantPolicies) {
+		t.Fatalf("single-node restore policies %v, want %v", got, wantPolicies)
+	}
+	solo.interrupt(t)
+}
+
+// TestSnapshotRestoreRefuses: a file that is not a policyd state database,
+// or a data directory that already holds state, is refused and left as it
+// was.
+func TestSnapshotRestoreRefuses(t *testing.T) {
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.db")
+	if err := os.WriteFile(junk, []byte(rand.Text()+rand.Text()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	existing := filepath.Join(dir, "existing")
+	if err := os.MkdirAll(existing, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stateBytes := []byte("not touched")
+	if err := os.WriteFile(filepath.Join(existing, "state.db"), stateBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A valid backup: a state database at applied index 1.
+	valid := filepath.Join(dir, "valid.db")
+	st, err := store.Open(valid, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ApplyBatch(1, func(*store.Batch) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(dir, "fresh")
+	tests := []struct {
+		name    string
+		args    []string
+		mention string
+	}{
+		{"not a state db", []string{"snapshot", "restore", junk, "--node-id", "n1", "--data-dir", fresh}, "junk.db"},
+		{"missing file", []string{"snapshot", "restore", filepath.Join(dir, "nope.db"), "--node-id", "n1", "--data-dir", fresh}, "nope.db"},
+		{"no node id", []string{"snapshot", "restore", valid, "--data-dir", fresh}, "node_id"},
+		{"no file", []string{"snapshot", "restore"}, "arg"},
+		{"existing state", []string{"snapshot", "restore", valid, "--node-id", "n1", "--data-dir", existing}, "--force"},
+		{"save without server", []string{"--server", "http://127.0.0.1:1", "snapshot", "save", filepath.Join(dir, "b.db")}, "127.0.0.1:1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := cliErr(t, dir, tc.args...)
+			if err == nil || !strings.Contains(out, tc.mention) || strings.Contains(out, "panic") {
+				t.Fatalf("err=%v, output %q should mention %q", err, out, tc.mention)
+			}
+			if _, err := os.Stat(fresh); err == nil {
+				t.Fatal("a refused restore created the data directory")
+			}
+			if b, err := os.ReadFile(filepath.Join(existing, "state.db")); err != nil || string(b) != string(stateBytes) {
+				t.Fatalf("existing state changed: %q %v", b, err)
+			}
+		})
+	}
+
+	// --force moves the old state aside rather than deleting it.
+	out := cli(t, dir, "snapshot", "restore", valid, "--node-id", "n1", "--data-dir", existing, "--force")
+	aside, _ := filepath.Glob(filepath.Join(existing, "pre-restore-*", "state.db"))
+	if len(aside) != 1 || !strings.Contains(out, "previous state moved to") {
+		t.Fatalf("--force: %s; moved files %v", out, aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != string(stateBytes) {
+		t.Fatalf("moved state: %q %v", b, err)
+	}
+	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1 {
+		t.Fatalf("restored state: %+v %v", info, err)
+	}
+}

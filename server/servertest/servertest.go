@@ -1,0 +1,54 @@
+// Package servertest holds what tests outside package server need to run a
+// policyd node (server.New) on loopback. It is for tests only: _test.go files
+// import it, the policyd binary never does.
+package servertest
+
+import (
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/policyd/policyd/config"
+)
+
+// Config is a node that listens on loopback with free ports and stores in
+// dataDir, with Raft timeouts short enough for tests (hashicorp/raft's own
+// tests go lower) but safe under -race on two cores. It does not bootstrap:
+// the caller sets Raft.Bootstrap on the first node of a cluster.
+func Config(dataDir, id string) config.Config {
+	cfg := config.Default()
+	cfg.NodeID = id
+	cfg.DataDir = dataDir
+	cfg.HTTP.Addr = "127.0.0.1:0"
+	cfg.GRPC.Addr = "127.0.0.1:0"
+	cfg.Raft.Addr = "127.0.0.1:0"
+	cfg.Raft.Bootstrap = false
+	cfg.Raft.HeartbeatTimeout = 300 * time.Millisecond
+	cfg.Raft.ElectionTimeout = 300 * time.Millisecond
+	cfg.Raft.LeaderLeaseTimeout = 150 * time.Millisecond
+	cfg.Raft.CommitTimeout = 5 * time.Millisecond
+	cfg.Raft.ApplyTimeout = 5 * time.Second
+	cfg.Forward.Timeout = 5 * time.Second
+	cfg.Log.Level = "warn"
+	return cfg
+}
+
+// Logger logs to t.Log, so a node's logs show only for a failing test, at
+// warn level, or debug with POLICYD_TEST_DEBUG set.
+func Logger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("POLICYD_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
