@@ -54,6 +54,7 @@ type Config struct {
 	Forward   Forwarder `mapstructure:"forward"`
 	Discovery Discovery `mapstructure:"discovery"`
 	Feed      Feed      `mapstructure:"feed"`
+	Setup     Setup     `mapstructure:"setup"`
 	// Kubernetes is the API server connection shared by reload and drift.
 	Kubernetes Kubernetes `mapstructure:"kubernetes"`
 	Reload     Reload     `mapstructure:"reload"`
@@ -122,6 +123,12 @@ type HTTP struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // what peers and clients dial; empty = addr
 	TLS       TLS    `mapstructure:"tls"`
+	// MaxConnections caps the connections the HTTP server serves at once
+	// (upgraded feed connections leave the count); a new one over the cap
+	// is closed at once. 0 = no cap.
+	MaxConnections int `mapstructure:"max_connections"`
+	// MaxHeaderBytes bounds a request's header block.
+	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
 }
 
 // GRPC is the listener for sidecar discovery and the internal cluster API.
@@ -129,6 +136,27 @@ type GRPC struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // empty = addr
 	TLS       TLS    `mapstructure:"tls"`
+	// MaxConnections caps open connections; a new one over the cap is
+	// closed at once. 0 = no cap.
+	MaxConnections int `mapstructure:"max_connections"`
+	// MaxConcurrentStreams caps the streams (RPCs) one connection may have
+	// open; a client over it queues its new streams.
+	MaxConcurrentStreams int `mapstructure:"max_concurrent_streams"`
+	// KeepaliveMinTime is the shortest interval between client keepalive
+	// pings that is tolerated; a client pinging more often is disconnected
+	// (GOAWAY too_many_pings).
+	KeepaliveMinTime time.Duration `mapstructure:"keepalive_min_time"`
+}
+
+// Setup bounds concurrent connection set-ups (authentication, the
+// read-index wait, the first snapshot) over both sidecar transports, so that
+// a reconnect storm queues instead of running all at once.
+type Setup struct {
+	// MaxConcurrent set-ups run at once on a node.
+	MaxConcurrent int `mapstructure:"max_concurrent"`
+	// MaxWait is how long a set-up waits for a slot before it is refused
+	// as retryable (gRPC Unavailable, HTTP 503 with Retry-After).
+	MaxWait time.Duration `mapstructure:"max_wait"`
 }
 
 // Peer is one member of the initial cluster.
@@ -236,8 +264,13 @@ func Default() Config {
 	return Config{
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
-		HTTP:    HTTP{Addr: "127.0.0.1:8080"},
-		GRPC:    GRPC{Addr: "127.0.0.1:9090"},
+		HTTP:    HTTP{Addr: "127.0.0.1:8080", MaxConnections: 10000, MaxHeaderBytes: 64 << 10},
+		GRPC: GRPC{
+			Addr:                 "127.0.0.1:9090",
+			MaxConnections:       10000,
+			MaxConcurrentStreams: 1000,
+			KeepaliveMinTime:     5 * time.Minute,
+		},
 		Raft: Raft{
 			Addr:               "127.0.0.1:7000",
 			Bootstrap:          true,
@@ -266,6 +299,7 @@ func Default() Config {
 			WriteTimeout:    10 * time.Second,
 			MaxMessageBytes: 4096,
 		},
+		Setup: Setup{MaxConcurrent: 64, MaxWait: 5 * time.Second},
 		Reload: Reload{
 			Namespace:        "default",
 			Selector:         "app=helloworld",

@@ -97,8 +97,33 @@ func (c *Config) Validate() error {
 	if c.Feed.MaxMessageBytes < 64 {
 		p.add("feed.max_message_bytes", "%d must be >= 64", c.Feed.MaxMessageBytes)
 	}
+	c.validateLimits(&p)
 
 	return p.err()
+}
+
+// validateLimits checks the resource limits (server/limits).
+func (c *Config) validateLimits(p *problems) {
+	for _, l := range []struct {
+		key string
+		v   int
+	}{{"http.max_connections", c.HTTP.MaxConnections}, {"grpc.max_connections", c.GRPC.MaxConnections}} {
+		if l.v < 0 {
+			p.add(l.key, "%d must be >= 0 (0 = no cap)", l.v)
+		}
+	}
+	// A JWT in an Authorization header or a subprotocol needs a few KiB.
+	if c.HTTP.MaxHeaderBytes < 4<<10 {
+		p.add("http.max_header_bytes", "%d must be >= 4096", c.HTTP.MaxHeaderBytes)
+	}
+	if c.GRPC.MaxConcurrentStreams < 1 {
+		p.add("grpc.max_concurrent_streams", "%d must be >= 1", c.GRPC.MaxConcurrentStreams)
+	}
+	p.positive("grpc.keepalive_min_time", c.GRPC.KeepaliveMinTime)
+	if c.Setup.MaxConcurrent < 1 {
+		p.add("setup.max_concurrent", "%d must be >= 1", c.Setup.MaxConcurrent)
+	}
+	p.positive("setup.max_wait", c.Setup.MaxWait)
 }
 
 func (c *Config) validateJWT(p *problems) {

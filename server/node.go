@@ -15,6 +15,11 @@
 // Nodes reach each other with their own certificate as client certificate.
 // Reload applies a re-read configuration's run-time settings, on SIGHUP
 // (settings.go).
+//
+// Resource limits (connection caps per listener, header and message sizes,
+// streams per connection, keepalive enforcement, and the set-up gate
+// bounding concurrent connection set-ups) are wired here and live in
+// server/limits, whose package doc records the choices.
 package server
 
 import (
@@ -36,9 +41,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
@@ -47,6 +54,7 @@ import (
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
 	"github.com/policyd/policyd/server/feed"
+	"github.com/policyd/policyd/server/limits"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/store"
 )
@@ -175,6 +183,14 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if n.grpcLn, err = net.Listen("tcp", cfg.GRPC.Addr); err != nil {
 		return nil, fmt.Errorf("listen grpc.addr %s: %w", cfg.GRPC.Addr, err)
 	}
+	lm, err := limits.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	limitsLog := logger.With("component", "limits")
+	n.grpcLn = limits.NewConns("grpc", cfg.GRPC.MaxConnections, lm, limitsLog).Listener(n.grpcLn)
+	httpConns := limits.NewConns("http", cfg.HTTP.MaxConnections, lm, limitsLog)
+	gate := limits.NewGate(cfg.Setup.MaxConcurrent, cfg.Setup.MaxWait, lm)
 	if err = n.setupRaft(); err != nil {
 		return nil, err
 	}
@@ -198,6 +214,12 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	n.grpcSrv = grpc.NewServer(append(append(discovery.ServerOptions(),
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		grpc.MaxConcurrentStreams(uint32(cfg.GRPC.MaxConcurrentStreams)), //nolint:gosec // validated >= 1
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.GRPC.KeepaliveMinTime}),
+		// The TLS handshake and HTTP/2 preface of a new connection, bounded
+		// like an HTTP request's headers (grpc-go's default is 2 minutes).
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.ChainStreamInterceptor(gate.StreamInterceptor("grpc", discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName)),
 	), n.grpcServerOptions()...)...)
 	clusterv1.RegisterClusterServer(n.grpcSrv, &clusterService{n: n})
 	n.discovery.Register(n.grpcSrv)
@@ -207,11 +229,13 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)
 	mux := http.NewServeMux()
-	mux.Handle(feedv1.Path, n.feed)
+	mux.Handle(feedv1.Path, gate.HTTP("websocket", n.feed))
 	mux.Handle("/", n.api)
 	n.httpSrv = &http.Server{
 		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: handshakeTimeout,
+		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
+		ConnState:         httpConns.ConnState(nil),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
@@ -359,6 +383,11 @@ func (n *Node) release() error {
 // commands (policies are at most 1 MiB as REST bodies) and sidecar requests
 // (a NACK's error text is the largest part).
 const maxGRPCMessage = 4 << 20
+
+// handshakeTimeout bounds how long a new connection may take to say what it
+// wants (HTTP request headers; TLS handshake and HTTP/2 preface on gRPC), so
+// that connections that send nothing do not hold a descriptor for long.
+const handshakeTimeout = 10 * time.Second
 
 // dispatchChanges feeds committed batches, in commit order, first to the
 // policy index and then to the transports, so that a transport reacting to a

@@ -1,0 +1,612 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+)
+
+// floodConns is the number of idle TCP connects TestFlood throws at the node
+// (half at each listener). The issue's figure is 10,000:
+//
+//	go test -race -count=1 -run TestFlood -v ./server/ -args -flood.conns=10000
+var floodConns = flag.Int("flood.conns", 2000, "idle TCP connects thrown at the node by TestFlood")
+
+// Flood sizes other than the idle connects; fixed, they are small next to
+// them.
+const (
+	floodBadTokens    = 1000
+	floodBadWorkers   = 50
+	floodOversized    = 10 // oversized WebSocket frames, and gRPC messages
+	floodNeverRead    = 10 // WebSocket connections and gRPC streams each
+	floodMinWrites    = 120
+	floodPolicyNames  = 10
+	floodReasonBytes  = 64 << 10
+	floodHeapSlack    = 64 << 20 // heap growth tolerated after the flood
+	floodGoroutineGap = 40
+)
+
+// TestFlood throws a hostile flood at a real node while a WebSocket feed
+// client and a gRPC discovery stream, connected before it, keep being
+// served: bad tokens, oversized WebSocket frames and gRPC messages, clients
+// that never read while policies are pushed, and thousands of TCP connects
+// that never send a byte, more than the listeners' max_connections. The
+// well-behaved clients must receive every write made during the flood, each
+// hostile connection must be refused or closed with the right code, and the
+// heap and the goroutine count must come back down afterwards.
+func TestFlood(t *testing.T) {
+	conns := *floodConns
+	limit := conns / 4 // per listener: half the idle connects are over it
+	raiseNoFile(t, uint64(conns+2*limit+2048))
+	start := time.Now()
+
+	c := newCluster(t, 1, func(cfg *config.Config) {
+		feedE2EJWT(t)(cfg)
+		cfg.HTTP.MaxConnections, cfg.GRPC.MaxConnections = limit, limit
+		// Short enough that never-reading clients are cut during the test.
+		cfg.Feed.SendBuffer = 16
+		cfg.Feed.WriteTimeout = 3 * time.Second
+		cfg.Discovery.SendTimeout = 3 * time.Second
+	})
+	n := c.leader()
+	alice := policy.Identity{Org: "acme", Team: "red", Employee: "alice"}
+	mallory := policy.Identity{Org: "acme", Team: "red", Employee: "mallory"}
+	a := apiFor(t, n)
+	for _, e := range []policy.Identity{alice, mallory} {
+		body := fmt.Sprintf(`{"id":%q,"org":%q,"team":%q,"status":"active"}`, e.Employee, e.Org, e.Team)
+		if r := a.do(http.MethodPut, "/v1/employees/"+e.Employee, []byte(body), nil); r.status != http.StatusOK {
+			t.Fatalf("PUT employee %s: %d %s", e.Employee, r.status, r.body)
+		}
+	}
+	aliceTok, malloryTok := feedE2EToken(t, alice), feedE2EToken(t, mallory)
+
+	// The well-behaved clients, connected before the flood.
+	feedCl, st := feedE2EDial(t, n, aliceTok)
+	if feedCl == nil {
+		t.Fatalf("alice's feed refused: %d", st)
+	}
+	feedCl.ws.SetReadLimit(4 << 20) // the policies written below are large
+	feedCl.nextOf(feedv1.TypeInit)
+	good := newGoodStream(t, n, alice, aliceTok)
+	writer := newFloodWriter(n.HTTPAddr())
+	if err := writer.put(0); err != nil { // its connection, too, predates the flood
+		t.Fatal(err)
+	}
+
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	heapBefore, goroutinesBefore := ms.HeapAlloc, runtime.NumGoroutine()
+	var heapPeak atomic.Uint64
+	stopSampling := sampleHeap(&heapPeak)
+
+	writesDone := make(chan error, 1)
+	stopWrites := make(chan struct{})
+	go func() { writesDone <- writer.run(stopWrites) }()
+
+	// Phase 1: hostile clients that get as far as a listener.
+	var wg sync.WaitGroup
+	var badStatus sync.Map // status code → *atomic.Int64
+	var oversizedWS, oversizedGRPC []string
+	var mu sync.Mutex
+	note := func(dst *[]string, s string) { mu.Lock(); *dst = append(*dst, s); mu.Unlock() }
+	wg.Go(func() { sendBadTokens(n.HTTPAddr(), &badStatus) })
+	for range floodOversized {
+		wg.Go(func() { note(&oversizedWS, oversizedFrame(n.HTTPAddr(), malloryTok)) })
+		wg.Go(func() { note(&oversizedGRPC, oversizedMessage(n.GRPCAddr(), malloryTok)) })
+	}
+	lazyWS := make([]*websocket.Conn, 0, floodNeverRead)
+	for range floodNeverRead {
+		ws, _, err := websocket.Dial(context.Background(), "ws://"+n.HTTPAddr()+feedv1.Path, &websocket.DialOptions{ //nolint:bodyclose // Dial owns the body
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + malloryTok}},
+		})
+		if err != nil {
+			t.Fatalf("never-reading feed client: %v", err)
+		}
+		ws.SetReadLimit(-1)
+		lazyWS = append(lazyWS, ws)
+	}
+	lazyGRPC := openLazyStreams(t, n.GRPCAddr(), malloryTok, mallory)
+	wg.Wait()
+
+	// Phase 2: idle connects, half at each listener, beyond both caps.
+	idle := floodIdle(n.HTTPAddr(), n.GRPCAddr(), conns)
+
+	// The never-reading clients are cut once their buffers fill up.
+	waitFor(t, 60*time.Second, "never-reading clients disconnected", func() error {
+		ws, ds := gaugeValue(t, n, "policy_ws_connections_total"), gaugeValue(t, n, "policyd_discovery_streams")
+		if ws != 1 || ds != 1 {
+			return fmt.Errorf("%v feed connections and %v discovery streams open, want 1 each", ws, ds)
+		}
+		return nil
+	})
+	close(stopWrites)
+	if err := <-writesDone; err != nil {
+		t.Fatal(err)
+	}
+	written := writer.written()
+	elapsed := time.Since(start)
+
+	// Every write reached both well-behaved clients.
+	for i, name := range written {
+		if m := feedCl.nextOf(feedv1.TypeUpsert); m.Policy == nil || m.Policy.Name != name {
+			t.Fatalf("feed: upsert %d is %+v, want %s", i, m.Policy, name)
+		}
+	}
+	good.waitVersion(t, versionOf(t, n, alice))
+
+	// The hostile connections got the right answers.
+	for code, cnt := range syncMapCounts(&badStatus) {
+		if code != http.StatusUnauthorized {
+			t.Errorf("bad tokens: %d answered %d, want 401", cnt, code)
+		}
+	}
+	for _, s := range oversizedWS {
+		if s != "closed 1009" {
+			t.Errorf("oversized WebSocket frame: %s, want closed 1009 (message too big)", s)
+		}
+	}
+	for _, s := range oversizedGRPC {
+		if s != codes.ResourceExhausted.String() {
+			t.Errorf("oversized gRPC message: %s, want ResourceExhausted", s)
+		}
+	}
+	for _, ws := range lazyWS {
+		if err := drainWS(ws); websocket.CloseStatus(err) != feedv1.CloseSlowConsumer && !isNetClose(err) {
+			t.Errorf("never-reading feed client ended with %v, want close %d or a cut connection", err, feedv1.CloseSlowConsumer)
+		}
+	}
+	lazyGRPC.check(t)
+	if idle.timedOut.Load() != 0 || idle.dialFailed.Load() != 0 {
+		t.Errorf("idle connects: %d never closed by the node, %d could not connect", idle.timedOut.Load(), idle.dialFailed.Load())
+	}
+	rejected := map[string]float64{}
+	for _, l := range []string{"http", "grpc"} {
+		rejected[l] = counterValue(t, n, "policyd_connections_rejected_total", "listener", l)
+		if rejected[l] < float64(conns/8) {
+			t.Errorf("%s: %v connections refused over max_connections %d, want at least %d", l, rejected[l], limit, conns/8)
+		}
+	}
+
+	// Memory and goroutines come back.
+	stopSampling()
+	var heapAfter uint64
+	waitFor(t, 30*time.Second, "heap back down", func() error {
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		heapAfter = ms.HeapAlloc
+		if heapAfter > heapBefore+floodHeapSlack {
+			return fmt.Errorf("heap %d MiB, before the flood %d MiB", heapAfter>>20, heapBefore>>20)
+		}
+		return nil
+	})
+	waitFor(t, 30*time.Second, "goroutines back down", func() error {
+		if g := runtime.NumGoroutine(); g > goroutinesBefore+floodGoroutineGap {
+			return fmt.Errorf("%d goroutines, %d before the flood", g, goroutinesBefore)
+		}
+		return nil
+	})
+	t.Logf("flood of %d idle connects (max_connections %d per listener), %d bad tokens, %d+%d oversized, %d+%d never-reading: "+
+		"%v; %d writes delivered; heap before %d MiB, peak %d MiB, after %d MiB; goroutines %d before, %d after; "+
+		"refused over the cap: http %v, grpc %v; idle connects closed by the node: %d",
+		conns, limit, floodBadTokens, floodOversized, floodOversized, floodNeverRead, floodNeverRead,
+		elapsed.Round(time.Second), len(written), heapBefore>>20, heapPeak.Load()>>20, heapAfter>>20,
+		goroutinesBefore, runtime.NumGoroutine(), rejected["http"], rejected["grpc"], idle.closed.Load())
+}
+
+// raiseNoFile raises the soft descriptor limit to need (both ends of every
+// loopback connection are in this process), or skips.
+func raiseNoFile(t *testing.T, need uint64) {
+	t.Helper()
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Skipf("cannot read RLIMIT_NOFILE: %v", err)
+	}
+	if rl.Max < need {
+		t.Skipf("RLIMIT_NOFILE hard limit %d is below the %d descriptors this flood needs; lower -flood.conns or raise the limit", rl.Max, need)
+	}
+	if rl.Cur >= need {
+		return
+	}
+	old := rl.Cur
+	rl.Cur = need
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		t.Skipf("cannot raise RLIMIT_NOFILE to %d: %v", need, err)
+	}
+	t.Cleanup(func() {
+		rl.Cur = old
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	})
+}
+
+// sampleHeap records the largest HeapAlloc seen until the returned func is
+// called.
+func sampleHeap(peak *atomic.Uint64) (stop func()) {
+	done, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { close(done); <-ended }
+}
+
+// floodWriter PUTs large policies over one kept-alive connection, made
+// before the flood (a new one could be refused at max_connections).
+type floodWriter struct {
+	hc    *http.Client
+	base  string
+	mu    sync.Mutex
+	names []string
+}
+
+func newFloodWriter(addr string) *floodWriter {
+	return &floodWriter{
+		hc:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 30 * time.Second},
+		base: "http://" + addr,
+	}
+}
+
+func (w *floodWriter) put(i int) error {
+	name := fmt.Sprintf("acme.flood-%d", i%floodPolicyNames)
+	reason := fmt.Sprintf("write %d %s", i, strings.Repeat("x", floodReasonBytes))
+	var lastErr error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		req, err := http.NewRequest(http.MethodPut, w.base+"/v1/policies/"+name, bytes.NewReader(toolPolicy(name, "acme", reason)))
+		if err != nil {
+			return err
+		}
+		resp, err := w.hc.Do(req)
+		if err != nil {
+			// A new connection may be refused while the listener is
+			// full: retry, as any client would.
+			lastErr = err
+			<-time.After(100 * time.Millisecond) // client back-off
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("PUT %s: %d %s", name, resp.StatusCode, body)
+		}
+		w.mu.Lock()
+		w.names = append(w.names, name)
+		w.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("PUT %s: %w", name, lastErr)
+}
+
+// run writes until stop is closed, and at least floodMinWrites times.
+func (w *floodWriter) run(stop <-chan struct{}) error {
+	defer w.hc.CloseIdleConnections()
+	for i := 1; ; i++ {
+		if i > floodMinWrites {
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+		}
+		if err := w.put(i); err != nil {
+			return err
+		}
+	}
+}
+
+func (w *floodWriter) written() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.names...)
+}
+
+// sendBadTokens sends floodBadTokens WebSocket upgrades with a bad token
+// from floodBadWorkers clients at once and counts the statuses.
+func sendBadTokens(addr string, statuses *sync.Map) {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: floodBadWorkers}, Timeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range floodBadWorkers {
+		wg.Go(func() {
+			for next.Add(1) <= floodBadTokens {
+				code := -1 // transport error
+				req, _ := http.NewRequest(http.MethodGet, "http://"+addr+feedv1.Path, nil)
+				req.Header = http.Header{
+					"Connection": {"Upgrade"}, "Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"},
+					"Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}, "Authorization": {"Bearer not.a.token"},
+				}
+				if resp, err := hc.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					code = resp.StatusCode
+				}
+				v, _ := statuses.LoadOrStore(code, new(atomic.Int64))
+				v.(*atomic.Int64).Add(1)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func syncMapCounts(m *sync.Map) map[int]int64 {
+	out := map[int]int64{}
+	m.Range(func(k, v any) bool {
+		out[k.(int)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
+}
+
+// oversizedFrame connects with a valid token, sends a frame larger than
+// feed.max_message_bytes and reports how the connection ended.
+func oversizedFrame(addr, token string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+addr+feedv1.Path, &websocket.DialOptions{ //nolint:bodyclose // Dial owns the body
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + token}},
+	})
+	if err != nil {
+		return "dial: " + err.Error()
+	}
+	defer func() { _ = ws.CloseNow() }()
+	ws.SetReadLimit(-1)
+	_ = ws.Write(ctx, websocket.MessageText, bytes.Repeat([]byte("a"), 1<<20))
+	err = drainWS(ws)
+	if s := websocket.CloseStatus(err); s != -1 {
+		return fmt.Sprintf("closed %d", s)
+	}
+	return fmt.Sprintf("ended without a close frame: %v", err)
+}
+
+// drainWS reads until the connection ends.
+func drainWS(ws *websocket.Conn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	defer func() { _ = ws.CloseNow() }()
+	for {
+		if _, _, err := ws.Read(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+func isNetClose(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, net.ErrClosed)
+}
+
+// oversizedMessage opens a discovery stream with a valid token and sends a
+// request larger than the node's gRPC receive limit; it reports the code
+// the stream ended with.
+func oversizedMessage(addr, token string) string {
+	cc, err := grpcClient(addr)
+	if err != nil {
+		return err.Error()
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token), 30*time.Second)
+	defer cancel()
+	s, err := discoveryv1.NewPolicyDiscoveryServiceClient(cc).StreamPolicies(ctx)
+	if err != nil {
+		return "open: " + err.Error()
+	}
+	_ = s.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: strings.Repeat("a", 5<<20)})
+	for {
+		if _, err := s.Recv(); err != nil {
+			return status.Code(err).String()
+		}
+	}
+}
+
+// lazyStreams are discovery streams that never read.
+type lazyStreams struct {
+	cancel context.CancelFunc
+	ss     []discoveryv1.PolicyDiscoveryService_StreamPoliciesClient
+	close  func()
+}
+
+func openLazyStreams(t *testing.T, addr, token string, id policy.Identity) *lazyStreams {
+	t.Helper()
+	cc, err := grpcClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token))
+	l := &lazyStreams{cancel: cancel, close: func() { cancel(); _ = cc.Close() }}
+	t.Cleanup(l.close)
+	for i := range floodNeverRead {
+		s, err := discoveryv1.NewPolicyDiscoveryServiceClient(cc).StreamPolicies(ctx)
+		if err != nil {
+			t.Fatalf("never-reading stream: %v", err)
+		}
+		err = s.Send(&discoveryv1.PolicyDiscoveryRequest{
+			ClientAddress: fmt.Sprintf("lazy-%d", i),
+			Scope:         &discoveryv1.Scope{Org: id.Org, Team: id.Team, Employee: id.Employee},
+		})
+		if err != nil {
+			t.Fatalf("never-reading stream: %v", err)
+		}
+		l.ss = append(l.ss, s)
+	}
+	return l
+}
+
+// check reads what the never-reading streams were sent until they end: the
+// node must have ended each of them.
+func (l *lazyStreams) check(t *testing.T) {
+	t.Helper()
+	timer := time.AfterFunc(30*time.Second, l.cancel) // a stream the node left open ends Canceled
+	defer timer.Stop()
+	for i, s := range l.ss {
+		var err error
+		for err == nil {
+			_, err = s.Recv()
+		}
+		if c := status.Code(err); c == codes.Canceled || c == codes.OK {
+			t.Errorf("never-reading stream %d: ended with %v, want the node to end it", i, err)
+		}
+	}
+	l.close()
+}
+
+// goodStream is a discovery stream that ACKs every response, on its own
+// goroutine.
+type goodStream struct {
+	latest atomic.Value // string: the last version received
+	err    atomic.Value // error: why the stream ended
+}
+
+func newGoodStream(t *testing.T, n *Node, id policy.Identity, token string) *goodStream {
+	t.Helper()
+	cc := dialGRPC(t, n.GRPCAddr())
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+	d := openStream(t, cc, "good", id, withCtx(ctx))
+	first := d.next()
+	d.ack(first)
+	g := &goodStream{}
+	g.latest.Store(first.GetVersionInfo())
+	go func() {
+		for r := range d.resps {
+			g.latest.Store(r.GetVersionInfo())
+			if err := d.stream.Send(&discoveryv1.PolicyDiscoveryRequest{
+				ClientAddress: d.client, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce(), Scope: d.scope,
+			}); err != nil {
+				g.err.Store(err)
+			}
+		}
+	}()
+	return g
+}
+
+func (g *goodStream) waitVersion(t *testing.T, want string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "discovery stream on the final version", func() error {
+		if err, ok := g.err.Load().(error); ok {
+			t.Fatalf("well-behaved discovery stream failed: %v", err)
+		}
+		if got := g.latest.Load().(string); got != want {
+			return fmt.Errorf("at version %s, want %s", got, want)
+		}
+		return nil
+	})
+}
+
+// idleFlood is the outcome of the idle connects.
+type idleFlood struct {
+	closed, timedOut, dialFailed atomic.Int64
+}
+
+// floodIdle opens conns TCP connections, half to each address, that never
+// send anything, and returns once the node has closed every one (or they
+// timed out). A connection over max_connections is closed at once; the
+// others when the handshake timeout passes.
+func floodIdle(httpAddr, grpcAddr string, conns int) *idleFlood {
+	var f idleFlood
+	var wg sync.WaitGroup
+	dials := make(chan struct{}, 256) // connects in flight
+	for i := range conns {
+		addr := httpAddr
+		if i%2 == 1 {
+			addr = grpcAddr
+		}
+		dials <- struct{}{}
+		wg.Go(func() {
+			nc, err := net.DialTimeout("tcp", addr, 20*time.Second)
+			<-dials
+			if err != nil {
+				f.dialFailed.Add(1)
+				return
+			}
+			defer nc.Close()
+			_ = nc.SetReadDeadline(time.Now().Add(45 * time.Second))
+			_, err = io.Copy(io.Discard, nc) // the node may send its HTTP/2 settings first
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				f.timedOut.Add(1)
+				return
+			}
+			f.closed.Add(1)
+		})
+	}
+	wg.Wait()
+	return &f
+}
+
+func grpcClient(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+func gaugeValue(t *testing.T, n *Node, name string) float64 {
+	t.Helper()
+	return metricValue(t, n, name, "", "")
+}
+
+func counterValue(t *testing.T, n *Node, name, label, value string) float64 {
+	t.Helper()
+	return metricValue(t, n, name, label, value)
+}
+
+// metricValue sums the samples of a metric in the node's registry, those
+// with label=value when label is set.
+func metricValue(t *testing.T, n *Node, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	samples:
+		for _, m := range mf.GetMetric() {
+			if label != "" {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == label && lp.GetValue() != value {
+						continue samples
+					}
+				}
+			}
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
