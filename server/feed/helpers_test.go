@@ -34,6 +34,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -56,23 +57,8 @@ func testFeedConfig() config.Feed {
 	return cfg
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	t.Helper()
-	level := slog.LevelWarn
-	if os.Getenv("POLICYD_TEST_DEBUG") != "" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
-}
-
-// testWriter sends logs to t.Log, so they show only for failing tests.
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
+// testLogger sends logs to t.Log, so they show only for failing tests.
+func testLogger(t testing.TB) *slog.Logger { return servertest.Logger(t) }
 
 // fixture is a hub over a real store, fed through the real FSM (without
 // Raft) and a dispatcher that does what server.Node's does, served by an
