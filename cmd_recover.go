@@ -13,14 +13,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/spf13/cobra"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/store"
 )
 
@@ -31,7 +32,6 @@ import (
 const (
 	stateFile    = "state.db"
 	raftDirName  = "raft"
-	raftLogFile  = "raft.db"
 	nodeIDFile   = "node-id"
 	lockWaitTime = 2 * time.Second
 )
@@ -149,7 +149,7 @@ func checkOffline(cfg config.Config) error {
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("read node id: %w", err)
 	}
-	for _, p := range []string{filepath.Join(cfg.DataDir, stateFile), filepath.Join(cfg.DataDir, raftDirName, raftLogFile)} {
+	for _, p := range append([]string{filepath.Join(cfg.DataDir, stateFile)}, server.LogStoreLockFiles(filepath.Join(cfg.DataDir, raftDirName))...) {
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}
@@ -169,7 +169,7 @@ func checkOffline(cfg config.Config) error {
 // offlineRaft is a stopped node's Raft storage, opened for the offline
 // commands.
 type offlineRaft struct {
-	logs  *raftboltdb.BoltStore
+	logs  server.LogStore
 	snaps *raft.FileSnapshotStore
 	trans raft.Transport
 }
@@ -183,10 +183,9 @@ func openOfflineRaft(cfg config.Config, logOut io.Writer) (*offlineRaft, error) 
 	if err != nil {
 		return nil, fmt.Errorf("open raft snapshots in %q: %w", dir, err)
 	}
-	path := filepath.Join(dir, raftLogFile)
-	logs, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bolt.Options{Timeout: lockWaitTime}})
+	logs, _, err := server.OpenLogStore(dir, cfg.Raft.LogStore, hclog.New(&hclog.LoggerOptions{Name: "raft", Output: logOut, Level: hclog.Warn}))
 	if err != nil {
-		return nil, fmt.Errorf("open raft log %q: %w", path, err)
+		return nil, err
 	}
 	// RecoverCluster and snapshot creation only use the transport to encode
 	// peer addresses for old snapshot formats; nothing is sent.
@@ -211,10 +210,13 @@ func recoverNode(cfg config.Config, servers []config.Peer, out, logOut io.Writer
 	}
 	// Opening the stores would create empty ones; a wrong --data-dir should
 	// leave no trace.
-	for _, p := range []string{filepath.Join(cfg.DataDir, stateFile), filepath.Join(cfg.DataDir, raftDirName, raftLogFile)} {
-		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("nothing to recover in data_dir %s: %w (is --config or --data-dir right?)", cfg.DataDir, err)
-		}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, stateFile)); err != nil {
+		return fmt.Errorf("nothing to recover in data_dir %s: %w (is --config or --data-dir right?)", cfg.DataDir, err)
+	}
+	if kind, err := server.ExistingLogStore(filepath.Join(cfg.DataDir, raftDirName)); err != nil {
+		return fmt.Errorf("nothing to recover in data_dir %s: %w", cfg.DataDir, err)
+	} else if kind == "" {
+		return fmt.Errorf("nothing to recover in data_dir %s: no raft log (is --config or --data-dir right?)", cfg.DataDir)
 	}
 	st, err := store.Open(filepath.Join(cfg.DataDir, stateFile), slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -89,6 +90,54 @@ func TestOperationsResolveUnknownWrites(t *testing.T) {
 	ops := operations(recs, log)
 	if len(ops) != 1 || ops[0].Input.(kvInput).Write != "applied" || ops[0].Output.(kvOutput).Result != resOK {
 		t.Fatalf("operations = %+v, want only the applied write, as ok with no known return (the conditional delete of a revision nothing deleted is dropped)", ops)
+	}
+}
+
+func TestOperationsBoundUnknownWrites(t *testing.T) {
+	log := mustLog(t, []policyEvent{putEvent(5, "k0", "u"), putEvent(7, "k0", "v"), delEvent(9, "k0", 7, "v"), putEvent(11, "k1", "w")})
+	unknownPut := record{In: kvInput{Op: opPut, Key: "k0", Write: "u"}, Out: kvOutput{Result: resUnknown}, Call: 10, Return: 20}
+	unknownDel := record{In: kvInput{Op: opDel, Key: "k0", Expect: "v", IfMatch: 7}, Out: kvOutput{Result: resUnknown}, Call: 30, Return: 40}
+	readAt := func(rev uint64, key, val string, call, ret time.Duration) record {
+		return record{In: kvInput{Op: opGet, Key: key}, Out: kvOutput{Result: resOK, Value: val, Revision: rev}, Call: call, Return: ret}
+	}
+	tests := []struct {
+		name    string
+		recs    []record
+		wantPut int64 // the unknown put's return time
+		wantDel int64 // the unknown delete's return time
+	}{
+		{"no later answer: unbounded", []record{unknownPut, unknownDel}, math.MaxInt64, math.MaxInt64},
+		{"earliest later answer bounds", []record{
+			unknownPut, unknownDel,
+			readAt(7, "k0", "v", 50, 300), readAt(5, "k0", "u", 60, 200), readAt(11, "k0", "z", 70, 250),
+		}, 200, 250},
+		{"an older revision does not bound", []record{unknownPut, readAt(3, "k0", "a", 50, 60)}, math.MaxInt64, 0},
+		{"another key does not bound", []record{unknownPut, readAt(11, "k1", "w", 50, 60)}, math.MaxInt64, 0},
+		{"an answer before the call does not bound", []record{unknownPut, readAt(5, "k0", "u", 1, 5)}, math.MaxInt64, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, bound := range []bool{true, false} {
+				for _, op := range buildOperations(tc.recs, log, bound) {
+					in := op.Input.(kvInput)
+					var want int64
+					switch in.Op {
+					case opPut:
+						want = tc.wantPut
+					case opDel:
+						want = tc.wantDel
+					default:
+						continue
+					}
+					if !bound {
+						want = math.MaxInt64
+					}
+					if op.Return != want {
+						t.Errorf("bound=%v: %s return = %d, want %d", bound, in.Op, op.Return, want)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -193,4 +242,55 @@ func TestIdentify(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestOperationsPlainDeletes(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ev policyEvent, d time.Duration) policyEvent { ev.ProcessedAt = start.Add(d); return ev }
+	// The acknowledged put of "a" (called at 10s, answered at 11s, stamped
+	// at 10.5s) relates the history's clock to the events'.
+	events := []policyEvent{
+		at(putEvent(5, "k0", "a"), 10500*time.Millisecond),
+		at(delEvent(6, "k0", 5, "a"), 30*time.Second),
+	}
+	ackedPut := record{In: kvInput{Op: opPut, Key: "k0", Write: "a"}, Out: kvOutput{Result: resOK, Value: "a", Revision: 5}, Call: 10 * time.Second, Return: 11 * time.Second}
+	laterRead := record{In: kvInput{Op: opGet, Key: "k1"}, Out: kvOutput{Result: resOK, Value: "x", Revision: 9}, Call: 40 * time.Second, Return: 41 * time.Second}
+	del := func(call, ret time.Duration) record {
+		return record{In: kvInput{Op: opDel, Key: "k0"}, Out: kvOutput{Result: resUnknown}, Call: call, Return: ret}
+	}
+	tests := []struct {
+		name   string
+		events []policyEvent
+		del    record
+		want   int // deletes kept
+	}{
+		{"a DELETE while it was open: kept", events, del(29*time.Second, 31*time.Second), 1},
+		{"stamped soon after it gave up: kept", events, del(20*time.Second, 25*time.Second), 1},
+		{"no DELETE near it: dropped", events, del(50*time.Second, 52*time.Second), 0},
+		{"the DELETE came before it: dropped", events, del(31*time.Second, 33*time.Second), 0},
+		{"clocks unrelated: kept", []policyEvent{putEvent(5, "k0", "a"), delEvent(6, "k0", 5, "a")}, del(50*time.Second, 52*time.Second), 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			log := mustLog(t, tc.events)
+			kept := 0
+			for _, op := range operations([]record{ackedPut, laterRead, tc.del}, log) {
+				if op.Input.(kvInput).Op == opDel {
+					kept++
+				}
+			}
+			if kept != tc.want {
+				t.Errorf("deletes kept = %d, want %d", kept, tc.want)
+			}
+		})
+	}
+	t.Run("the last candidate was seen before it began: dropped", func(t *testing.T) {
+		log := mustLog(t, append(events[:2:2], at(putEvent(8, "k0", "b"), 30100*time.Millisecond)))
+		putB := record{In: kvInput{Op: opPut, Key: "k0", Write: "b"}, Out: kvOutput{Result: resOK, Value: "b", Revision: 8}, Call: 30050 * time.Millisecond, Return: 30150 * time.Millisecond}
+		for _, op := range operations([]record{ackedPut, putB, del(30200*time.Millisecond, 30300*time.Millisecond)}, log) {
+			if op.Input.(kvInput).Op == opDel {
+				t.Errorf("kept %+v", op)
+			}
+		}
+	})
 }

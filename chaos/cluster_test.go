@@ -245,8 +245,12 @@ func (c *cluster) terminate(nd *node) error {
 	_ = nd.signal(syscall.SIGCONT)
 	_ = nd.signal(syscall.SIGTERM)
 	if !nd.waitExit(20 * time.Second) {
+		// SIGQUIT makes the Go runtime write every goroutine's stack to
+		// the node's log before it exits: the evidence of what hung.
+		_ = nd.signal(syscall.SIGQUIT)
+		nd.waitExit(5 * time.Second)
 		c.kill(nd)
-		return fmt.Errorf("%s did not exit within 20s of SIGTERM", nd.id)
+		return fmt.Errorf("%s did not exit within 20s of SIGTERM (goroutine dump in its node.log)", nd.id)
 	}
 	nd.mu.Lock()
 	defer nd.mu.Unlock()

@@ -100,8 +100,11 @@ type Reload struct {
 // Drift configures the drift-detection admission webhook (every node).
 type Drift struct {
 	// Addr is the HTTPS listener for /admission/drift; empty = not served.
-	Addr             string `mapstructure:"addr"`
-	TLS              TLS    `mapstructure:"tls"`
+	Addr string `mapstructure:"addr"`
+	TLS  TLS    `mapstructure:"tls"`
+	// MaxConnections caps the webhook listener's open connections; a new
+	// one over the cap is closed at once. 0 = no cap.
+	MaxConnections   int    `mapstructure:"max_connections"`
 	AnnotationPrefix string `mapstructure:"annotation_prefix"`
 	// Mode is the default for drift: enforce (deny) or log (allow, warn).
 	Mode string `mapstructure:"mode"`
@@ -123,10 +126,13 @@ type HTTP struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // what peers and clients dial; empty = addr
 	TLS       TLS    `mapstructure:"tls"`
-	// MaxConnections caps the connections the HTTP server serves at once
-	// (upgraded feed connections leave the count); a new one over the cap
+	// MaxConnections caps the connections the HTTP server serves at once,
+	// feed connections included until they close; a new one over the cap
 	// is closed at once. 0 = no cap.
 	MaxConnections int `mapstructure:"max_connections"`
+	// MaxConnectionsPerIP caps the open connections from one source IP
+	// address, the same way. 0 = no cap (clients behind NAT share one).
+	MaxConnectionsPerIP int `mapstructure:"max_connections_per_ip"`
 	// MaxHeaderBytes bounds a request's header block.
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
 }
@@ -139,6 +145,9 @@ type GRPC struct {
 	// MaxConnections caps open connections; a new one over the cap is
 	// closed at once. 0 = no cap.
 	MaxConnections int `mapstructure:"max_connections"`
+	// MaxConnectionsPerIP caps the open connections from one source IP
+	// address, the same way. 0 = no cap (clients behind NAT share one).
+	MaxConnectionsPerIP int `mapstructure:"max_connections_per_ip"`
 	// MaxConcurrentStreams caps the streams (RPCs) one connection may have
 	// open; a client over it queues its new streams.
 	MaxConcurrentStreams int `mapstructure:"max_concurrent_streams"`
@@ -173,6 +182,9 @@ type Raft struct {
 	// each other (mutual TLS) and a node without a valid certificate can
 	// neither join nor replicate.
 	TLS TLS `mapstructure:"tls"`
+	// MaxConnections caps the Raft listener's open connections (peers hold
+	// a few each); a new one over the cap is closed at once. 0 = no cap.
+	MaxConnections int `mapstructure:"max_connections"`
 	// Bootstrap forms the initial cluster from Peers when the node has no
 	// Raft state yet. With no peers, the node bootstraps a single-node
 	// cluster of itself. A node meant to join an existing cluster sets
@@ -189,6 +201,16 @@ type Raft struct {
 	SnapshotRetain     int           `mapstructure:"snapshot_retain"`
 	TrailingLogs       uint64        `mapstructure:"trailing_logs"`
 	ApplyTimeout       time.Duration `mapstructure:"apply_timeout"`
+	// StateFsync fsyncs state.db on every applied batch. Off, the Raft log
+	// is the only durable copy of recent entries: a node that did not shut
+	// down cleanly discards state.db and rebuilds it from the latest Raft
+	// snapshot and the log (store.Options.NoSync), as etcd's backend and
+	// rqlite do. That takes two fsyncs off every write's path.
+	StateFsync bool `mapstructure:"state_fsync"`
+	// LogStore is the Raft log's format for a node created from now on:
+	// boltdb (hashicorp/raft-boltdb) or wal (hashicorp/raft-wal). A node
+	// keeps the format its log already has.
+	LogStore string `mapstructure:"log_store"`
 }
 
 // Auth configures authentication of every listener.
@@ -264,7 +286,7 @@ func Default() Config {
 	return Config{
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
-		HTTP:    HTTP{Addr: "127.0.0.1:8080", MaxConnections: 10000, MaxHeaderBytes: 64 << 10},
+		HTTP:    HTTP{Addr: "127.0.0.1:8080", MaxConnections: 20000, MaxHeaderBytes: 64 << 10},
 		GRPC: GRPC{
 			Addr:                 "127.0.0.1:9090",
 			MaxConnections:       10000,
@@ -273,6 +295,7 @@ func Default() Config {
 		},
 		Raft: Raft{
 			Addr:               "127.0.0.1:7000",
+			MaxConnections:     1024,
 			Bootstrap:          true,
 			HeartbeatTimeout:   1000 * time.Millisecond,
 			ElectionTimeout:    1000 * time.Millisecond,
@@ -284,6 +307,7 @@ func Default() Config {
 			SnapshotRetain:     2,
 			TrailingLogs:       10240,
 			ApplyTimeout:       10 * time.Second,
+			LogStore:           "boltdb",
 		},
 		Auth:    Auth{Mode: "none", JWT: JWT{Leeway: 30 * time.Second}},
 		Events:  Events{Retention: 24 * time.Hour, CleanupInterval: time.Hour},
@@ -308,6 +332,7 @@ func Default() Config {
 			AnnotationPrefix: "policyd.io",
 		},
 		Drift: Drift{
+			MaxConnections:   1024,
 			AnnotationPrefix: "policyd.io",
 			Mode:             "log",
 		},

@@ -49,6 +49,7 @@ func (c *Config) Validate() error {
 	c.validateRaft(&p)
 
 	p.oneOf("auth.mode", c.Auth.Mode, "none", "jwt")
+	p.oneOf("raft.log_store", c.Raft.LogStore, "boltdb", "wal")
 	// Mutual TLS on the HTTP listener authenticates admin clients too
 	// (DESIGN part 9): only holders of a certificate from client_ca_file
 	// reach the API, so no token file is needed then.
@@ -107,7 +108,14 @@ func (c *Config) validateLimits(p *problems) {
 	for _, l := range []struct {
 		key string
 		v   int
-	}{{"http.max_connections", c.HTTP.MaxConnections}, {"grpc.max_connections", c.GRPC.MaxConnections}} {
+	}{
+		{"http.max_connections", c.HTTP.MaxConnections},
+		{"http.max_connections_per_ip", c.HTTP.MaxConnectionsPerIP},
+		{"grpc.max_connections", c.GRPC.MaxConnections},
+		{"grpc.max_connections_per_ip", c.GRPC.MaxConnectionsPerIP},
+		{"raft.max_connections", c.Raft.MaxConnections},
+		{"drift.max_connections", c.Drift.MaxConnections},
+	} {
 		if l.v < 0 {
 			p.add(l.key, "%d must be >= 0 (0 = no cap)", l.v)
 		}

@@ -44,12 +44,22 @@ func TestValidate(t *testing.T) {
 			c.NodeID, c.Raft.Bootstrap, c.Raft.Peers = "node4", false, threePeers
 		}},
 		{name: "extra kinds", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"RateLimitPolicy", "X"} }},
-		{name: "no connection caps", mutate: func(c *Config) { c.HTTP.MaxConnections, c.GRPC.MaxConnections = 0, 0 }},
+		{name: "no connection caps", mutate: func(c *Config) {
+			c.HTTP.MaxConnections, c.GRPC.MaxConnections, c.Raft.MaxConnections, c.Drift.MaxConnections = 0, 0, 0, 0
+		}},
+		{name: "per-IP connection caps", mutate: func(c *Config) {
+			c.HTTP.MaxConnectionsPerIP, c.GRPC.MaxConnectionsPerIP = 256, 1
+		}},
 		{name: "bad limits", mutate: func(c *Config) {
 			c.HTTP.MaxConnections, c.GRPC.MaxConnections, c.HTTP.MaxHeaderBytes = -1, -1, 1024
+			c.HTTP.MaxConnectionsPerIP, c.GRPC.MaxConnectionsPerIP = -1, -1
+			c.Raft.MaxConnections, c.Drift.MaxConnections = -1, -1
 			c.GRPC.MaxConcurrentStreams, c.GRPC.KeepaliveMinTime = 0, 0
 			c.Setup.MaxConcurrent, c.Setup.MaxWait = 0, 0
-		}, want: []string{"http.max_connections", "grpc.max_connections", "http.max_header_bytes: 1024 must be >= 4096",
+		}, want: []string{"http.max_connections: -1 must be >= 0", "grpc.max_connections: -1 must be >= 0",
+			"http.max_connections_per_ip: -1 must be >= 0", "grpc.max_connections_per_ip: -1 must be >= 0",
+			"raft.max_connections: -1 must be >= 0", "drift.max_connections: -1 must be >= 0",
+			"http.max_header_bytes: 1024 must be >= 4096",
 			"grpc.max_concurrent_streams", "grpc.keepalive_min_time", "setup.max_concurrent", "setup.max_wait"}},
 		{name: "jwt mode with hmac", mutate: func(c *Config) { c.Auth.Mode, c.Auth.JWT.HMACSecretFile = "jwt", "/s" }},
 		{name: "jwt mode with pem and jwks", mutate: func(c *Config) {

@@ -83,6 +83,10 @@ func FuzzDecodePolicy(f *testing.F) {
 		if !bytes.Equal(c1, c2) {
 			t.Fatalf("canonical form not stable:\n%s\n%s", c1, c2)
 		}
+		// The FSM stores canonical policies with AppendJSON.
+		if a, err := p2.AppendJSON(nil); err != nil || !bytes.Equal(a, c2) {
+			t.Fatalf("AppendJSON = %s (%v), json.Marshal = %s", a, err, c2)
+		}
 	})
 }
 

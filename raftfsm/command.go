@@ -136,6 +136,13 @@ func result(index, revision uint64, err error) *commandv1.Result {
 	return r
 }
 
+// storedResult is a put's response: it carries the stored JSON, so that
+// the node that took the request can answer with it before it applies the
+// entry itself.
+func storedResult(index, revision uint64, raw []byte) *commandv1.Result {
+	return &commandv1.Result{Index: index, Revision: revision, Value: raw}
+}
+
 // ResultErr turns an apply response back into an error wrapping the store's
 // sentinel (store.ErrNotFound, store.ErrConflict) or ErrInvalidCommand; nil on
 // success. It is the inverse of what Apply returns, also across a forwarded

@@ -199,11 +199,11 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
-		stored, err := b.PutPolicy(m, &p, fromPrecondition(c.GetIfMatch()))
+		stored, raw, err := b.PutPolicy(m, &p, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
 		}
-		return result(m.Index, stored.Revision, nil)
+		return storedResult(m.Index, stored.Revision, raw)
 	}, nil
 }
 
@@ -233,11 +233,11 @@ func decodePutEmployee(m store.Meta, payload []byte) (func(*store.Batch) *comman
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
-		stored, err := b.PutEmployee(m, &e, fromPrecondition(c.GetIfMatch()))
+		stored, raw, err := b.PutEmployee(m, &e, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
 		}
-		return result(m.Index, stored.Revision, nil)
+		return storedResult(m.Index, stored.Revision, raw)
 	}, nil
 }
 

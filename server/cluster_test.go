@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -667,4 +668,38 @@ func TestRemoveTheLeader(t *testing.T) {
 		return nil
 	})
 	apiFor(t, f).putPolicy("after-leader-removed", "acme", "x")
+}
+
+// TestFollowerReadsItsOwnWrites: a follower answers a PUT with the stored
+// policy from the leader's result, before it applies the entry itself; a
+// local read right after must still see the write. A long commit timeout
+// makes the follower learn of each commit late, so a read that did not
+// wait would see the previous revision.
+func TestFollowerReadsItsOwnWrites(t *testing.T) {
+	c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.CommitTimeout = 300 * time.Millisecond })
+	f := apiFor(t, c.follower())
+	for i := range 5 {
+		put := f.do(http.MethodPut, "/v1/policies/acme.p", toolPolicy("acme.p", "acme", fmt.Sprintf("reason %d", i)), nil)
+		if put.status != http.StatusOK {
+			t.Fatalf("PUT %d: %d %s", i, put.status, put.body)
+		}
+		var p policy.Policy
+		put.decode(t, &p)
+		for _, path := range []string{"/v1/policies/acme.p", "/v1/policies?org=acme"} {
+			get := f.do(http.MethodGet, path, nil, nil)
+			if get.status != http.StatusOK {
+				t.Fatalf("GET %s after PUT %d: %d %s", path, i, get.status, get.body)
+			}
+			if !bytes.Contains(get.body, []byte(fmt.Sprintf(`"revision":%d`, p.Revision))) {
+				t.Errorf("GET %s right after PUT %d (revision %d) on the same follower: %s", path, i, p.Revision, get.body)
+			}
+		}
+		if etag, want := put.header.Get("ETag"), strconv.Quote(strconv.FormatUint(p.Revision, 10)); etag != want {
+			t.Errorf("PUT %d: ETag %s, want %s", i, etag, want)
+		}
+		get := f.do(http.MethodGet, "/v1/policies/acme.p", nil, nil)
+		if !bytes.Equal(bytes.TrimSpace(get.body), bytes.TrimSpace(put.body)) {
+			t.Errorf("PUT answer differs from the stored policy:\nPUT %s\nGET %s", put.body, get.body)
+		}
+	}
 }

@@ -21,8 +21,9 @@ import (
 )
 
 // driftWebhook is the drift admission webhook of this node: the HTTPS
-// listener on drift.addr, the informers it reads parents from, the sink
-// that proposes its effects, and the leader's follow-up worker.
+// listener on drift.addr (capped at drift.max_connections), the informers
+// it reads parents from, the sink that proposes its effects, and the
+// leader's follow-up worker.
 type driftWebhook struct {
 	ln       net.Listener
 	srv      *http.Server
@@ -78,7 +79,7 @@ func (n *Node) setupDrift() (err error) {
 		return fmt.Errorf("listen drift.addr %s: %w", n.cfg.Drift.Addr, err)
 	}
 	logger := n.logger.With("component", "drift")
-	d := &driftWebhook{ln: tls.NewListener(ln, certs.ServerConfig("http/1.1"))}
+	d := &driftWebhook{ln: tls.NewListener(n.driftConns.Listener(ln), certs.ServerConfig("http/1.1"))}
 	d.objects = drift.NewObjects(logger, dyn, disco)
 	d.sink = drift.NewSink(logger, n.id, n)
 	d.followup = drift.NewFollowup(drift.FollowupConfig{

@@ -3,12 +3,15 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -28,6 +32,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // floodConns is the number of idle TCP connects TestFlood throws at the node
@@ -216,6 +221,275 @@ func TestFlood(t *testing.T) {
 		conns, limit, floodBadTokens, floodOversized, floodOversized, floodNeverRead, floodNeverRead,
 		elapsed.Round(time.Second), len(written), heapBefore>>20, heapPeak.Load()>>20, heapAfter>>20,
 		goroutinesBefore, runtime.NumGoroutine(), rejected["http"], rejected["grpc"], idle.closed.Load())
+}
+
+// TestConnLimitsPerIP: with max_connections_per_ip, one source address
+// cannot take more than its share of a listener, while another address of
+// the same host still gets in. Every 127.0.0.0/8 address reaches a
+// loopback listener on Linux, so 127.0.0.2 stands for a second client host.
+func TestConnLimitsPerIP(t *testing.T) {
+	const perIP = 3
+	c := newCluster(t, 1, func(cfg *config.Config) {
+		cfg.HTTP.MaxConnectionsPerIP, cfg.GRPC.MaxConnectionsPerIP = perIP, perIP
+	})
+	n := c.leader()
+	tests := []struct {
+		listener string
+		// hold makes a client from ip that has been served and keeps its
+		// connection open until close.
+		hold func(t *testing.T, ip string) (close func())
+		// probe sends one request over a new connection from ip.
+		probe func(ip string) error
+	}{
+		{
+			listener: "http",
+			hold: func(t *testing.T, ip string) func() {
+				hc := httpFrom(ip, true)
+				if err := getHealthz(hc, n.HTTPAddr()); err != nil {
+					t.Fatalf("HTTP client %s within the cap: %v", ip, err)
+				}
+				t.Cleanup(hc.CloseIdleConnections)
+				return hc.CloseIdleConnections
+			},
+			probe: func(ip string) error { return getHealthz(httpFrom(ip, false), n.HTTPAddr()) },
+		},
+		{
+			listener: "grpc",
+			hold: func(t *testing.T, ip string) func() {
+				cc, err := grpcFrom(n.GRPCAddr(), ip)
+				if err == nil {
+					err = checkHealth(cc)
+				}
+				if err != nil {
+					t.Fatalf("gRPC client %s within the cap: %v", ip, err)
+				}
+				t.Cleanup(func() { _ = cc.Close() })
+				return func() { _ = cc.Close() }
+			},
+			probe: func(ip string) error {
+				cc, err := grpcFrom(n.GRPCAddr(), ip)
+				if err != nil {
+					return err
+				}
+				defer cc.Close()
+				return checkHealth(cc)
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.listener, func(t *testing.T) {
+			var held []func()
+			for range perIP {
+				held = append(held, tc.hold(t, "127.0.0.1"))
+			}
+			refused := func() float64 {
+				return counterValue(t, n, "policyd_connections_rejected_total", "listener", tc.listener, "reason", "max_connections_per_ip")
+			}
+			before := refused()
+			if err := tc.probe("127.0.0.1"); err == nil {
+				t.Fatalf("connection %d from 127.0.0.1 (max_connections_per_ip %d) was served", perIP+1, perIP)
+			}
+			if got := refused(); got <= before {
+				t.Fatalf("refusals for max_connections_per_ip: %v, want more than %v", got, before)
+			}
+			if err := tc.probe("127.0.0.2"); err != nil {
+				t.Fatalf("first connection from 127.0.0.2 while 127.0.0.1 is at its cap: %v", err)
+			}
+			// A closed connection gives its address's slot back.
+			held[0]()
+			waitFor(t, 10*time.Second, "127.0.0.1 served again after one of its connections closed", func() error {
+				return tc.probe("127.0.0.1")
+			})
+		})
+	}
+}
+
+// TestConnLimitsFeed: WebSocket feed connections count against
+// http.max_connections until they close, and still get the feed's epoll
+// poller through the counting wrapper (no goroutine while idle).
+func TestConnLimitsFeed(t *testing.T) {
+	const limit = 4
+	c := newCluster(t, 1, func(cfg *config.Config) {
+		feedE2EJWT(t)(cfg)
+		cfg.HTTP.MaxConnections = limit
+	})
+	n := c.leader()
+	alice := policy.Identity{Org: "acme", Team: "red", Employee: "alice"}
+	body := fmt.Sprintf(`{"id":%q,"org":%q,"team":%q,"status":"active"}`, alice.Employee, alice.Org, alice.Team)
+	a := apiFor(t, n)
+	if r := a.do(http.MethodPut, "/v1/employees/"+alice.Employee, []byte(body), nil); r.status != http.StatusOK {
+		t.Fatalf("PUT employee: %d %s", r.status, r.body)
+	}
+	a.hc.CloseIdleConnections()
+	tok := feedE2EToken(t, alice)
+	waitFor(t, 10*time.Second, "the admin client's connection closed", func() error {
+		if v := gaugeValue(t, n, "policyd_connections_open", "listener", "http"); v != 0 {
+			return fmt.Errorf("%v HTTP connections open", v)
+		}
+		return nil
+	})
+
+	var feeds []*feedE2EClient
+	for range limit {
+		fc, st := feedE2EDial(t, n, tok)
+		if fc == nil {
+			t.Fatalf("feed connection within http.max_connections refused: %d", st)
+		}
+		fc.nextOf(feedv1.TypeInit)
+		feeds = append(feeds, fc)
+	}
+	if v := gaugeValue(t, n, "policyd_connections_open", "listener", "http"); v != limit {
+		t.Fatalf("%v HTTP connections counted with %d feed connections open, want %d", v, limit, limit)
+	}
+	waitFor(t, 10*time.Second, "idle feed connections without goroutines (polled)", func() error {
+		if g := servertest.Goroutines("server/feed.(*conn)."); g != 0 {
+			return fmt.Errorf("%d goroutines run feed connection code", g)
+		}
+		return nil
+	})
+	before := counterValue(t, n, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections")
+	if err := getHealthz(httpFrom("127.0.0.1", false), n.HTTPAddr()); err == nil {
+		t.Fatalf("HTTP request served with %d feed connections open (http.max_connections %d)", limit, limit)
+	}
+	if got := counterValue(t, n, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections"); got <= before {
+		t.Fatalf("refusals for max_connections: %v, want more than %v", got, before)
+	}
+	// A feed connection that closes gives its slot back.
+	_ = feeds[0].ws.CloseNow()
+	waitFor(t, 10*time.Second, "HTTP served after a feed connection closed", func() error {
+		return getHealthz(httpFrom("127.0.0.1", false), n.HTTPAddr())
+	})
+}
+
+// TestConnLimitsRaft: a flood of connects to a follower's Raft listener is
+// refused beyond raft.max_connections, and the cluster keeps committing
+// and replicating to that follower over the peers' established
+// connections.
+func TestConnLimitsRaft(t *testing.T) {
+	const limit, flood = 16, 40
+	c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.MaxConnections = limit })
+	a := apiFor(t, c.leader())
+	a.putPolicy("acme.before-flood", "acme", "warm the peers' connections up")
+	c.waitConverged()
+	f := c.follower()
+	open := func() float64 { return gaugeValue(t, f, "policyd_connections_open", "listener", "raft") }
+	if v := open(); v < 1 || v > limit {
+		t.Fatalf("%v Raft connections counted on %s before the flood, want between 1 and %d", v, f.ID(), limit)
+	}
+
+	for range flood {
+		nc, err := net.DialTimeout("tcp", f.RaftAddr(), 5*time.Second)
+		if err != nil {
+			t.Fatalf("connect to the Raft listener: %v", err)
+		}
+		t.Cleanup(func() { _ = nc.Close() })
+	}
+	// At most limit of them are admitted, and Raft keeps those open.
+	waitFor(t, 10*time.Second, "the Raft listener full and the rest refused", func() error {
+		rejected := counterValue(t, f, "policyd_connections_rejected_total", "listener", "raft", "reason", "max_connections")
+		if v := open(); v != limit || rejected < flood-limit {
+			return fmt.Errorf("%v open (want %d), %v refused (want at least %d)", v, limit, rejected, flood-limit)
+		}
+		return nil
+	})
+
+	for i := range 5 {
+		a.putPolicy(fmt.Sprintf("acme.during-flood-%d", i), "acme", "committed while the follower's Raft listener is full")
+	}
+	c.waitConverged()
+}
+
+// TestConnLimitsDrift: the drift webhook's listener is capped at
+// drift.max_connections, before the TLS handshake. No API server answers
+// here: the webhook's informers only retry in the background.
+func TestConnLimitsDrift(t *testing.T) {
+	const limit = 2
+	p := newPKI(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newCluster(t, 1, func(cfg *config.Config) {
+		cfg.Kubernetes.Kubeconfig = kubeconfig
+		cfg.Drift.Addr, cfg.Drift.TLS, cfg.Drift.MaxConnections = "127.0.0.1:0", p.issue(t, "drift"), limit
+	})
+	n := c.leader()
+	clientTLS := p.clientTLS(t, "kube-apiserver")
+	handshake := func() (*tls.Conn, error) {
+		tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", n.DriftAddr(), clientTLS)
+		if err == nil {
+			t.Cleanup(func() { _ = tc.Close() })
+		}
+		return tc, err
+	}
+	var held []*tls.Conn
+	for range limit {
+		tc, err := handshake()
+		if err != nil {
+			t.Fatalf("connection within drift.max_connections: %v", err)
+		}
+		held = append(held, tc)
+	}
+	if _, err := handshake(); err == nil {
+		t.Fatalf("connection %d handshook (drift.max_connections %d), want it closed", limit+1, limit)
+	}
+	if got := counterValue(t, n, "policyd_connections_rejected_total", "listener", "drift", "reason", "max_connections"); got != 1 {
+		t.Fatalf("refusals on the drift listener: %v, want 1", got)
+	}
+	_ = held[0].Close()
+	waitFor(t, 10*time.Second, "a drift connection after one closed", func() error {
+		_, err := handshake()
+		return err
+	})
+}
+
+// localDialer dials from ip, any 127.0.0.0/8 address on Linux loopback.
+func localDialer(ip string) *net.Dialer {
+	return &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+}
+
+// httpFrom is an HTTP client connecting from ip; keepAlive keeps its
+// connection open after a request.
+func httpFrom(ip string, keepAlive bool) *http.Client {
+	return &http.Client{
+		Transport: &http.Transport{DialContext: localDialer(ip).DialContext, DisableKeepAlives: !keepAlive},
+		Timeout:   5 * time.Second,
+	}
+}
+
+func getHealthz(hc *http.Client, addr string) error {
+	resp, err := hc.Get("http://" + addr + "/healthz") //nolint:noctx // the client has a timeout
+	if err != nil {
+		return err
+	}
+	// Read to the end, so that a kept-alive connection stays open.
+	_, err = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET /healthz: %d", resp.StatusCode)
+	}
+	return err
+}
+
+// grpcFrom is a gRPC client connecting from ip.
+func grpcFrom(addr, ip string) (*grpc.ClientConn, error) {
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			return localDialer(ip).DialContext(ctx, "tcp", a)
+		}))
+}
+
+func checkHealth(cc *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err
 }
 
 // raiseNoFile raises the soft descriptor limit to need (both ends of every
@@ -573,19 +847,19 @@ func grpcClient(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-func gaugeValue(t *testing.T, n *Node, name string) float64 {
+func gaugeValue(t *testing.T, n *Node, name string, labels ...string) float64 {
 	t.Helper()
-	return metricValue(t, n, name, "", "")
+	return metricValue(t, n, name, labels...)
 }
 
-func counterValue(t *testing.T, n *Node, name, label, value string) float64 {
+func counterValue(t *testing.T, n *Node, name string, labels ...string) float64 {
 	t.Helper()
-	return metricValue(t, n, name, label, value)
+	return metricValue(t, n, name, labels...)
 }
 
 // metricValue sums the samples of a metric in the node's registry, those
-// with label=value when label is set.
-func metricValue(t *testing.T, n *Node, name, label, value string) float64 {
+// with every label=value of labels (name, value pairs) when given.
+func metricValue(t *testing.T, n *Node, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := n.reg.Gather()
 	if err != nil {
@@ -598,11 +872,13 @@ func metricValue(t *testing.T, n *Node, name, label, value string) float64 {
 		}
 	samples:
 		for _, m := range mf.GetMetric() {
-			if label != "" {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
 				for _, lp := range m.GetLabel() {
-					if lp.GetName() == label && lp.GetValue() != value {
-						continue samples
-					}
+					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
+				}
+				if !found {
+					continue samples
 				}
 			}
 			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()

@@ -16,10 +16,10 @@
 // Reload applies a re-read configuration's run-time settings, on SIGHUP
 // (settings.go).
 //
-// Resource limits (connection caps per listener, header and message sizes,
-// streams per connection, keepalive enforcement, and the set-up gate
-// bounding concurrent connection set-ups) are wired here and live in
-// server/limits, whose package doc records the choices.
+// Resource limits (connection caps per listener and per source address,
+// header and message sizes, streams per connection, keepalive enforcement,
+// and the set-up gate bounding concurrent connection set-ups) are wired
+// here and live in server/limits, whose package doc records the choices.
 package server
 
 import (
@@ -36,7 +36,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -77,7 +76,7 @@ type Node struct {
 
 	store     *store.Store
 	raft      *raft.Raft
-	logStore  *raftboltdb.BoltStore
+	logStore  LogStore
 	transport *raft.NetworkTransport
 	validator *policy.Validator
 
@@ -89,6 +88,10 @@ type Node struct {
 	api     *adminapi.API
 	peers   *peerPool
 	tls     nodeTLS
+	// raftConns and driftConns cap the Raft and drift webhook listeners,
+	// which setupRaft and setupDrift bind; driftConns is nil without
+	// drift.addr.
+	raftConns, driftConns *limits.Conns
 
 	// Sidecar-facing serving: the in-memory policy index, fed by one
 	// subscription in commit order, and the two transports reading it.
@@ -165,7 +168,8 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.jwt: %w", err)
 		}
 	}
-	if n.store, err = store.Open(filepath.Join(cfg.DataDir, "state.db"), logger.With("component", "store")); err != nil {
+	if n.store, err = store.OpenWithOptions(filepath.Join(cfg.DataDir, "state.db"), logger.With("component", "store"),
+		store.Options{NoSync: !cfg.Raft.StateFsync}); err != nil {
 		return nil, err
 	}
 	// Subscribe before the index loads, so no commit falls between the two.
@@ -176,20 +180,28 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if err = n.setupTLS(); err != nil {
 		return nil, err
 	}
-	if n.httpLn, err = net.Listen("tcp", cfg.HTTP.Addr); err != nil {
-		return nil, fmt.Errorf("listen http.addr %s: %w", cfg.HTTP.Addr, err)
-	}
-	n.httpLn = n.httpListener(n.httpLn)
-	if n.grpcLn, err = net.Listen("tcp", cfg.GRPC.Addr); err != nil {
-		return nil, fmt.Errorf("listen grpc.addr %s: %w", cfg.GRPC.Addr, err)
-	}
 	lm, err := limits.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
+	// Every listener counts its TCP connections under any TLS, so that a
+	// connection over a cap costs no handshake, and until they close: the
+	// HTTP count includes connections upgraded to the feed.
 	limitsLog := logger.With("component", "limits")
-	n.grpcLn = limits.NewConns("grpc", cfg.GRPC.MaxConnections, lm, limitsLog).Listener(n.grpcLn)
-	httpConns := limits.NewConns("http", cfg.HTTP.MaxConnections, lm, limitsLog)
+	if n.httpLn, err = net.Listen("tcp", cfg.HTTP.Addr); err != nil {
+		return nil, fmt.Errorf("listen http.addr %s: %w", cfg.HTTP.Addr, err)
+	}
+	n.httpLn = n.httpListener(limits.NewConns("http",
+		limits.Caps{Max: cfg.HTTP.MaxConnections, PerIP: cfg.HTTP.MaxConnectionsPerIP}, lm, limitsLog).Listener(n.httpLn))
+	if n.grpcLn, err = net.Listen("tcp", cfg.GRPC.Addr); err != nil {
+		return nil, fmt.Errorf("listen grpc.addr %s: %w", cfg.GRPC.Addr, err)
+	}
+	n.grpcLn = limits.NewConns("grpc",
+		limits.Caps{Max: cfg.GRPC.MaxConnections, PerIP: cfg.GRPC.MaxConnectionsPerIP}, lm, limitsLog).Listener(n.grpcLn)
+	n.raftConns = limits.NewConns("raft", limits.Caps{Max: cfg.Raft.MaxConnections}, lm, limitsLog)
+	if cfg.Drift.Addr != "" {
+		n.driftConns = limits.NewConns("drift", limits.Caps{Max: cfg.Drift.MaxConnections}, lm, limitsLog)
+	}
 	gate := limits.NewGate(cfg.Setup.MaxConcurrent, cfg.Setup.MaxWait, lm)
 	if err = n.setupRaft(); err != nil {
 		return nil, err
@@ -235,7 +247,6 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		Handler:           mux,
 		ReadHeaderTimeout: handshakeTimeout,
 		MaxHeaderBytes:    cfg.HTTP.MaxHeaderBytes,
-		ConnState:         httpConns.ConnState(nil),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/raftfsm"
 )
@@ -41,36 +39,19 @@ func (n *Node) setupRaft() error {
 		Timeout: 10 * time.Second,
 		Logger:  hl.Named("transport"),
 	}
-	var tr *raft.NetworkTransport
-	var err error
-	if n.tls.raft != nil {
-		var sl *tlsStreamLayer
-		if sl, err = newTLSStreamLayer(rc.Addr, adv, n.tls.raft); err == nil {
-			tc.Stream = sl
-			tr = raft.NewNetworkTransportWithConfig(tc)
-		}
-	} else {
-		tr, err = raft.NewTCPTransportWithConfig(rc.Addr, adv, tc)
-	}
+	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.tls.raft)
 	if err != nil {
 		return fmt.Errorf("listen raft.addr %s: %w", rc.Addr, err)
 	}
+	tc.Stream = sl
+	tr := raft.NewNetworkTransportWithConfig(tc)
 	n.transport = tr
 
-	logPath := filepath.Join(raftDir, "raft.db")
-	// The log store's free list is not written on each commit but rebuilt
-	// by scanning the file on open (what etcd does for its backend): every
-	// log truncation after a snapshot frees many pages, and writing that
-	// list on every commit is most of a commit's pages under write load.
-	// Each append is still fsynced before it counts.
-	ls, err := raftboltdb.New(raftboltdb.Options{Path: logPath, BoltOptions: &bbolt.Options{
-		Timeout:        2 * time.Second, // another process holds the lock: fail, don't hang
-		NoFreelistSync: true,
-		FreelistType:   bbolt.FreelistMapType,
-	}})
+	ls, kind, err := OpenLogStore(raftDir, rc.LogStore, hl)
 	if err != nil {
-		return fmt.Errorf("open raft log %q: %w", logPath, err)
+		return err
 	}
+	n.logger.Info("raft log store", "kind", kind)
 	n.logStore = ls
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, rc.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {

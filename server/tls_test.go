@@ -264,7 +264,7 @@ func TestMutualTLSCluster(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				sl, err := newTLSStreamLayer("127.0.0.1:0", nil, r)
+				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, r)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -27,7 +27,7 @@ func Inspect(path string) (FileInfo, error) {
 	if err := checkFile(path); err != nil {
 		return FileInfo{}, err
 	}
-	db, err := openBolt(path, true)
+	db, err := openBolt(path, true, false)
 	if err != nil {
 		return FileInfo{}, err
 	}

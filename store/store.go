@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -77,6 +78,11 @@ type Store struct {
 	db     *bolt.DB
 	closed bool
 
+	// noSync: commits skip fsync and the file carries a dirty marker
+	// while open (see Options.NoSync).
+	noSync    bool
+	discarded bool
+
 	applied atomic.Uint64
 
 	waitMu sync.Mutex
@@ -90,12 +96,46 @@ type Store struct {
 	digest      string
 }
 
-// Open opens or creates the state database at path. It refuses a file that is
-// corrupt or was not written by policyd, naming the file, and never writes to
-// such a file.
+// Options tune how a store writes.
+type Options struct {
+	// NoSync commits batches without fsync. The caller must hold a durable
+	// copy of every batch elsewhere and be able to apply it again: the
+	// daemon's Raft log, replayed on top of the latest Raft snapshot. bbolt
+	// without fsync is only safe while the process lives, since the kernel
+	// may write a commit's pages in any order, so the store marks the file
+	// dirty (DirtySuffix) before its first write and clears the mark only
+	// after a final fsync in Close. A dirty file found by the next Open is
+	// discarded, whatever mode opens it: the state is then empty (applied
+	// index 0) and must be rebuilt from the durable copy.
+	NoSync bool
+}
+
+// DirtySuffix names the marker file (path + DirtySuffix) that says the state
+// database was written without fsync and not closed cleanly.
+const DirtySuffix = ".dirty"
+
+// Open opens or creates the state database at path, committing every batch
+// with fsync. It refuses a file that is corrupt or was not written by
+// policyd, naming the file, and never writes to such a file.
 func Open(path string, logger *slog.Logger) (*Store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	return OpenWithOptions(path, logger, Options{})
+}
+
+// OpenWithOptions is Open with options. If it discarded a dirty file (see
+// Options.NoSync and Discarded), the caller owes the store its whole
+// history.
+func OpenWithOptions(path string, logger *slog.Logger, opts Options) (*Store, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir for %q: %w", path, err)
+	}
+	discarded, err := discardDirty(path)
+	if err != nil {
+		return nil, err
+	}
+	if discarded {
+		logger.Warn("state db was written without fsync and not closed cleanly: discarded; the state is rebuilt from the raft snapshot and log",
+			"path", path)
 	}
 	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
 		// Inspect read-only first: bbolt writes to a file it opens read-write.
@@ -103,7 +143,12 @@ func Open(path string, logger *slog.Logger) (*Store, error) {
 			return nil, err
 		}
 	}
-	db, err := openBolt(path, false)
+	if opts.NoSync {
+		if err := markDirty(path); err != nil {
+			return nil, err
+		}
+	}
+	db, err := openBolt(path, false, opts.NoSync)
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +157,13 @@ func Open(path string, logger *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("initialise state db %q: %w", path, err)
 	}
 	s := &Store{
-		path:   path,
-		logger: logger,
-		db:     db,
-		waitCh: make(chan struct{}),
-		subs:   make(map[*Subscription]struct{}),
+		path:      path,
+		logger:    logger,
+		db:        db,
+		noSync:    opts.NoSync,
+		discarded: discarded,
+		waitCh:    make(chan struct{}),
+		subs:      make(map[*Subscription]struct{}),
 	}
 	idx, err := s.readApplied()
 	if err != nil {
@@ -127,10 +174,50 @@ func Open(path string, logger *slog.Logger) (*Store, error) {
 	return s, nil
 }
 
-func openBolt(path string, readOnly bool) (*bolt.DB, error) {
+// Discarded reports whether Open found the file dirty and started empty.
+func (s *Store) Discarded() bool { return s.discarded }
+
+// discardDirty removes path if its dirty marker exists, then the marker.
+func discardDirty(path string) (bool, error) {
+	marker := path + DirtySuffix
+	if _, err := os.Stat(marker); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("state db %q: %w", path, err)
+	}
+	for _, p := range []string{path, path + ".restore", marker} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("discard unclean state db: %w", err)
+		}
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return false, fmt.Errorf("discard unclean state db: %w", err)
+	}
+	return true, nil
+}
+
+// markDirty creates path's dirty marker, durably, before the first write
+// without fsync.
+func markDirty(path string) error {
+	marker := path + DirtySuffix
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("mark state db dirty: %w", err)
+	}
+	if err := errors.Join(f.Sync(), f.Close()); err != nil {
+		return fmt.Errorf("mark state db dirty: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("mark state db dirty: %w", err)
+	}
+	return nil
+}
+
+func openBolt(path string, readOnly, noSync bool) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:  2 * time.Second, // another process holds the lock: fail, don't hang
 		ReadOnly: readOnly,
+		NoSync:   noSync,
 		// A snapshot is a long read transaction; a remap while it is open would
 		// stall writers, so reserve address space up front.
 		InitialMmapSize: 256 << 20,
@@ -148,7 +235,7 @@ func openBolt(path string, readOnly bool) (*bolt.DB, error) {
 
 // checkFile verifies, read-only, that path is a policyd state database.
 func checkFile(path string) error {
-	db, err := openBolt(path, true)
+	db, err := openBolt(path, true, false)
 	if err != nil {
 		return err
 	}
@@ -250,8 +337,25 @@ func (s *Store) Close() error {
 	}
 	s.subs = map[*Subscription]struct{}{}
 	s.subMu.Unlock()
+	if s.noSync {
+		// Everything written without fsync reaches the disk before the
+		// dirty mark goes; if this fails the mark stays and the next Open
+		// rebuilds.
+		if err := s.db.Sync(); err != nil {
+			_ = s.db.Close()
+			return fmt.Errorf("close state db %q: fsync: %w", s.path, err)
+		}
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close state db %q: %w", s.path, err)
+	}
+	if s.noSync {
+		if err := os.Remove(s.path + DirtySuffix); err != nil {
+			return fmt.Errorf("close state db %q: clear dirty mark: %w", s.path, err)
+		}
+		if err := syncDir(filepath.Dir(s.path)); err != nil {
+			return fmt.Errorf("close state db %q: %w", s.path, err)
+		}
 	}
 	return nil
 }
@@ -327,7 +431,7 @@ func (s *Store) Restore(r io.Reader) error {
 		s.mu.Unlock()
 		return fmt.Errorf("restore: %w", err)
 	}
-	db, err := openBolt(s.path, false)
+	db, err := openBolt(s.path, false, s.noSync)
 	if err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("restore: reopen: %w", err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -99,7 +100,7 @@ func putPolicy(t *testing.T, s *Store, idx uint64, p *policy.Policy) *policy.Pol
 	var stored *policy.Policy
 	apply(t, s, idx, func(b *Batch) error {
 		var err error
-		stored, err = b.PutPolicy(meta(idx), p, nil)
+		stored, _, err = b.PutPolicy(meta(idx), p, nil)
 		return err
 	})
 	return stored
@@ -111,7 +112,7 @@ func putEmployee(t *testing.T, s *Store, idx uint64, e *policy.Employee) *policy
 	var stored *policy.Employee
 	apply(t, s, idx, func(b *Batch) error {
 		var err error
-		stored, err = b.PutEmployee(meta(idx), e, nil)
+		stored, _, err = b.PutEmployee(meta(idx), e, nil)
 		return err
 	})
 	return stored
@@ -402,11 +403,11 @@ func TestCompareAndSet(t *testing.T) {
 			apply(t, s, 2, func(b *Batch) error {
 				switch {
 				case tc.entity == EntityPolicy && !tc.delete:
-					_, opErr = b.PutPolicy(meta(2), pol("p", policy.Scope{Org: "beta"}, "audit"), tc.ifMatch)
+					_, _, opErr = b.PutPolicy(meta(2), pol("p", policy.Scope{Org: "beta"}, "audit"), tc.ifMatch)
 				case tc.entity == EntityPolicy:
 					opErr = b.DeletePolicy(meta(2), "p", tc.ifMatch)
 				case !tc.delete:
-					_, opErr = b.PutEmployee(meta(2), emp("alice", "beta", "x"), tc.ifMatch)
+					_, _, opErr = b.PutEmployee(meta(2), emp("alice", "beta", "x"), tc.ifMatch)
 				default:
 					opErr = b.DeleteEmployee(meta(2), "alice", tc.ifMatch)
 				}
@@ -502,7 +503,7 @@ func TestApplyBatchErrorRollsBack(t *testing.T) {
 
 	errBoom := errors.New("boom")
 	err = s.ApplyBatch(2, func(b *Batch) error {
-		if _, err := b.PutPolicy(meta(2), pol("lost", policy.Scope{Org: "acme"}, "deny"), nil); err != nil {
+		if _, _, err := b.PutPolicy(meta(2), pol("lost", policy.Scope{Org: "acme"}, "deny"), nil); err != nil {
 			return err
 		}
 		if _, err := b.PruneEvents(t0.Add(time.Hour)); err != nil {
@@ -548,7 +549,7 @@ func TestApplyBatchPanicReleasesStore(t *testing.T) {
 			}
 		}()
 		_ = s.ApplyBatch(2, func(b *Batch) error {
-			if _, err := b.PutPolicy(meta(2), pol("lost", policy.Scope{}, "deny"), nil); err != nil {
+			if _, _, err := b.PutPolicy(meta(2), pol("lost", policy.Scope{}, "deny"), nil); err != nil {
 				return err
 			}
 			panic("undecodable entry")
@@ -702,7 +703,7 @@ func TestPolicySetVersion(t *testing.T) {
 				pol("org.acme", policy.Scope{Org: "acme"}, "deny"),
 				pol("org.beta", policy.Scope{Org: "beta"}, "deny"),
 			} {
-				if _, err := bt.PutPolicy(meta(uint64(i+1)), p, nil); err != nil {
+				if _, _, err := bt.PutPolicy(meta(uint64(i+1)), p, nil); err != nil {
 					return err
 				}
 			}
@@ -749,33 +750,33 @@ func TestPolicySetVersion(t *testing.T) {
 		acmeChange, betaChng bool
 	}{
 		{"update applicable org policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("org.acme", policy.Scope{Org: "acme"}, "audit"), nil)
+			_, _, err := bt.PutPolicy(m, pol("org.acme", policy.Scope{Org: "acme"}, "audit"), nil)
 			return err
 		}, true, false},
 		{"rewrite identical content", func(bt *Batch, m Meta) error {
 			// Same content, but the revision and updated_at change: the
 			// stored bytes differ, so the version does too.
-			_, err := bt.PutPolicy(m, pol("org.acme", policy.Scope{Org: "acme"}, "audit"), nil)
+			_, _, err := bt.PutPolicy(m, pol("org.acme", policy.Scope{Org: "acme"}, "audit"), nil)
 			return err
 		}, true, false},
 		{"add non-applicable policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "security"}, "deny"), nil)
+			_, _, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "security"}, "deny"), nil)
 			return err
 		}, false, false},
 		{"update non-applicable policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "security"}, "allow"), nil)
+			_, _, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "security"}, "allow"), nil)
 			return err
 		}, false, false},
 		{"add employee", func(bt *Batch, m Meta) error {
-			_, err := bt.PutEmployee(m, emp("alice", "acme", "platform"), nil)
+			_, _, err := bt.PutEmployee(m, emp("alice", "acme", "platform"), nil)
 			return err
 		}, false, false},
 		{"update global policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("global", policy.Scope{}, "audit"), nil)
+			_, _, err := bt.PutPolicy(m, pol("global", policy.Scope{}, "audit"), nil)
 			return err
 		}, true, true},
 		{"move policy into the identity's scope", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "platform"}, "allow"), nil)
+			_, _, err := bt.PutPolicy(m, pol("team.acme.security", policy.Scope{Org: "acme", Team: "platform"}, "allow"), nil)
 			return err
 		}, true, false},
 		{"delete beta policy", func(bt *Batch, m Meta) error { return bt.DeletePolicy(m, "org.beta", nil) }, false, true},
@@ -809,23 +810,23 @@ func TestListEvents(t *testing.T) {
 	s := openStore(t)
 	// Two batches, several events each.
 	apply(t, s, 3, func(b *Batch) error {
-		if _, err := b.PutPolicy(meta(1), pol("g", policy.Scope{}, "deny"), nil); err != nil {
+		if _, _, err := b.PutPolicy(meta(1), pol("g", policy.Scope{}, "deny"), nil); err != nil {
 			return err
 		}
-		if _, err := b.PutPolicy(meta(2), pol("a", policy.Scope{Org: "acme"}, "deny"), nil); err != nil {
+		if _, _, err := b.PutPolicy(meta(2), pol("a", policy.Scope{Org: "acme"}, "deny"), nil); err != nil {
 			return err
 		}
-		_, err := b.PutEmployee(meta(3), emp("alice", "acme", "platform"), nil)
+		_, _, err := b.PutEmployee(meta(3), emp("alice", "acme", "platform"), nil)
 		return err
 	})
 	apply(t, s, 6, func(b *Batch) error {
-		if _, err := b.PutPolicy(meta(4), pol("b", policy.Scope{Org: "beta"}, "deny"), nil); err != nil {
+		if _, _, err := b.PutPolicy(meta(4), pol("b", policy.Scope{Org: "beta"}, "deny"), nil); err != nil {
 			return err
 		}
-		if _, err := b.PutEmployee(meta(5), emp("bob", "beta", ""), nil); err != nil {
+		if _, _, err := b.PutEmployee(meta(5), emp("bob", "beta", ""), nil); err != nil {
 			return err
 		}
-		_, err := b.PutPolicy(meta(6), pol("a", policy.Scope{Org: "acme"}, "audit"), nil)
+		_, _, err := b.PutPolicy(meta(6), pol("a", policy.Scope{Org: "acme"}, "audit"), nil)
 		return err
 	})
 
@@ -881,7 +882,7 @@ func writeEvents(t *testing.T, s *Store, from, to uint64, per int, at func(i uin
 		apply(t, s, end, func(b *Batch) error {
 			for i := start; i <= end; i++ {
 				m := Meta{Index: i, ProcessedAt: at(i), OriginatedAt: at(i)}
-				if _, err := b.PutEmployee(m, emp("e", "acme", ""), nil); err != nil {
+				if _, _, err := b.PutEmployee(m, emp("e", "acme", ""), nil); err != nil {
 					return err
 				}
 			}
@@ -996,22 +997,22 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 		want []EntityChange
 	}{
 		{"create policy", 1, func(b *Batch) error {
-			_, err := b.PutPolicy(meta(1), pol("p", acme, "deny"), nil)
+			_, _, err := b.PutPolicy(meta(1), pol("p", acme, "deny"), nil)
 			return err
 		}, []EntityChange{{Type: EntityPolicy, ID: "p", Action: ActionCreate, Index: 1, Scopes: []policy.Scope{acme}}}},
 		{"update in place", 2, func(b *Batch) error {
-			_, err := b.PutPolicy(meta(2), pol("p", acme, "audit"), nil)
+			_, _, err := b.PutPolicy(meta(2), pol("p", acme, "audit"), nil)
 			return err
 		}, []EntityChange{{Type: EntityPolicy, ID: "p", Action: ActionUpdate, Index: 2, Scopes: []policy.Scope{acme}}}},
 		{"move policy: new scope then old", 3, func(b *Batch) error {
-			_, err := b.PutPolicy(meta(3), pol("p", beta, "audit"), nil)
+			_, _, err := b.PutPolicy(meta(3), pol("p", beta, "audit"), nil)
 			return err
 		}, []EntityChange{{Type: EntityPolicy, ID: "p", Action: ActionUpdate, Index: 3, Scopes: []policy.Scope{beta, acme}}}},
 		{"several entities in one batch", 6, func(b *Batch) error {
-			if _, err := b.PutEmployee(meta(4), emp("alice", "acme", "platform"), nil); err != nil {
+			if _, _, err := b.PutEmployee(meta(4), emp("alice", "acme", "platform"), nil); err != nil {
 				return err
 			}
-			if _, err := b.PutEmployee(meta(5), emp("alice", "acme", "security"), nil); err != nil {
+			if _, _, err := b.PutEmployee(meta(5), emp("alice", "acme", "security"), nil); err != nil {
 				return err
 			}
 			return b.DeletePolicy(meta(6), "p", nil)
@@ -1188,7 +1189,7 @@ func TestSnapshotRestore(t *testing.T) {
 	b := openStore(t)
 	putPolicy(t, b, 1, pol("other", policy.Scope{Org: "zeta"}, "allow"))
 	apply(t, b, 3, func(bt *Batch) error {
-		_, err := bt.PutEmployee(meta(3), emp("zed", "zeta", ""), nil)
+		_, _, err := bt.PutEmployee(meta(3), emp("zed", "zeta", ""), nil)
 		return err
 	})
 	bDigest := digest(t, b)
@@ -1438,15 +1439,15 @@ func TestDigest(t *testing.T) {
 		fn   func(bt *Batch, m Meta) error
 	}{
 		{"put policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("p", policy.Scope{Org: "acme"}, "deny"), nil)
+			_, _, err := bt.PutPolicy(m, pol("p", policy.Scope{Org: "acme"}, "deny"), nil)
 			return err
 		}},
 		{"update policy", func(bt *Batch, m Meta) error {
-			_, err := bt.PutPolicy(m, pol("p", policy.Scope{Org: "acme"}, "audit"), nil)
+			_, _, err := bt.PutPolicy(m, pol("p", policy.Scope{Org: "acme"}, "audit"), nil)
 			return err
 		}},
 		{"put employee", func(bt *Batch, m Meta) error {
-			_, err := bt.PutEmployee(m, emp("alice", "acme", ""), nil)
+			_, _, err := bt.PutEmployee(m, emp("alice", "acme", ""), nil)
 			return err
 		}},
 		{"put member", func(bt *Batch, m Meta) error { return bt.PutMember(m, Member{ID: "n1"}) }},
@@ -1583,5 +1584,105 @@ func TestChangeTime(t *testing.T) {
 	got := sub.Next()
 	if len(got) != 1 || got[0].At.Before(before) || got[0].At.After(time.Now()) {
 		t.Fatalf("Next = %+v, want one change stamped between %v and now", got, before)
+	}
+}
+
+// TestNoSyncDirtyMark covers Options.NoSync: a store closed cleanly keeps
+// its state, one left open (a crash) is discarded by the next Open in either
+// mode, and a synced store never leaves a mark.
+func TestNoSyncDirtyMark(t *testing.T) {
+	tests := []struct {
+		name      string
+		noSync    bool
+		crash     bool // copy the files while the store is open, as a crash leaves them
+		reopenOpt Options
+		wantMark  bool // while open
+		wantState bool // after the reopen
+	}{
+		{"no sync, clean close", true, false, Options{NoSync: true}, true, true},
+		{"no sync, crash, reopened without sync", true, true, Options{}, true, false},
+		{"no sync, crash, reopened with no sync", true, true, Options{NoSync: true}, true, false},
+		{"synced, crash", false, true, Options{}, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "state.db")
+			s, err := OpenWithOptions(path, testLogger(), Options{NoSync: tc.noSync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			putPolicy(t, s, 3, pol("g", policy.Scope{}, "deny"))
+			if _, err := os.Stat(path + DirtySuffix); (err == nil) != tc.wantMark {
+				t.Errorf("dirty mark while open: stat err %v, want mark %v", err, tc.wantMark)
+			}
+			reopen := path
+			if tc.crash {
+				// The files as the process left them; the running store
+				// keeps its lock on the original.
+				reopen = filepath.Join(t.TempDir(), "state.db")
+				if err := os.WriteFile(reopen, readFile(t, path), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if tc.noSync {
+					if err := os.WriteFile(reopen+DirtySuffix, nil, 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			closeWithin(t, s)
+			if _, err := os.Stat(path + DirtySuffix); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("dirty mark after Close: stat err %v, want none", err)
+			}
+			s2, err := OpenWithOptions(reopen, testLogger(), tc.reopenOpt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeWithin(t, s2) })
+			wantIndex := uint64(0)
+			if tc.wantState {
+				wantIndex = 3
+			}
+			if got := s2.AppliedIndex(); got != wantIndex {
+				t.Errorf("AppliedIndex after reopen = %d, want %d", got, wantIndex)
+			}
+			if got := s2.Discarded(); got == tc.wantState {
+				t.Errorf("Discarded = %v, want %v", got, !tc.wantState)
+			}
+			_, err = s2.GetPolicy("g")
+			if found := err == nil; found != tc.wantState {
+				t.Errorf("policy after reopen: err %v, want found %v", err, tc.wantState)
+			}
+			if _, err := os.Stat(reopen + DirtySuffix); (err == nil) != tc.reopenOpt.NoSync {
+				t.Errorf("dirty mark after reopen: stat err %v, want mark %v", err, tc.reopenOpt.NoSync)
+			}
+		})
+	}
+}
+
+func TestEventAppendJSONMatchesMarshal(t *testing.T) {
+	at := time.Date(2025, 1, 2, 3, 4, 5, 600, time.UTC)
+	tests := []struct {
+		name string
+		ev   Event
+	}{
+		{"zero", Event{}},
+		{"policy", Event{ID: 7, EntityType: EntityPolicy, Org: "acme", Action: ActionUpdate, EntityID: "p<1>",
+			Data: json.RawMessage(`{"name":"p\u003c1\u003e","spec":{"a":1}}`), OriginatedAt: at, ProcessedAt: at.Add(time.Second)}},
+		{"escaping", Event{ID: 1, Org: `"&"`, EntityID: "\u2028", Data: json.RawMessage(`null`)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := json.Marshal(&tc.ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tc.ev.appendJSON(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("appendJSON =\n%s\nwant\n%s", got, want)
+			}
+		})
 	}
 }

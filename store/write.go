@@ -124,6 +124,8 @@ type entityKind[T any] struct {
 	// scope is what the entity touches: a policy's scope, an employee's
 	// identity.
 	scope func(*T) policy.Scope
+	// encode is the stored form; it must be deterministic.
+	encode func(*T) ([]byte, error)
 }
 
 var policyKind = entityKind[policy.Policy]{
@@ -135,6 +137,10 @@ var policyKind = entityKind[policy.Policy]{
 		p.Revision, p.CreatedAt, p.UpdatedAt = rev, created, updated
 	},
 	scope: func(p *policy.Policy) policy.Scope { return p.Scope },
+	// Policy specs arrive canonical from the proposer (raftfsm.PutPolicy),
+	// so AppendJSON gives json.Marshal's bytes without its pass over the
+	// spec.
+	encode: func(p *policy.Policy) ([]byte, error) { return p.AppendJSON(nil) },
 }
 
 var employeeKind = entityKind[policy.Employee]{
@@ -145,19 +151,21 @@ var employeeKind = entityKind[policy.Employee]{
 	stamp: func(e *policy.Employee, rev uint64, created, updated time.Time) {
 		e.Revision, e.CreatedAt, e.UpdatedAt = rev, created, updated
 	},
-	scope: (*policy.Employee).Identity,
+	scope:  (*policy.Employee).Identity,
+	encode: func(e *policy.Employee) ([]byte, error) { return json.Marshal(e) },
 }
 
-// putEntity creates or replaces v under key.
-func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMatch *uint64) (*T, error) {
+// putEntity creates or replaces v under key. It returns the stored entity
+// and its stored encoding.
+func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMatch *uint64) (*T, []byte, error) {
 	bk := b.tx.Bucket(k.bucket)
 	var old T
 	exists, err := getJSON(bk, key, &old)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := checkRevision(string(k.typ), key, exists, k.revision(&old), ifMatch); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	stored := *v
 	created, action := m.ProcessedAt, ActionCreate
@@ -166,24 +174,23 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 	}
 	k.stamp(&stored, m.Index, created, m.ProcessedAt)
 	// A plain encoding is deterministic: every replica receives the same
-	// command bytes. (Policy specs arrive canonical from the proposer,
-	// raftfsm.PutPolicy; re-canonicalising here cost every replica ~15% of
-	// its CPU under write load.)
-	raw, err := json.Marshal(&stored)
+	// command bytes. (Re-canonicalising policy specs here cost every
+	// replica ~15% of its CPU under write load.)
+	raw, err := k.encode(&stored)
 	if err != nil {
-		return nil, fmt.Errorf("encode %s %q: %w", k.typ, key, err)
+		return nil, nil, fmt.Errorf("encode %s %q: %w", k.typ, key, err)
 	}
 	if err := bk.Put([]byte(key), raw); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	scopes := []policy.Scope{k.scope(&stored)}
 	if exists && k.scope(&old) != scopes[0] {
 		scopes = append(scopes, k.scope(&old))
 	}
 	if err := b.record(m, k.typ, key, action, raw, scopes); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &stored, nil
+	return &stored, raw, nil
 }
 
 // deleteEntity deletes key; ErrNotFound if it does not exist.
@@ -208,8 +215,9 @@ func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch 
 }
 
 // PutPolicy creates or replaces p. Name, kind, scope, labels and spec come
-// from p; revision and timestamps from m.
-func (b *Batch) PutPolicy(m Meta, p *policy.Policy, ifMatch *uint64) (*policy.Policy, error) {
+// from p; revision and timestamps from m. It returns the stored policy and
+// its stored JSON.
+func (b *Batch) PutPolicy(m Meta, p *policy.Policy, ifMatch *uint64) (*policy.Policy, []byte, error) {
 	return putEntity(b, policyKind, m, p.Name, p, ifMatch)
 }
 
@@ -218,8 +226,9 @@ func (b *Batch) DeletePolicy(m Meta, name string, ifMatch *uint64) error {
 	return deleteEntity(b, policyKind, m, name, ifMatch)
 }
 
-// PutEmployee creates or replaces e.
-func (b *Batch) PutEmployee(m Meta, e *policy.Employee, ifMatch *uint64) (*policy.Employee, error) {
+// PutEmployee creates or replaces e. It returns the stored employee and its
+// stored JSON.
+func (b *Batch) PutEmployee(m Meta, e *policy.Employee, ifMatch *uint64) (*policy.Employee, []byte, error) {
 	return putEntity(b, employeeKind, m, e.ID, e, ifMatch)
 }
 
@@ -339,12 +348,40 @@ func stateKey(typ EntityType, org string) []byte {
 // putEvent stores an event under its big-endian ID, prefixed with its
 // processed time so pruning needs no JSON decoding.
 func putEvent(bk *bolt.Bucket, ev *Event) error {
-	raw, err := json.Marshal(ev)
+	v := make([]byte, 8, 8+len(ev.Data)+256)
+	binary.BigEndian.PutUint64(v, uint64(ev.ProcessedAt.UnixNano()))
+	v, err := ev.appendJSON(v)
 	if err != nil {
 		return fmt.Errorf("encode event %d: %w", ev.ID, err)
 	}
-	v := make([]byte, 8, 8+len(raw))
-	binary.BigEndian.PutUint64(v, uint64(ev.ProcessedAt.UnixNano()))
-	v = append(v, raw...)
 	return bk.Put(u64(ev.ID), v)
+}
+
+// eventHead is Event's fields before Data, in order, with the same tags.
+type eventHead struct {
+	ID         uint64     `json:"id"`
+	EntityType EntityType `json:"entity_type"`
+	Org        string     `json:"org"`
+	Action     Action     `json:"action"`
+	EntityID   string     `json:"entity_id"`
+}
+
+// appendJSON appends json.Marshal's encoding of ev, copying Data as it is
+// rather than validating and compacting it again: Data is always the
+// store's own json.Marshal-compact encoding of the entity.
+func (ev *Event) appendJSON(dst []byte) ([]byte, error) {
+	head, err := json.Marshal(eventHead{ID: ev.ID, EntityType: ev.EntityType, Org: ev.Org, Action: ev.Action, EntityID: ev.EntityID})
+	if err != nil {
+		return nil, err
+	}
+	dst = append(dst, head[:len(head)-1]...)
+	dst = append(dst, `,"data":`...)
+	dst = policy.AppendRaw(dst, ev.Data)
+	if dst, err = policy.AppendTimeField(dst, "originated_at", ev.OriginatedAt); err != nil {
+		return nil, err
+	}
+	if dst, err = policy.AppendTimeField(dst, "processed_at", ev.ProcessedAt); err != nil {
+		return nil, err
+	}
+	return append(dst, '}'), nil
 }

@@ -103,6 +103,9 @@ type API struct {
 	stop    context.CancelFunc
 	// tokens is cfg.Tokens, swapped by SetTokens on SIGHUP.
 	tokens atomic.Pointer[auth.AdminTokens]
+	// acked is the highest index of a write this node has acknowledged
+	// (see readOwnWrites).
+	acked watermark
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -273,6 +276,17 @@ func (w *statusWriter) Flush() {
 // Unwrap lets http.ResponseController reach the real writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// writeRawJSON answers with raw, already-encoded JSON, ended by a newline
+// as writeJSON's encoder ends its output.
+func writeRawJSON(w http.ResponseWriter, status int, raw []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// Two writes into the response's buffer: raw may be shared, so it is
+	// not appended to. The client may be gone; nothing useful to do.
+	_, _ = w.Write(raw)
+	_, _ = w.Write([]byte{'\n'})
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -339,11 +353,56 @@ func queryUint(r *http.Request, name string) (uint64, error) {
 // maybeConsistent waits for a linearizable read point when ?consistent=true.
 func (a *API) maybeConsistent(r *http.Request) error {
 	c, err := queryBool(r, "consistent")
-	if err != nil || !c {
+	if err != nil {
 		return err
 	}
-	return a.b.ConsistentRead(r.Context())
+	if c {
+		return a.b.ConsistentRead(r.Context())
+	}
+	return a.readOwnWrites(r.Context())
 }
+
+// readOwnWrites waits until the local replica holds every write this node
+// has acknowledged. A write is answered as soon as the leader commits and
+// applies it; this node applies it when it learns of the commit, within a
+// raft.commit_timeout. A local read never answers with less than the
+// client (or any other client of this node) was told was written. A node
+// that cannot catch up (cut off after answering) refuses with 503 rather
+// than answer from before the write.
+func (a *API) readOwnWrites(ctx context.Context) error {
+	idx := a.acked.v.Load()
+	st := a.b.Store()
+	if st.AppliedIndex() >= idx {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, readOwnWritesWait)
+	defer cancel()
+	if err := st.WaitApplied(ctx, idx); err != nil {
+		return &unavailableError{fmt.Sprintf("this node has not applied index %d, a write it acknowledged: %v; retry, or use ?consistent=true", idx, err)}
+	}
+	return nil
+}
+
+// readOwnWritesWait bounds readOwnWrites: far longer than a commit timeout,
+// short enough to fail a read rather than hang it.
+const readOwnWritesWait = 5 * time.Second
+
+// watermark is a monotonic index.
+type watermark struct{ v atomic.Uint64 }
+
+func (w *watermark) raise(idx uint64) {
+	for {
+		cur := w.v.Load()
+		if idx <= cur || w.v.CompareAndSwap(cur, idx) {
+			return
+		}
+	}
+}
+
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string     { return e.msg }
+func (e *unavailableError) Unavailable() bool { return true }
 
 func (a *API) healthz(w http.ResponseWriter, _ *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -185,6 +185,17 @@ func (e entity[T]) putHandler(a *API) handlerFunc {
 		if err != nil {
 			return err
 		}
+		if raw := res.GetValue(); len(raw) > 0 {
+			// The leader's FSM stored these bytes: answer with them now,
+			// without waiting for this node to apply the entry.
+			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.GetRevision(), 10)))
+			writeRawJSON(w, http.StatusOK, raw)
+			return nil
+		}
+		// A leader that does not send the stored value (an older version).
+		if err := a.b.Store().WaitApplied(r.Context(), res.GetIndex()); err != nil {
+			return err
+		}
 		return e.writeCommitted(w, a, key, res.GetIndex())
 	}
 }
@@ -251,9 +262,7 @@ func (a *API) commit(r *http.Request, cmd *commandv1.Command) (*commandv1.Result
 	if err := raftfsm.ResultErr(res); err != nil {
 		return nil, err
 	}
-	if err := a.b.Store().WaitApplied(r.Context(), res.GetIndex()); err != nil {
-		return nil, err
-	}
+	a.acked.raise(res.GetIndex())
 	return res, nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // WebSocket opcodes, for the hand-made frames below.
@@ -38,22 +38,7 @@ var pongJSON = []byte(`{"type":"pong"}`)
 // connGoroutines counts the goroutines running feed connection code: its
 // writer, its reader, or a handler serving one.
 func connGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "server/feed.(*conn).") || strings.Contains(g, "server/feed.(*Hub).serve") {
-			count++
-		}
-	}
-	return count
+	return servertest.Goroutines("server/feed.(*conn).", "server/feed.(*Hub).serve")
 }
 
 // TestIdleConnectionsHaveNoGoroutines: once a polled connection has

@@ -172,18 +172,15 @@ func setEventID(ev *syscall.EpollEvent, id uint64) {
 }
 
 // rawConnOf returns the descriptor access of a socket the poller can watch
-// and tryRead can read: a plain TCP or Unix socket. A TLS connection (or
-// anything else) has buffers of its own above the socket, so readiness of
-// the socket says nothing about it: such a connection gets a reader
-// goroutine for its lifetime instead.
+// and tryRead can read: a connection that exposes its socket (syscall.Conn:
+// a plain TCP or Unix socket, or the node's counted connection from
+// server/limits, which buffers nothing). A TLS connection (or anything
+// else) has buffers of its own above the socket, so readiness of the socket
+// says nothing about it: such a connection gets a reader goroutine for its
+// lifetime instead.
 func rawConnOf(nc net.Conn) syscall.RawConn {
-	var sc syscall.Conn
-	switch c := nc.(type) {
-	case *net.TCPConn:
-		sc = c
-	case *net.UnixConn:
-		sc = c
-	default:
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
 		return nil
 	}
 	rc, err := sc.SyscallConn()

@@ -1,26 +1,61 @@
 // Package limits holds the node's defences against resource exhaustion that
-// are shared by the HTTP and gRPC listeners: a cap on open connections per
-// listener and a set-up gate bounding concurrent connection set-ups.
+// are shared by its listeners: caps on open connections, per listener and
+// per source address, and a set-up gate bounding concurrent connection
+// set-ups.
 //
-// # Connections over the cap are closed at once
+// # Connection caps
 //
-// A connection accepted while its listener is at http.max_connections or
-// grpc.max_connections is closed immediately (and counted in
-// policyd_connections_rejected_total) rather than left in the kernel's
-// accept backlog. Waiting in the backlog looks kinder but is worse under a
-// flood: the backlog fills with the flood's connections, a well-behaved
-// client's connect then hangs until its own timeout instead of failing fast,
-// and nothing tells the operator. Closing at once keeps the node's file
-// descriptors bounded and makes the client's retry-with-backoff (the SDK's)
-// the queue. Envoy's overload manager does the same for
-// downstream connections.
+// Every listener counts its connections from accept to close:
 //
-// HTTP connections are counted through http.Server.ConnState, not by
-// wrapping the listener, because the WebSocket feed watches idle upgraded
-// connections with epoll on the *net.TCPConn itself. A connection leaves the
-// HTTP count when it closes or is upgraded to the feed: upgraded connections
-// have passed authentication and the set-up gate, so they are bounded by
-// the identities that hold tokens, not by anonymous connects.
+//   - http.max_connections (default 20000) and grpc.max_connections
+//     (10000) bound the descriptors, goroutines and buffers a flood of
+//     connects can take. The HTTP count includes connections upgraded to
+//     the WebSocket feed until they close, so the HTTP cap is the node's
+//     feed capacity plus its admin clients: the default leaves room for
+//     the 10,000 feed connections per node the bench measures, and for
+//     the overlap of a reconnect storm, when a client's new connection
+//     arrives before the node has seen its old one close.
+//   - http.max_connections_per_ip and grpc.max_connections_per_ip bound
+//     what one source address may take of that. They are off (0) by
+//     default: sidecars behind a NAT gateway, an L4 load balancer or a
+//     node-local proxy all share one source address, so any fixed default
+//     would either refuse such a deployment or be too high to matter.
+//     Where every client has its own address (pod IPs), set them to a few
+//     times what one host legitimately opens (a few hundred), so one
+//     misbehaving host cannot fill the listener. An IPv6 client counts
+//     per address, not per prefix. The loopback clients of the flood test
+//     and the bench all come from 127.0.0.1, one address.
+//   - raft.max_connections (1024) bounds the Raft listener. Peers hold a
+//     few connections each (a pool of 3 and the replication pipeline), so
+//     the cap only ever bites on something that is not a peer. Raft keeps
+//     an inbound connection that sends nothing open indefinitely, so a
+//     flood can hold this cap: established connections, which carry
+//     replication, keep working, but a peer's new connection is refused
+//     until the flood ends. The cap turns what would be descriptor
+//     exhaustion of the whole process (every listener failing accept)
+//     into that. Keep the Raft port reachable only by peers, with mutual
+//     TLS (raft.tls).
+//   - drift.max_connections (1024) bounds the drift webhook's listener;
+//     an API server calling it holds one connection per review in flight.
+//
+// Connections are counted by wrapping the TCP listener (Conns.Listener),
+// under any TLS, so that a refused connection costs no handshake and the
+// count follows net.Conn.Close whoever closes the connection: the server,
+// or the feed after net/http handed it over. The counted connection passes
+// the socket through (SyscallConn), so the feed's epoll poller still
+// watches the socket itself.
+//
+// A connection accepted over a cap is closed immediately and counted in
+// policyd_connections_rejected_total{listener,reason}, reason being the
+// cap's key (max_connections, max_connections_per_ip), rather than left in
+// the kernel's accept backlog. Waiting in the backlog looks kinder but is
+// worse under a flood: the backlog fills with the flood's connections, a
+// well-behaved client's connect then hangs until its own timeout instead of
+// failing fast, and nothing tells the operator. Closing at once keeps the
+// node's file descriptors bounded and makes the client's
+// retry-with-backoff (the SDK's) the queue. Envoy's overload manager does
+// the same for downstream connections. Refusals are logged at most once
+// every 10 seconds per listener.
 //
 // # Set-up gate
 //
@@ -64,8 +99,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		connsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "policyd_connections_rejected_total",
-			Help: "Connections closed at once because their listener was at its max_connections.",
-		}, []string{"listener"}),
+			Help: "Connections closed at once because their listener was at a connection cap (reason: the cap's key).",
+		}, []string{"listener", "reason"}),
 		connsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "policyd_connections_open",
 			Help: "Connections counted against their listener's max_connections.",

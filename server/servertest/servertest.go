@@ -6,6 +6,7 @@ package servertest
 import (
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -51,4 +52,29 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// Goroutines counts the goroutines whose stack mentions any of funcs (e.g.
+// "server/feed.(*conn)."): how tests show that idle connections cost no
+// goroutine.
+func Goroutines(funcs ...string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		for _, f := range funcs {
+			if strings.Contains(g, f) {
+				count++
+				break
+			}
+		}
+	}
+	return count
 }

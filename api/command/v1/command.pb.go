@@ -531,8 +531,12 @@ type Result struct {
 	Index    uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
 	Revision uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// "" on success; otherwise "not_found", "conflict" or "invalid".
-	Code          string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Code    string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// The entity as the write stored it (its JSON), for a put that succeeded:
+	// the node that took the request answers with it at once, without waiting
+	// to apply the entry itself.
+	Value         []byte `protobuf:"bytes,5,opt,name=value,proto3" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -595,6 +599,13 @@ func (x *Result) GetMessage() string {
 	return ""
 }
 
+func (x *Result) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 var File_command_v1_command_proto protoreflect.FileDescriptor
 
 const file_command_v1_command_proto_rawDesc = "" +
@@ -627,12 +638,13 @@ const file_command_v1_command_proto_rawDesc = "" +
 	"\fRemoveMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"7\n" +
 	"\vPruneEvents\x12(\n" +
-	"\x10cutoff_unix_nano\x18\x01 \x01(\x03R\x0ecutoffUnixNano\"h\n" +
+	"\x10cutoff_unix_nano\x18\x01 \x01(\x03R\x0ecutoffUnixNano\"~\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessageB5Z3github.com/policyd/policyd/api/command/v1;commandv1b\x06proto3"
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x14\n" +
+	"\x05value\x18\x05 \x01(\fR\x05valueB5Z3github.com/policyd/policyd/api/command/v1;commandv1b\x06proto3"
 
 var (
 	file_command_v1_command_proto_rawDescOnce sync.Once
