@@ -117,6 +117,9 @@ func TestChaos(t *testing.T) {
 
 	totals := tally(recs, log)
 	checkWrites(t, recs, log, totals)
+	for _, s := range staleReads(recs, log) {
+		t.Errorf("stale read: %s", s)
+	}
 	checkSidecars(t, c, run, cars, log)
 
 	ops := operations(recs, log)
@@ -765,9 +768,13 @@ func (f *faulter) kill(ctx context.Context) {
 	f.c.restart(nd)
 }
 
+// maxPause is the longest SIGSTOP: a request a paused node holds is handled
+// at most this much later than its client expected (see deleteSlack).
+const maxPause = 10 * electionTimeout
+
 func (f *faulter) pause(ctx context.Context) {
 	nd, l := f.target(0.6)
-	d := f.between(3*electionTimeout, 10*electionTimeout)
+	d := f.between(3*electionTimeout, maxPause)
 	f.run.logf("SIGSTOP %s (%s) for %v", nd.id, role(l), d)
 	if err := nd.signal(syscall.SIGSTOP); err != nil {
 		f.fail("pause: %v", err)

@@ -294,3 +294,28 @@ func TestOperationsPlainDeletes(t *testing.T) {
 		}
 	})
 }
+
+func TestStaleReads(t *testing.T) {
+	log := mustLog(t, []policyEvent{putEvent(3, "k0", "a"), putEvent(5, "k0", "b"), putEvent(7, "k1", "c")})
+	put := record{In: kvInput{Op: opPut, Key: "k0", Write: "b"}, Out: kvOutput{Result: resOK, Value: "b", Revision: 5}, Call: 10, Return: 20}
+	read := func(rev uint64, val string, call time.Duration) record {
+		return record{In: kvInput{Op: opGet, Key: "k0"}, Out: kvOutput{Result: resOK, Value: val, Revision: rev}, Call: call, Return: call + 5}
+	}
+	tests := []struct {
+		name string
+		recs []record
+		want int
+	}{
+		{"old revision after the acknowledgement", []record{put, read(3, "a", 25)}, 1},
+		{"old revision while the write was open", []record{put, read(3, "a", 15)}, 0},
+		{"new revision", []record{put, read(5, "b", 25)}, 0},
+		{"another key's write", []record{{In: kvInput{Op: opPut, Key: "k1", Write: "c"}, Out: kvOutput{Result: resOK, Value: "c", Revision: 7}, Call: 1, Return: 2}, read(3, "a", 25)}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := staleReads(tc.recs, log); len(got) != tc.want {
+				t.Errorf("staleReads = %q, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -4,12 +4,14 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,6 +50,15 @@ func TestRecheck(t *testing.T) {
 		}
 	}
 	t.Logf("operations with no known return: %d", unbounded)
+	// The longest-open operations are what make a search hard.
+	wide := slices.Clone(ops)
+	slices.SortFunc(wide, func(a, b porcupine.Operation) int { return cmp.Compare(b.Return-b.Call, a.Return-a.Call) })
+	for _, op := range wide[:min(10, len(wide))] {
+		t.Logf("  open %v: client %d at %v: %s", time.Duration(op.Return-op.Call), op.ClientId, time.Duration(op.Call), kvModel.DescribeOperation(op.Input, op.Output))
+	}
+	for _, s := range staleReads(recs, log) {
+		t.Errorf("stale read: %s", s)
+	}
 	start := time.Now()
 	res, _ := checkLinearizable(t, ops, *flagCheckTimeout)
 	t.Logf("linearizability: %s (porcupine %v)", resultName(res), time.Since(start).Round(time.Millisecond))
