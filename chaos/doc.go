@@ -62,15 +62,20 @@
 // Clients PUT, CAS-PUT (If-Match with a revision they observed), DELETE and
 // GET ?consistent=true the policies k0..k4 on random nodes; a PUT's body
 // carries a unique write id. An operation that failed or timed out is of
-// unknown outcome: porcupine may linearize it anywhere after its call,
-// including never (its return time is infinite). Since every applied write
-// is in the event log (DESIGN part 3: the event id is its Raft index), the
-// log resolves unknown PUTs after the run: a write id not in it was not
-// applied and is dropped, one in it is known to have succeeded. A request
-// refused before it was sent (connection refused) is dropped too. After the
-// faults heal:
+// unknown outcome. Since every applied write is in the event log (DESIGN
+// part 3: the event id is its Raft index), the log resolves them after the
+// run: a write id not in it was not applied and is dropped; one in it
+// succeeded, and its return time becomes the first answer on its key that
+// showed its revision or a later one. DELETEs are matched to DELETE events
+// (by revision, or by the leader's processed_at for a plain one); see
+// operations in history_test.go for why each bound is sound. Left
+// open-ended, such operations made porcupine's search explode on long runs.
+// A request refused before it was sent (connection refused) is dropped too.
+// After the faults heal:
 //
-//   - porcupine (KV model, partitioned by key) must find the history, closed
+//   - no consistent read returned a revision already replaced by a write
+//     acknowledged before the read began (staleReads: no search needed);
+//   - porcupine (KV model, one key at a time) must find the history, closed
 //     by a consistent read of every key on every node, linearizable;
 //   - every acknowledged write is in the event log exactly once and is
 //     either its key's final value on every node or followed by a later
