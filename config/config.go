@@ -204,8 +204,9 @@ type Raft struct {
 	// StateFsync fsyncs state.db on every applied batch. Off, the Raft log
 	// is the only durable copy of recent entries: a node that did not shut
 	// down cleanly discards state.db and rebuilds it from the latest Raft
-	// snapshot and the log (store.Options.NoSync), as etcd's backend and
-	// rqlite do. That takes two fsyncs off every write's path.
+	// snapshot and the log (store.Options.NoSync), much as etcd replays its
+	// WAL over a backend it does not fsync on each write. That takes two
+	// fsyncs off every write's path.
 	StateFsync bool `mapstructure:"state_fsync"`
 	// LogStore is the Raft log's format for a node created from now on:
 	// boltdb (hashicorp/raft-boltdb) or wal (hashicorp/raft-wal). A node
