@@ -4,13 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/loopback"
 )
 
 // procCluster is a cluster of real `policyd serve` processes on loopback,
@@ -22,27 +23,6 @@ type procCluster struct {
 	http    []string // base URLs
 	raft    []string // Raft addresses
 	daemons []*daemon
-}
-
-// freePorts reserves n distinct loopback ports by binding and releasing them.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-	}
-	return ports
 }
 
 // newProcCluster writes node<i>.yaml for size nodes that bootstrap together
@@ -345,4 +325,15 @@ func TestRecoverRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freePorts returns n distinct free loopback ports, failing the test if it
+// cannot.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	ports, err := loopback.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ports
 }

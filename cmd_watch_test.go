@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // watchProc is a running `policyd watch --output json`.
@@ -40,7 +42,7 @@ type watchEventLine struct {
 func startWatch(t *testing.T, name string, args ...string) *watchProc {
 	t.Helper()
 	cmd := exec.Command(policydBinary(t), append([]string{"watch", "--output", "json"}, args...)...)
-	cmd.Env = cleanEnv()
+	cmd.Env = servertest.CleanEnv()
 	w := &watchProc{name: name, cmd: cmd, lines: make(chan string, 100), logs: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = w.logs
 	stdout, err := cmd.StdoutPipe()

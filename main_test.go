@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // These tests run the built binary exactly as the README tells a user to:
@@ -50,18 +52,6 @@ func policydBinary(t *testing.T) string {
 		t.Fatal(errBuild)
 	}
 	return binPath
-}
-
-// cleanEnv is the environment without POLICYD_* variables, so the user's
-// settings don't leak into "no config" runs.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "POLICYD_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 // daemon is a running `policyd serve`.
@@ -98,7 +88,7 @@ func startDaemonEnv(t *testing.T, dir string, env []string, args ...string) *dae
 	t.Helper()
 	cmd := exec.Command(policydBinary(t), append([]string{"serve"}, args...)...)
 	cmd.Dir = dir
-	cmd.Env = append(cleanEnv(), env...)
+	cmd.Env = append(servertest.CleanEnv(), env...)
 	d := &daemon{cmd: cmd, logs: &syncBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
 	if err := cmd.Start(); err != nil {
@@ -186,7 +176,7 @@ func cliInput(t *testing.T, dir, stdin string, args ...string) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, policydBinary(t), args...)
 	cmd.Dir = dir
-	cmd.Env = cleanEnv()
+	cmd.Env = servertest.CleanEnv()
 	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -229,7 +219,7 @@ func TestReadmeSingleNode(t *testing.T) {
 	}
 	// events watch prints each new event as a JSON line.
 	watch := exec.Command(policydBinary(t), "events", "watch", "--after", strconv.FormatUint(p.Revision, 10))
-	watch.Env = cleanEnv()
+	watch.Env = servertest.CleanEnv()
 	stdout, err := watch.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -536,7 +526,7 @@ func TestEnvConfigAndCLIToken(t *testing.T) {
 	run := func(env []string, args ...string) (string, error) {
 		c := exec.Command(policydBinary(t), args...)
 		c.Dir = dir
-		c.Env = append(cleanEnv(), env...)
+		c.Env = append(servertest.CleanEnv(), env...)
 		c.Stdin = strings.NewReader(`{"name": "p", "kind": "ToolPolicy", "spec": {"tool_name": "Bash", "action": "audit"}}`)
 		out, err := c.CombinedOutput()
 		return string(out), err

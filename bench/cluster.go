@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/policyd/policyd/loopback"
 )
 
 // stopGrace is how long a node gets to exit after SIGTERM before SIGKILL.
@@ -69,7 +70,7 @@ type clusterSpec struct {
 // every node. All nodes bootstrap from the same peers list. On error the
 // nodes already started are stopped.
 func startCluster(spec clusterSpec) (_ *cluster, err error) {
-	ports, err := freePorts(3 * spec.nodes)
+	ports, err := loopback.FreePorts(3 * spec.nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -79,9 +80,9 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 		id := "node" + strconv.Itoa(i+1)
 		nd := &node{
 			id:       id,
-			httpAddr: loopback(ports[3*i]),
-			grpcAddr: loopback(ports[3*i+1]),
-			raftAddr: loopback(ports[3*i+2]),
+			httpAddr: loopback.Addr(ports[3*i]),
+			grpcAddr: loopback.Addr(ports[3*i+1]),
+			raftAddr: loopback.Addr(ports[3*i+2]),
 			dir:      filepath.Join(dir, id),
 		}
 		nd.configPath = filepath.Join(nd.dir, "config.yaml")
@@ -453,21 +454,3 @@ func tailFile(path string, n int) ([]string, int, error) {
 	}
 	return ring, total, nil
 }
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1. All listeners
-// stay open until every port is chosen, so the kernel cannot hand out the
-// same port twice; another process may still take one before a node binds it.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }

@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/policyd/policyd/loopback"
 )
 
 // etcdMembers is the size of the etcd cluster, the same as the writes
@@ -212,14 +214,14 @@ func etcdWrite(clients []*clientv3.Client, timeout time.Duration) writeFunc {
 // startEtcd starts members etcd processes on loopback under dir/etcdN,
 // forming a new cluster, with etcd's defaults otherwise (fsync on).
 func startEtcd(bin, dir string, members int) (_ *cluster, err error) {
-	ports, err := freePorts(2 * members)
+	ports, err := loopback.FreePorts(2 * members)
 	if err != nil {
 		return nil, err
 	}
 	c := &cluster{dir: dir, binary: bin}
 	var initial []string
 	for i := range members {
-		nd := &node{id: "etcd" + strconv.Itoa(i+1), httpAddr: loopback(ports[2*i]), raftAddr: loopback(ports[2*i+1]), termIsClean: true}
+		nd := &node{id: "etcd" + strconv.Itoa(i+1), httpAddr: loopback.Addr(ports[2*i]), raftAddr: loopback.Addr(ports[2*i+1]), termIsClean: true}
 		nd.dir = filepath.Join(dir, nd.id)
 		nd.logPath = filepath.Join(nd.dir, "etcd.log")
 		c.nodes = append(c.nodes, nd)

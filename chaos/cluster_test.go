@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/loopback"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // Raft timings of the chaos cluster: short, so that a run sees many
@@ -74,14 +76,14 @@ func startCluster(t *testing.T, bin, dir string, size int) *cluster {
 	c := &cluster{t: t, bin: bin, dir: dir, net: newNetwork(ids),
 		hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
 	t.Cleanup(c.stopAll)
-	ports, err := freePorts(3 * size)
+	ports, err := loopback.FreePorts(3 * size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, id := range ids {
 		nd := &node{
 			idx: i, id: id, dir: filepath.Join(dir, id),
-			httpAddr: loopback(ports[3*i]), grpcAddr: loopback(ports[3*i+1]), raftAddr: loopback(ports[3*i+2]),
+			httpAddr: loopback.Addr(ports[3*i]), grpcAddr: loopback.Addr(ports[3*i+1]), raftAddr: loopback.Addr(ports[3*i+2]),
 		}
 		nd.configPath, nd.logPath = filepath.Join(nd.dir, "config.yaml"), filepath.Join(nd.dir, "node.log")
 		if nd.proxy, err = c.net.listen(i, nd.raftAddr); err != nil {
@@ -136,7 +138,7 @@ func (c *cluster) start(nd *node) error {
 	fmt.Fprintf(f, "==== chaos: starting %s at %s\n", nd.id, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.bin, "serve", "--config", nd.configPath)
 	cmd.Dir = nd.dir
-	cmd.Env = cleanEnv()
+	cmd.Env = servertest.CleanEnv()
 	cmd.Stdout, cmd.Stderr = f, f
 	// Pdeathsig: the node dies with the test binary even if cleanups never
 	// run (go test -timeout panics without running them).
@@ -156,17 +158,6 @@ func (c *cluster) start(nd *node) error {
 		close(exited)
 	}()
 	return nil
-}
-
-// cleanEnv drops POLICYD_* variables, which would override the config files.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "POLICYD_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func (nd *node) running() bool {
@@ -435,20 +426,3 @@ func poll(timeout time.Duration, cond func() error) error {
 		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an event
 	}
 }
-
-// freePorts returns n distinct free loopback ports (all chosen while every
-// listener is open, so none repeats).
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		defer ln.Close()
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }

@@ -15,6 +15,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/reload"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -78,7 +79,7 @@ func (c *cluster) restarts() (total float64, by []string) {
 		if n == nil {
 			continue
 		}
-		if v := n.metric(c.t, "configmap_reload_restarts_total", nil); v > 0 {
+		if v := servertest.Metric(c.t, n.reg, "configmap_reload_restarts_total"); v > 0 {
 			total += v
 			by = append(by, n.ID())
 		}

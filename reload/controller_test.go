@@ -17,6 +17,7 @@ import (
 
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/reload"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -127,7 +128,7 @@ func TestRestartOnlyTheConfigMapsScope(t *testing.T) {
 	if rs[0].Hash != reload.DataHash(cm) || rs[0].Reason != "change" {
 		t.Errorf("restart = %+v", rs[0])
 	}
-	if got := n.metric(t, "configmap_reload_restarts_total", map[string]string{"env": "test"}); got != 2 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_restarts_total", "env", "test"); got != 2 {
 		t.Errorf("restarts_total{env=test} = %v, want 2", got)
 	}
 	// Every restart is an event of type reload.
@@ -260,7 +261,7 @@ func TestDebounceCoalesces(t *testing.T) {
 	if err := patchedWith(getDeployment(t, ns, "web"), cm); err != nil {
 		t.Error(err)
 	}
-	if got := n.metric(t, "configmap_reload_debounced_total", map[string]string{"env": "test"}); got != 3 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_debounced_total", "env", "test"); got != 3 {
 		t.Errorf("debounced_total = %v, want 3", got)
 	}
 }
@@ -380,10 +381,10 @@ func TestWatchGoneRelists(t *testing.T) {
 	if err := patchedWith(getDeployment(t, ns, "web"), cm); err != nil {
 		t.Error(err)
 	}
-	if got := n.metric(t, "configmap_reload_watch_errors_total", nil); got < 1 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_watch_errors_total"); got < 1 {
 		t.Errorf("watch_errors_total = %v, want the 410 counted", got)
 	}
-	if got := n.metric(t, "configmap_reload_watch_reconnects_total", nil); got < 1 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_watch_reconnects_total"); got < 1 {
 		t.Errorf("watch_reconnects_total = %v, want at least 1", got)
 	}
 }
@@ -456,10 +457,10 @@ func TestPatchFailureRetries(t *testing.T) {
 	if g := getDeployment(t, ns, "web").Generation; g != 2 {
 		t.Errorf("web generation %d, want 2: exactly one restart", g)
 	}
-	if got := n.metric(t, "configmap_reload_retry_total", map[string]string{"env": "test"}); got < 2 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_retry_total", "env", "test"); got < 2 {
 		t.Errorf("retry_total = %v, want at least 2", got)
 	}
-	if got := n.metric(t, "configmap_reload_errors_total", map[string]string{"env": "test"}); got < 2 {
+	if got := servertest.Metric(t, n.reg, "configmap_reload_errors_total", "env", "test"); got < 2 {
 		t.Errorf("errors_total = %v, want at least 2", got)
 	}
 }
@@ -489,7 +490,7 @@ func TestAuthFailureStopsController(t *testing.T) {
 			if !strings.HasPrefix(v.Controller.Reason, tc.reason) {
 				t.Errorf("status reason %q, want %s", v.Controller.Reason, tc.reason)
 			}
-			if got := n.metric(t, "configmap_reload_stopped", map[string]string{"reason": tc.reason}); got != 1 {
+			if got := servertest.Metric(t, n.reg, "configmap_reload_stopped", "reason", tc.reason); got != 1 {
 				t.Errorf("configmap_reload_stopped{reason=%s} = %v, want 1", tc.reason, got)
 			}
 			// The daemon keeps serving: ready, and writes go through.

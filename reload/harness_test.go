@@ -212,41 +212,6 @@ func (n *node) view(t testing.TB) adminapi.ReloadView {
 	return v
 }
 
-// metric returns the value of a counter or gauge in n's registry, summed
-// over the series whose labels include want.
-func (n *node) metric(t testing.TB, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := n.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if got[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // Kubernetes objects of the tests: ConfigMaps and Deployments labelled
 // app=helloworld (the default selector) and env=<scope>.
 

@@ -143,7 +143,7 @@ func TestFlood(t *testing.T) {
 
 	// The never-reading clients are cut once their buffers fill up.
 	waitFor(t, 60*time.Second, "never-reading clients disconnected", func() error {
-		ws, ds := gaugeValue(t, n, "policy_ws_connections_total"), gaugeValue(t, n, "policyd_discovery_streams")
+		ws, ds := servertest.Metric(t, n.reg, "policy_ws_connections_total"), servertest.Metric(t, n.reg, "policyd_discovery_streams")
 		if ws != 1 || ds != 1 {
 			return fmt.Errorf("%v feed connections and %v discovery streams open, want 1 each", ws, ds)
 		}
@@ -191,7 +191,7 @@ func TestFlood(t *testing.T) {
 	}
 	rejected := map[string]float64{}
 	for _, l := range []string{"http", "grpc"} {
-		rejected[l] = counterValue(t, n, "policyd_connections_rejected_total", "listener", l)
+		rejected[l] = servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", l)
 		if rejected[l] < float64(conns/8) {
 			t.Errorf("%s: %v connections refused over max_connections %d, want at least %d", l, rejected[l], limit, conns/8)
 		}
@@ -283,7 +283,7 @@ func TestConnLimitsPerIP(t *testing.T) {
 				held = append(held, tc.hold(t, "127.0.0.1"))
 			}
 			refused := func() float64 {
-				return counterValue(t, n, "policyd_connections_rejected_total", "listener", tc.listener, "reason", "max_connections_per_ip")
+				return servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", tc.listener, "reason", "max_connections_per_ip")
 			}
 			before := refused()
 			if err := tc.probe("127.0.0.1"); err == nil {
@@ -323,7 +323,7 @@ func TestConnLimitsFeed(t *testing.T) {
 	a.hc.CloseIdleConnections()
 	tok := feedE2EToken(t, alice)
 	waitFor(t, 10*time.Second, "the admin client's connection closed", func() error {
-		if v := gaugeValue(t, n, "policyd_connections_open", "listener", "http"); v != 0 {
+		if v := servertest.Metric(t, n.reg, "policyd_connections_open", "listener", "http"); v != 0 {
 			return fmt.Errorf("%v HTTP connections open", v)
 		}
 		return nil
@@ -338,7 +338,7 @@ func TestConnLimitsFeed(t *testing.T) {
 		fc.nextOf(feedv1.TypeInit)
 		feeds = append(feeds, fc)
 	}
-	if v := gaugeValue(t, n, "policyd_connections_open", "listener", "http"); v != limit {
+	if v := servertest.Metric(t, n.reg, "policyd_connections_open", "listener", "http"); v != limit {
 		t.Fatalf("%v HTTP connections counted with %d feed connections open, want %d", v, limit, limit)
 	}
 	waitFor(t, 10*time.Second, "idle feed connections without goroutines (polled)", func() error {
@@ -347,11 +347,11 @@ func TestConnLimitsFeed(t *testing.T) {
 		}
 		return nil
 	})
-	before := counterValue(t, n, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections")
+	before := servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections")
 	if err := getHealthz(httpFrom("127.0.0.1", false), n.HTTPAddr()); err == nil {
 		t.Fatalf("HTTP request served with %d feed connections open (http.max_connections %d)", limit, limit)
 	}
-	if got := counterValue(t, n, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections"); got <= before {
+	if got := servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections"); got <= before {
 		t.Fatalf("refusals for max_connections: %v, want more than %v", got, before)
 	}
 	// A feed connection that closes gives its slot back.
@@ -372,7 +372,7 @@ func TestConnLimitsRaft(t *testing.T) {
 	a.putPolicy("acme.before-flood", "acme", "warm the peers' connections up")
 	c.waitConverged()
 	f := c.follower()
-	open := func() float64 { return gaugeValue(t, f, "policyd_connections_open", "listener", "raft") }
+	open := func() float64 { return servertest.Metric(t, f.reg, "policyd_connections_open", "listener", "raft") }
 	if v := open(); v < 1 || v > limit {
 		t.Fatalf("%v Raft connections counted on %s before the flood, want between 1 and %d", v, f.ID(), limit)
 	}
@@ -386,7 +386,7 @@ func TestConnLimitsRaft(t *testing.T) {
 	}
 	// At most limit of them are admitted, and Raft keeps those open.
 	waitFor(t, 10*time.Second, "the Raft listener full and the rest refused", func() error {
-		rejected := counterValue(t, f, "policyd_connections_rejected_total", "listener", "raft", "reason", "max_connections")
+		rejected := servertest.Metric(t, f.reg, "policyd_connections_rejected_total", "listener", "raft", "reason", "max_connections")
 		if v := open(); v != limit || rejected < flood-limit {
 			return fmt.Errorf("%v open (want %d), %v refused (want at least %d)", v, limit, rejected, flood-limit)
 		}
@@ -439,7 +439,7 @@ current-context: none
 	if _, err := handshake(); err == nil {
 		t.Fatalf("connection %d handshook (drift.max_connections %d), want it closed", limit+1, limit)
 	}
-	if got := counterValue(t, n, "policyd_connections_rejected_total", "listener", "drift", "reason", "max_connections"); got != 1 {
+	if got := servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", "drift", "reason", "max_connections"); got != 1 {
 		t.Fatalf("refusals on the drift listener: %v, want 1", got)
 	}
 	_ = held[0].Close()
@@ -845,44 +845,4 @@ func floodIdle(httpAddr, grpcAddr string, conns int) *idleFlood {
 
 func grpcClient(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-}
-
-func gaugeValue(t *testing.T, n *Node, name string, labels ...string) float64 {
-	t.Helper()
-	return metricValue(t, n, name, labels...)
-}
-
-func counterValue(t *testing.T, n *Node, name string, labels ...string) float64 {
-	t.Helper()
-	return metricValue(t, n, name, labels...)
-}
-
-// metricValue sums the samples of a metric in the node's registry, those
-// with every label=value of labels (name, value pairs) when given.
-func metricValue(t *testing.T, n *Node, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := n.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || lp.GetName() == labels[i] && lp.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue samples
-				}
-			}
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return sum
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -923,23 +924,23 @@ func TestClientsAndMetrics(t *testing.T) {
 	f.connect(t, bob, "")
 	f.connect(t, carol, "")
 	waitFor(t, msgTimeout, "connection gauges", func() error {
-		if got := metricValue(t, f, "policy_ws_connections_total", nil); got != 3 {
+		if got := servertest.Metric(t, f.reg, "policy_ws_connections_total"); got != 3 {
 			return fmt.Errorf("policy_ws_connections_total %v, want 3", got)
 		}
-		if got := metricValue(t, f, "policy_ws_connections_by_org", map[string]string{"org": "acme"}); got != 2 {
+		if got := servertest.Metric(t, f.reg, "policy_ws_connections_by_org", "org", "acme"); got != 2 {
 			return fmt.Errorf("policy_ws_connections_by_org{org=acme} %v, want 2", got)
 		}
 		return nil
 	})
-	sentBefore := metricValue(t, f, "policy_broadcast_count", nil)
-	latencyBefore := metricValue(t, f, "policy_broadcast_latency_ms", nil)
+	sentBefore := servertest.Metric(t, f.reg, "policy_broadcast_count")
+	latencyBefore := servertest.Metric(t, f.reg, "policy_broadcast_latency_ms")
 	f.apply(f.putPolicy("counted", scopeOrg("acme"), "x"))
 	m := a.nextOf(feedv1.TypeUpsert)
 	waitFor(t, msgTimeout, "both acme messages counted", func() error {
-		if got := metricValue(t, f, "policy_broadcast_count", nil) - sentBefore; got != 2 {
+		if got := servertest.Metric(t, f.reg, "policy_broadcast_count") - sentBefore; got != 2 {
 			return fmt.Errorf("policy_broadcast_count grew by %v, want 2", got)
 		}
-		if got := metricValue(t, f, "policy_broadcast_latency_ms", nil) - latencyBefore; got != 2 {
+		if got := servertest.Metric(t, f.reg, "policy_broadcast_latency_ms") - latencyBefore; got != 2 {
 			return fmt.Errorf("policy_broadcast_latency_ms observed %v more, want 2", got)
 		}
 		return nil
@@ -958,38 +959,6 @@ func TestClientsAndMetrics(t *testing.T) {
 		cl.ConnectedAtUnixNano == 0 || cl.LastActiveUnixNano == 0 {
 		t.Errorf("client info %v", cl)
 	}
-}
-
-// metricValue reads a gauge or counter value, or a histogram's sample
-// count, from the fixture's registry; 0 if the series does not exist.
-func metricValue(t *testing.T, f *fixture, name string, labels map[string]string) float64 {
-	t.Helper()
-	families, err := f.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range families {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return 0
 }
 
 // TestResync: a resync sends every connection a fresh init.

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/policyd/policyd/config"
 )
 
@@ -77,4 +80,52 @@ func Goroutines(funcs ...string) int {
 		}
 	}
 	return count
+}
+
+// Metric sums a metric's series in g, those carrying every label of labels
+// (name, value pairs): a counter's or gauge's value, a histogram's sample
+// count. 0 if no series matches.
+func Metric(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if hasLabels(m.GetLabel(), labels) {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func hasLabels(have []*dto.LabelPair, want []string) bool {
+	for i := 0; i+1 < len(want); i += 2 {
+		found := false
+		for _, lp := range have {
+			found = found || lp.GetName() == want[i] && lp.GetValue() == want[i+1]
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// CleanEnv is the environment without POLICYD_* variables, for a policyd
+// process a test starts: they would override its config file.
+func CleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POLICYD_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
