@@ -9,7 +9,9 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"time"
@@ -30,7 +32,13 @@ type propagationConfig struct {
 	orgs      int
 	timeout   time.Duration
 	grpcScope string
+	grpcHead  bool
 	connOut   string
+	// profileDir, when set, receives CPU profiles of every node and of
+	// bench itself (the simulated sidecars share the CPUs), taken over
+	// the first profileFor of the writes.
+	profileDir string
+	profileFor time.Duration
 }
 
 // propagationScenario measures how long a committed write takes to reach
@@ -62,7 +70,13 @@ func propagationScenario() scenario {
 			fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long a write may take to reach every sidecar; the rest count as missing")
 			fs.StringVar(&c.grpcScope, "grpc-scope", "employee",
 				"scope a gRPC stream asks for: employee (its own identity, like a real sidecar: one\nserver-side snapshot per stream), team or org (all streams of an org share one)")
+			fs.BoolVar(&c.grpcHead, "grpc-head", false,
+				"gRPC sidecars read only version_info and nonce of a response, as WebSocket sidecars read\n"+
+					"only type and digest, instead of decoding every policy (a lighter load generator)")
 			fs.StringVar(&c.connOut, "conn-out", "", "write every sidecar's latency for every write to this CSV file")
+			fs.StringVar(&c.profileDir, "cpu-profile", "", "write CPU profiles of every policyd node (GET /debug/pprof/profile) and of bench\n"+
+				"itself, taken from the first write for -cpu-profile-for, to this directory as\n<node>-<role>-propagation.pprof and bench-propagation.pprof")
+			fs.DurationVar(&c.profileFor, "cpu-profile-for", 10*time.Second, "length of the -cpu-profile window")
 			return c
 		},
 	}
@@ -81,6 +95,9 @@ func (c *propagationConfig) validate() error {
 	}
 	if c.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("-timeout must be positive, got %v", c.timeout))
+	}
+	if c.profileDir != "" && c.profileFor < time.Second {
+		errs = append(errs, fmt.Errorf("-cpu-profile-for must be at least 1s, got %v", c.profileFor))
 	}
 	if !slices.Contains([]string{"employee", "team", "org"}, c.grpcScope) {
 		errs = append(errs, fmt.Errorf("-grpc-scope must be employee, team or org, got %q", c.grpcScope))
@@ -103,7 +120,7 @@ type writeResult struct {
 
 func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 	cfg := *c
-	cl, _, stop, err := startReady(ctx, env, cfg.nodes, nil, inactivityEnv)
+	cl, leader, stop, err := startReady(ctx, env, cfg.nodes, nil, inactivityEnv)
 	if err != nil {
 		return err
 	}
@@ -144,7 +161,7 @@ func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 	}
 	openStart := time.Now()
 	fl, err = openFleet(ctx, fleetSpec{grpc: cfg.streams, ws: cfg.ws, grpcAddrs: grpcAddrs, httpAddrs: addrs,
-		nodes: cfg.nodes, orgs: cfg.orgs, grpcScope: cfg.grpcScope, streamsPerConn: cfg.streamsPerConn,
+		nodes: cfg.nodes, orgs: cfg.orgs, grpcScope: cfg.grpcScope, grpcHead: cfg.grpcHead, streamsPerConn: cfg.streamsPerConn,
 		dialConcurrency: cfg.dialConcurrency})
 	if err != nil {
 		return fmt.Errorf("open sidecars: %w", err)
@@ -166,6 +183,19 @@ func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 	msgsBefore := [2]int64{fl.msgs[0].Load(), fl.msgs[1].Load()}
 	serverBefore := serverLatencies(ctx, client, cl)
 	cpuBefore := cpuNow(cl)
+	if cfg.profileDir != "" {
+		profiles, err := profileWrites(ctx, cl, leader, cfg.profileDir, cfg.profileFor)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if perr := profiles(); perr != nil {
+				env.logf("warning: CPU profiles: %v", perr)
+			} else {
+				env.logf("CPU profiles of the first %v of the writes written to %s", cfg.profileFor, cfg.profileDir)
+			}
+		}()
+	}
 
 	var results []*writeResult
 	next := time.Now()
@@ -251,6 +281,40 @@ func propagateOne(ctx context.Context, client *http.Client, cl *cluster, fl *fle
 		}
 	}
 	return r, nil
+}
+
+// profileWrites starts CPU profiles of every node of cl and of this
+// process, each of length d, and returns a function that waits for them to
+// be written to dir.
+func profileWrites(ctx context.Context, cl *cluster, leader, dir string, d time.Duration) (func() error, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create profile dir: %w", err)
+	}
+	path := filepath.Join(dir, "bench-propagation.pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", path, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start bench CPU profile: %w", err)
+	}
+	nodes := profileNodes(ctx, cl, leader, dir, "propagation", 0, d)
+	// Stopped on time, not when the caller waits, so that bench's window
+	// is the nodes'.
+	stopped := make(chan error, 1)
+	go func() {
+		_ = sleepUntil(ctx, time.Now().Add(d))
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			stopped <- fmt.Errorf("write %s: %w", path, err)
+			return
+		}
+		stopped <- nil
+	}()
+	return func() error {
+		return errors.Join(nodes(), <-stopped)
+	}, nil
 }
 
 // cpuReading is the CPU time used so far by bench and by the nodes, and
@@ -363,13 +427,16 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 
 // propagationFigure is one transport's result, printed as one JSON line.
 type propagationFigure struct {
-	Scenario       string  `json:"scenario"`
-	Transport      string  `json:"transport"`
-	Nodes          int     `json:"nodes"`
-	Conns          int     `json:"conns"`
-	Orgs           int     `json:"orgs"`
-	PoliciesPerOrg int     `json:"policies_per_org"`
-	GRPCScope      string  `json:"grpc_scope,omitempty"`
+	Scenario       string `json:"scenario"`
+	Transport      string `json:"transport"`
+	Nodes          int    `json:"nodes"`
+	Conns          int    `json:"conns"`
+	Orgs           int    `json:"orgs"`
+	PoliciesPerOrg int    `json:"policies_per_org"`
+	GRPCScope      string `json:"grpc_scope,omitempty"`
+	// GRPCDecode is how much of a response a gRPC sidecar decodes: full
+	// (every policy) or head (version_info and nonce, -grpc-head).
+	GRPCDecode     string  `json:"grpc_decode,omitempty"`
 	StreamsPerConn int     `json:"streams_per_conn,omitempty"`
 	IntervalMs     float64 `json:"interval_ms"`
 	ConnectS       float64 `json:"connect_s"` // opening every sidecar until all hold the initial version
@@ -448,6 +515,10 @@ func propagationFigureFor(cfg propagationConfig, k sidecarKind, n int, results [
 	}
 	if k == kindGRPC {
 		f.GRPCScope, f.StreamsPerConn = cfg.grpcScope, cfg.streamsPerConn
+		f.GRPCDecode = "full"
+		if cfg.grpcHead {
+			f.GRPCDecode = "head"
+		}
 		f.TargetP99Ms, f.Target = ms(targetGRPCP99), "p99 ≤ 250 ms at 1k streams"
 	} else {
 		f.TargetP99Ms, f.Target = ms(targetWSP99), "p99 ≤ 500 ms at 10k ws on one node"

@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -239,5 +243,54 @@ func TestPropagationConfigValidate(t *testing.T) {
 		if err := c.validate(); err == nil {
 			t.Errorf("%s: validate(%+v) = nil, want an error", name, c)
 		}
+	}
+}
+
+func TestResponseHead(t *testing.T) {
+	fields := (&discoveryv1.PolicyDiscoveryResponse{}).ProtoReflect().Descriptor().Fields()
+	if got := fields.ByName("version_info").Number(); got != responseVersionField {
+		t.Fatalf("version_info is field %d, responseVersionField %d", got, responseVersionField)
+	}
+	if got := fields.ByName("nonce").Number(); got != responseNonceField {
+		t.Fatalf("nonce is field %d, responseNonceField %d", got, responseNonceField)
+	}
+	full, err := proto.Marshal(&discoveryv1.PolicyDiscoveryResponse{
+		VersionInfo: "v1", Nonce: "n1",
+		Policies: []*discoveryv1.Policy{{Name: "p", Kind: "ToolPolicy", Scope: &discoveryv1.Scope{Org: "o"},
+			Labels: map[string]string{"a": "b"}, Spec: []byte(`{"x":1}`), Revision: 7}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unchanged, err := proto.Marshal(&discoveryv1.PolicyDiscoveryResponse{VersionInfo: "v2", Nonce: "n2", Unchanged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		msg     []byte
+		want    responseHead
+		wantErr bool
+	}{
+		{"full", full, responseHead{version: "v1", nonce: "n1"}, false},
+		{"unchanged", unchanged, responseHead{version: "v2", nonce: "n2"}, false},
+		{"empty", nil, responseHead{}, false},
+		{"nonce first", protowire.AppendString(protowire.AppendTag(
+			protowire.AppendString(protowire.AppendTag(nil, responseNonceField, protowire.BytesType), "n3"),
+			responseVersionField, protowire.BytesType), "v3"), responseHead{version: "v3", nonce: "n3"}, false},
+		{"truncated", full[:len(full)-3], responseHead{}, true},
+		{"bad tag", []byte{0xff}, responseHead{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := responseHead{version: "stale", nonce: "stale"}
+			err := h.parse(tc.msg)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("parse: err = %v, want error %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && h != tc.want {
+				t.Errorf("parse = %+v, want %+v", h, tc.want)
+			}
+		})
 	}
 }

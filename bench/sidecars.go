@@ -18,6 +18,10 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
@@ -235,7 +239,11 @@ type fleetSpec struct {
 	// grpcScope is what a gRPC sidecar asks for: "employee" (its own
 	// identity, as a real sidecar does: one server-side group per stream),
 	// "team" or "org" (every stream of an org shares one group).
-	grpcScope       string
+	grpcScope string
+	// grpcHead makes a gRPC sidecar read only version_info and nonce of
+	// a response (responseHead), as a WebSocket sidecar reads only type
+	// and digest, instead of decoding every policy.
+	grpcHead        bool
 	streamsPerConn  int
 	dialConcurrency int
 }
@@ -251,6 +259,11 @@ type fleet struct {
 	wsMu   sync.Mutex
 	ws     []*websocket.Conn
 	http   *http.Client
+	// readBufs recycles the buffers WebSocket messages are read into:
+	// with 10,000 receivers, a fresh slice per message
+	// (websocket.Conn.Read) makes the load generator's garbage collector
+	// compete with the node for the CPUs.
+	readBufs sync.Pool
 
 	closing atomic.Bool
 	// Per kind: messages received, sidecars whose connection ended.
@@ -316,8 +329,8 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 	}
 
 	// One ClientConn per streamsPerConn streams of a node.
-	clients := make([]discoveryv1.PolicyDiscoveryServiceClient, len(f.cars))
-	current := make([]discoveryv1.PolicyDiscoveryServiceClient, spec.nodes)
+	clients := make([]*grpc.ClientConn, len(f.cars))
+	current := make([]*grpc.ClientConn, spec.nodes)
 	perNode := make([]int, spec.nodes)
 	for _, c := range f.cars {
 		if c.kind != kindGRPC {
@@ -329,7 +342,7 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 				f.close()
 				return nil, err
 			}
-			current[c.node] = discoveryv1.NewPolicyDiscoveryServiceClient(cc)
+			current[c.node] = cc
 		}
 		perNode[c.node]++
 		clients[c.idx] = current[c.node]
@@ -345,7 +358,7 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 		opening.Go(func() {
 			defer func() { <-sem }()
 			if c.kind == kindGRPC {
-				f.openStream(c, clients[c.idx], grpcScope(spec.grpcScope, c))
+				f.openStream(c, clients[c.idx], grpcScope(spec.grpcScope, c), spec.grpcHead)
 			} else {
 				f.openFeed(c, spec.httpAddrs[c.node])
 			}
@@ -385,37 +398,113 @@ func grpcScope(mode string, c *sidecar) *discoveryv1.Scope {
 	}
 }
 
-// openStream opens c's discovery stream, sends the initial request and
-// starts its receiver, which ACKs every response.
-func (f *fleet) openStream(c *sidecar, client discoveryv1.PolicyDiscoveryServiceClient, scope *discoveryv1.Scope) {
-	st, err := client.StreamPolicies(f.ctx)
+// openStream opens c's discovery stream on cc, sends the initial request
+// and starts its receiver, which ACKs every response. head: read responses
+// with headCodec.
+func (f *fleet) openStream(c *sidecar, cc *grpc.ClientConn, scope *discoveryv1.Scope, head bool) {
+	var opts []grpc.CallOption
+	if head {
+		opts = append(opts, grpc.ForceCodecV2(headCodec{encoding.GetCodecV2(protoenc.Name)}))
+	}
+	st, err := cc.NewStream(f.ctx, &discoveryv1.PolicyDiscoveryService_ServiceDesc.Streams[0],
+		discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName, opts...)
 	if err != nil {
 		f.fail(c, fmt.Errorf("open stream: %w", err))
 		return
 	}
 	req := &discoveryv1.PolicyDiscoveryRequest{ClientAddress: c.id, Scope: scope}
-	if err := st.Send(req); err != nil {
+	if err := st.SendMsg(req); err != nil {
 		f.fail(c, fmt.Errorf("initial request: %w", err))
 		return
 	}
 	f.wg.Go(func() {
+		var full discoveryv1.PolicyDiscoveryResponse
+		var hd responseHead
 		for {
-			resp, err := st.Recv()
+			var err error
+			if head {
+				err = st.RecvMsg(&hd)
+			} else {
+				full.Reset()
+				if err = st.RecvMsg(&full); err == nil {
+					hd = responseHead{version: full.GetVersionInfo(), nonce: full.GetNonce()}
+				}
+			}
 			at := f.since()
 			if err != nil {
 				f.fail(c, err)
 				return
 			}
 			f.msgs[kindGRPC].Add(1)
-			c.received(resp.GetVersionInfo(), at)
-			// ACK. Send marshals req before returning, so it can be reused.
-			req.VersionInfo, req.ResponseNonce = resp.GetVersionInfo(), resp.GetNonce()
-			if err := st.Send(req); err != nil {
+			c.received(hd.version, at)
+			// ACK. SendMsg marshals req before returning, so it can be
+			// reused.
+			req.VersionInfo, req.ResponseNonce = hd.version, hd.nonce
+			if err := st.SendMsg(req); err != nil {
 				f.fail(c, fmt.Errorf("ACK: %w", err))
 				return
 			}
 		}
 	})
+}
+
+// Field numbers of PolicyDiscoveryResponse (api/discovery/v1) that
+// responseHead reads.
+const (
+	responseVersionField = 1
+	responseNonceField   = 3
+)
+
+// responseHead is what a sidecar needs of a PolicyDiscoveryResponse to
+// record and ACK it: version_info and nonce.
+type responseHead struct {
+	version, nonce string
+}
+
+// parse reads the head of the encoded response b. Every field is walked,
+// so a message that is not well-formed protobuf is an error, but the
+// policies are not decoded.
+func (h *responseHead) parse(b []byte) error {
+	*h = responseHead{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("decode response: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && (num == responseVersionField || num == responseNonceField) {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return fmt.Errorf("decode response field %d: %w", num, protowire.ParseError(n))
+			}
+			if num == responseVersionField {
+				h.version = string(v)
+			} else {
+				h.nonce = string(v)
+			}
+			b = b[n:]
+			continue
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return fmt.Errorf("decode response field %d: %w", num, protowire.ParseError(n))
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// headCodec is the proto codec, except that it decodes into a
+// *responseHead.
+type headCodec struct{ encoding.CodecV2 }
+
+func (c headCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	h, ok := v.(*responseHead)
+	if !ok {
+		return c.CodecV2.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return h.parse(buf.ReadOnlyData())
 }
 
 // pongMessage answers the feed's ping.
@@ -438,12 +527,13 @@ func (f *fleet) openFeed(c *sidecar, addr string) {
 	f.wsMu.Unlock()
 	f.wg.Go(func() {
 		for {
-			_, data, err := ws.Read(f.ctx)
+			buf, err := readMessage(f.ctx, ws, &f.readBufs)
 			at := f.since()
 			if err != nil {
 				f.fail(c, err)
 				return
 			}
+			data := buf.Bytes()
 			typ, _ := jsonTopString(data, "type")
 			switch typ {
 			case feedv1.TypeInit, feedv1.TypeUpsert, feedv1.TypeDelete:
@@ -459,8 +549,28 @@ func (f *fleet) openFeed(c *sidecar, addr string) {
 				f.fail(c, errors.New("revoked: "+string(data)))
 				return
 			}
+			f.readBufs.Put(buf)
 		}
 	})
+}
+
+// readMessage reads ws's next message into a buffer from pool, which the
+// caller puts back once done with its bytes.
+func readMessage(ctx context.Context, ws *websocket.Conn, pool *sync.Pool) (*bytes.Buffer, error) {
+	_, r, err := ws.Reader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	buf, _ := pool.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	buf.Reset()
+	if _, err := buf.ReadFrom(r); err != nil {
+		pool.Put(buf)
+		return nil, err
+	}
+	return buf, nil
 }
 
 // watch starts waiting for every live sidecar of the orgs in want to hold

@@ -212,6 +212,13 @@ type Raft struct {
 	// boltdb (hashicorp/raft-boltdb) or wal (hashicorp/raft-wal). A node
 	// keeps the format its log already has.
 	LogStore string `mapstructure:"log_store"`
+	// LeaderProbe lets a follower that has not heard from its leader for
+	// LeaderLeaseTimeout dial the leader's Raft address, and campaign at
+	// once (with its heartbeat and election timeouts shortened to
+	// LeaderLeaseTimeout until a leader is heard from again) if the
+	// connection is refused: the leader process is gone. See
+	// server/leaderprobe.go.
+	LeaderProbe bool `mapstructure:"leader_probe"`
 }
 
 // Auth configures authentication of every listener.
@@ -301,6 +308,7 @@ func Default() Config {
 			HeartbeatTimeout:   1000 * time.Millisecond,
 			ElectionTimeout:    1000 * time.Millisecond,
 			LeaderLeaseTimeout: 500 * time.Millisecond,
+			LeaderProbe:        true,
 			CommitTimeout:      10 * time.Millisecond,
 			MaxAppendEntries:   512,
 			SnapshotInterval:   120 * time.Second,

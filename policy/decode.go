@@ -554,6 +554,9 @@ func fieldsOf(t reflect.Type) map[string]structField {
 // that a client can send back what it read, but they are zeroed: the cluster
 // sets them when it commits the write.
 func DecodePolicy(data []byte) (*Policy, error) {
+	if p, ok := decodePolicyFast(data); ok {
+		return p, nil
+	}
 	var p Policy
 	if err := DecodeStrict(data, &p); err != nil {
 		return nil, err

@@ -106,11 +106,9 @@ func (p *Policy) Canonical() ([]byte, error) {
 		return nil, fmt.Errorf("canonical spec: %w", err)
 	}
 	cp.Spec = spec
-	b, err := json.Marshal(&cp)
-	if err != nil {
-		return nil, fmt.Errorf("encode policy %q: %w", p.Name, err)
-	}
-	return b, nil
+	// The spec is canonical now, which is AppendJSON's precondition: the
+	// same bytes as json.Marshal without its compacting pass over the spec.
+	return cp.AppendJSON(nil)
 }
 
 // canonicalJSON re-encodes raw with sorted object keys. json.Number keeps
@@ -119,6 +117,15 @@ func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return json.RawMessage("{}"), nil
 	}
+	if b, ok := appendCanonicalFast(nil, raw); ok {
+		return b, nil
+	}
+	return canonicalMarshal(raw)
+}
+
+// canonicalMarshal is canonicalJSON by encoding/json: the definition that
+// appendCanonicalFast must match.
+func canonicalMarshal(raw json.RawMessage) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any

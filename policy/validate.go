@@ -243,7 +243,7 @@ func (v *Validator) Policy(p *Policy) error {
 	switch {
 	case len(spec) == 0 || string(spec) == "null":
 		errs.add("spec", "required")
-	case spec[0] != '{' || !json.Valid(spec):
+	case spec[0] != '{' || !validJSON(spec):
 		errs.add("spec", "must be a JSON object")
 	case p.Kind == KindToolPolicy:
 		checkToolPolicy(&errs, spec)
@@ -436,6 +436,11 @@ func addSpecErrors(errs *ValidationError, decodeErrs, problems ValidationError) 
 }
 
 func checkToolPolicy(errs *ValidationError, spec []byte) {
+	if s, ok := decodeToolSpecFast(spec); ok {
+		// DecodeStrict would have found nothing to report.
+		*errs = append(*errs, toolPolicyProblems(s)...)
+		return
+	}
 	var s ToolPolicySpec
 	decodeErrs := decodeSpec(spec, &s)
 	addSpecErrors(errs, decodeErrs, toolPolicyProblems(&s))

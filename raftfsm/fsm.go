@@ -191,15 +191,18 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 	if err := decodePayload(payload, &c); err != nil {
 		return nil, err
 	}
-	var p policy.Policy
-	if err := json.Unmarshal(c.GetPolicy(), &p); err != nil {
+	// The payload is the proposer's canonical JSON, which DecodeStored reads
+	// in one pass (it accepts exactly what json.Unmarshal accepts). The
+	// spec aliases the payload, which proto.Unmarshal copied.
+	p, err := policy.DecodeStored(c.GetPolicy())
+	if err != nil {
 		return nil, fmt.Errorf("decode policy: %w", err)
 	}
 	if err := checkKeys("put policy", "name", p.Name, "org", p.Scope.Org); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
-		stored, raw, err := b.PutPolicy(m, &p, fromPrecondition(c.GetIfMatch()))
+		stored, raw, err := b.PutPolicy(m, p, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
 		}

@@ -826,3 +826,65 @@ func TestDiscoveryBadInput(t *testing.T) {
 		})
 	})
 }
+
+// TestDiscoveryTeammatesShareSnapshot: employees that no policy names get
+// their team's set, and a push encodes it once for all of them (one nonce);
+// a policy that names one of them gives that one a set of its own, and only
+// that one.
+func TestDiscoveryTeammatesShareSnapshot(t *testing.T) {
+	n, a := singleNode(t, nil)
+	cc := dialGRPC(t, n.GRPCAddr())
+	sec := policy.Scope{Org: "acme", Team: "sec"}
+	carol := policy.Identity{Org: "acme", Team: "sec", Employee: "carol"}
+	dave := policy.Identity{Org: "acme", Team: "sec", Employee: "dave"}
+	a.put("/v1/policies/team", scopedPolicy("team", sec, "1"))
+	streams := map[string]*dstream{"carol": openStream(t, cc, "c-carol", carol), "dave": openStream(t, cc, "c-dave", dave)}
+	ids := map[string]policy.Identity{"carol": carol, "dave": dave}
+	// last is what each stream holds; a stream whose set a step leaves
+	// as it was is sent nothing.
+	last := map[string]*discoveryv1.PolicyDiscoveryResponse{}
+	catchUp := func() {
+		t.Helper()
+		for name, s := range streams {
+			want := versionOf(t, n, ids[name])
+			for last[name] == nil || last[name].GetVersionInfo() != want {
+				last[name] = s.next()
+				s.ack(last[name])
+			}
+		}
+	}
+	catchUp()
+	steps := []struct {
+		name       string
+		path, body string // a PUT, or a DELETE when body is ""
+		want       map[string][]string
+		sameNonce  bool
+	}{
+		{"team policy changes", "/v1/policies/team", string(scopedPolicy("team", sec, "2")),
+			map[string][]string{"carol": {"team"}, "dave": {"team"}}, true},
+		{"a policy names carol", "/v1/policies/own", string(scopedPolicy("own", carol, "x")),
+			map[string][]string{"carol": {"own", "team"}, "dave": {"team"}}, false},
+		{"team policy changes again", "/v1/policies/team", string(scopedPolicy("team", sec, "3")),
+			map[string][]string{"carol": {"own", "team"}, "dave": {"team"}}, false},
+		{"carol's policy goes", "/v1/policies/own", "",
+			map[string][]string{"carol": {"team"}, "dave": {"team"}}, false},
+		{"shared again", "/v1/policies/team", string(scopedPolicy("team", sec, "4")),
+			map[string][]string{"carol": {"team"}, "dave": {"team"}}, true},
+	}
+	for _, step := range steps {
+		if step.body == "" {
+			a.del(step.path)
+		} else {
+			a.put(step.path, []byte(step.body))
+		}
+		catchUp()
+		for name := range streams {
+			if g := names(last[name]); !slices.Equal(g, step.want[name]) {
+				t.Errorf("%s: %s holds %v, want %v", step.name, name, g, step.want[name])
+			}
+		}
+		if same := last["carol"].GetNonce() == last["dave"].GetNonce(); same != step.sameNonce {
+			t.Errorf("%s: nonces %q and %q, shared = %v, want %v", step.name, last["carol"].GetNonce(), last["dave"].GetNonce(), same, step.sameNonce)
+		}
+	}
+}

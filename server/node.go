@@ -287,6 +287,9 @@ func (n *Node) Start() {
 		n.goBackground("discovery", func() { n.discovery.Run(n.ctx) })
 		n.goBackground("feed", func() { n.feed.Run(n.ctx) })
 		n.goBackground("leadership", n.leadershipLoop)
+		if n.cfg.Raft.LeaderProbe {
+			n.goBackground("leader-probe", n.leaderProbeLoop)
+		}
 		n.goBackground("register", n.registerLoop)
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		n.logger.Info("node started",

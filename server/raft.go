@@ -16,6 +16,10 @@ import (
 // setupRaft builds the transport, log store, snapshot store and raft
 // instance, and bootstraps the cluster if configured to and no Raft state
 // exists.
+// logCacheEntries is how many recent log entries the leader keeps in memory
+// for replication (about 2 MiB of 4 KB policies).
+const logCacheEntries = 512
+
 func (n *Node) setupRaft() error {
 	rc := n.cfg.Raft
 	raftDir := filepath.Join(n.cfg.DataDir, "raft")
@@ -38,6 +42,17 @@ func (n *Node) setupRaft() error {
 		MaxPool: 3,
 		Timeout: 10 * time.Second,
 		Logger:  hl.Named("transport"),
+		// No pipelined replication. hashicorp/raft v1.7.3's pipeline can
+		// deadlock when its decoder stops (a follower answers
+		// Success=false, or a newer term) while the sender has one more
+		// batch to hand over: the sender waits on the in-flight channel,
+		// the response reader on the done channel, and only the sender
+		// would close the pipeline. That follower then gets heartbeats but
+		// no entries until the leader restarts, and Raft.Shutdown waits
+		// forever (the chaos suite hung on it after a leadership transfer;
+		// grafana/pyroscope#5518 describes the same stall). Entries are
+		// still sent in batches of up to raft.max_append_entries.
+		MaxRPCsInFlight: 1,
 	}
 	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.tls.raft)
 	if err != nil {
@@ -90,7 +105,14 @@ func (n *Node) setupRaft() error {
 	}
 
 	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
-	r, err := raft.NewRaft(conf, fsm, ls, ls, snaps, tr)
+	// The leader reads back every entry it just appended to send it to the
+	// followers; from disk that was a twentieth of its CPU under write load.
+	// Consul keeps the same 512 recent entries in memory.
+	logs, err := raft.NewLogCache(logCacheEntries, ls)
+	if err != nil {
+		return fmt.Errorf("raft log cache: %w", err)
+	}
+	r, err := raft.NewRaft(conf, fsm, logs, ls, snaps, tr)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}

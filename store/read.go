@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -41,21 +40,20 @@ type EntityState struct {
 
 // GetPolicy returns the named policy or ErrNotFound.
 func (s *Store) GetPolicy(name string) (*policy.Policy, error) {
-	var p policy.Policy
+	var p *policy.Policy
 	err := s.view(func(tx *bolt.Tx) error {
-		found, err := getJSON(tx.Bucket(bucketPolicies), name, &p)
-		if err != nil {
-			return err
-		}
-		if !found {
+		v := tx.Bucket(bucketPolicies).Get([]byte(name))
+		if v == nil {
 			return fmt.Errorf("policy %q: %w", name, ErrNotFound)
 		}
-		return nil
+		var err error
+		p, _, err = decodePolicy([]byte(name), v)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &p, nil
+	return p, nil
 }
 
 // PolicyFilter selects policies. Zero values select everything.
@@ -70,9 +68,9 @@ func (s *Store) ListPolicies(f PolicyFilter) ([]*policy.Policy, error) {
 	var out []*policy.Policy
 	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
-			var p policy.Policy
-			if err := json.Unmarshal(v, &p); err != nil {
-				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			p, _, err := decodePolicy(k, v)
+			if err != nil {
+				return err
 			}
 			if f.Kind != "" && p.Kind != f.Kind {
 				return nil
@@ -80,7 +78,7 @@ func (s *Store) ListPolicies(f PolicyFilter) ([]*policy.Policy, error) {
 			if f.Identity != nil && !p.Scope.AppliesTo(*f.Identity) {
 				return nil
 			}
-			out = append(out, &p)
+			out = append(out, p)
 			return nil
 		})
 	})
@@ -109,15 +107,15 @@ func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
 		h := NewSetHash()
 		// ForEach visits keys in byte order, which is name order.
 		err := tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
-			var p policy.Policy
-			if err := json.Unmarshal(v, &p); err != nil {
-				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			p, _, err := decodePolicy(k, v)
+			if err != nil {
+				return err
 			}
 			if !p.Scope.AppliesTo(id) {
 				return nil
 			}
 			h.Add(string(k), v)
-			set.Policies = append(set.Policies, &p)
+			set.Policies = append(set.Policies, p)
 			return nil
 		})
 		set.Version = h.Sum()
@@ -163,11 +161,11 @@ func (s *Store) RawPolicies(names ...string) (map[string]RawPolicy, uint64, erro
 		index = getUint(tx.Bucket(bucketMeta), keyAppliedIndex)
 		bk := tx.Bucket(bucketPolicies)
 		add := func(k, v []byte) error {
-			var p policy.Policy
-			if err := json.Unmarshal(v, &p); err != nil {
-				return fmt.Errorf("decode stored policy %q: %w", k, err)
+			p, stored, err := decodePolicy(k, v)
+			if err != nil {
+				return err
 			}
-			out[string(k)] = RawPolicy{Policy: &p, Stored: bytes.Clone(v)}
+			out[string(k)] = RawPolicy{Policy: p, Stored: stored}
 			return nil
 		}
 		if len(names) == 0 {

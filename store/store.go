@@ -31,6 +31,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/policyd/policyd/policy"
 )
 
 // Sentinel errors. Business errors (ErrNotFound, ErrConflict) come back as a
@@ -500,6 +502,18 @@ func u64(v uint64) []byte {
 	var k [8]byte
 	binary.BigEndian.PutUint64(k[:], v)
 	return k[:]
+}
+
+// decodePolicy decodes a stored policy and returns it with its own copy of
+// the stored bytes, which its spec shares. v may be bbolt's memory, valid
+// only inside its transaction; neither result aliases it.
+func decodePolicy(k, v []byte) (*policy.Policy, []byte, error) {
+	owned := bytes.Clone(v)
+	p, err := policy.DecodeStored(owned)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decode stored policy %q: %w", k, err)
+	}
+	return p, owned, nil
 }
 
 // getJSON decodes the value at key in bucket into v; found reports presence.

@@ -126,6 +126,22 @@ type entityKind[T any] struct {
 	scope func(*T) policy.Scope
 	// encode is the stored form; it must be deterministic.
 	encode func(*T) ([]byte, error)
+	// decode reads the stored form back. raw is bbolt's memory: the result
+	// is only used inside the transaction.
+	decode func(raw []byte) (*T, error)
+}
+
+// get reads key's current value; nil if absent.
+func (k entityKind[T]) get(bk *bolt.Bucket, key string) (*T, error) {
+	raw := bk.Get([]byte(key))
+	if raw == nil {
+		return nil, nil
+	}
+	v, err := k.decode(raw)
+	if err != nil {
+		return nil, fmt.Errorf("decode stored %s %q: %w", k.typ, key, err)
+	}
+	return v, nil
 }
 
 var policyKind = entityKind[policy.Policy]{
@@ -141,6 +157,9 @@ var policyKind = entityKind[policy.Policy]{
 	// so AppendJSON gives json.Marshal's bytes without its pass over the
 	// spec.
 	encode: func(p *policy.Policy) ([]byte, error) { return p.AppendJSON(nil) },
+	// The stored form is AppendJSON's, which DecodeStored reads in one pass
+	// over the spec.
+	decode: policy.DecodeStored,
 }
 
 var employeeKind = entityKind[policy.Employee]{
@@ -153,24 +172,35 @@ var employeeKind = entityKind[policy.Employee]{
 	},
 	scope:  (*policy.Employee).Identity,
 	encode: func(e *policy.Employee) ([]byte, error) { return json.Marshal(e) },
+	decode: func(raw []byte) (*policy.Employee, error) {
+		var e policy.Employee
+		if err := json.Unmarshal(raw, &e); err != nil {
+			return nil, err
+		}
+		return &e, nil
+	},
 }
 
 // putEntity creates or replaces v under key. It returns the stored entity
 // and its stored encoding.
 func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMatch *uint64) (*T, []byte, error) {
 	bk := b.tx.Bucket(k.bucket)
-	var old T
-	exists, err := getJSON(bk, key, &old)
+	old, err := k.get(bk, key)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkRevision(string(k.typ), key, exists, k.revision(&old), ifMatch); err != nil {
+	exists := old != nil
+	var cur uint64
+	if exists {
+		cur = k.revision(old)
+	}
+	if err := checkRevision(string(k.typ), key, exists, cur, ifMatch); err != nil {
 		return nil, nil, err
 	}
 	stored := *v
 	created, action := m.ProcessedAt, ActionCreate
 	if exists {
-		created, action = k.created(&old), ActionUpdate
+		created, action = k.created(old), ActionUpdate
 	}
 	k.stamp(&stored, m.Index, created, m.ProcessedAt)
 	// A plain encoding is deterministic: every replica receives the same
@@ -184,8 +214,8 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 		return nil, nil, err
 	}
 	scopes := []policy.Scope{k.scope(&stored)}
-	if exists && k.scope(&old) != scopes[0] {
-		scopes = append(scopes, k.scope(&old))
+	if exists && k.scope(old) != scopes[0] {
+		scopes = append(scopes, k.scope(old))
 	}
 	if err := b.record(m, k.typ, key, action, raw, scopes); err != nil {
 		return nil, nil, err
@@ -196,22 +226,21 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 // deleteEntity deletes key; ErrNotFound if it does not exist.
 func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch *uint64) error {
 	bk := b.tx.Bucket(k.bucket)
-	var old T
-	exists, err := getJSON(bk, key, &old)
+	old, err := k.get(bk, key)
 	if err != nil {
 		return err
 	}
-	if !exists {
+	if old == nil {
 		return fmt.Errorf("%s %q: %w", k.typ, key, ErrNotFound)
 	}
-	if err := checkRevision(string(k.typ), key, exists, k.revision(&old), ifMatch); err != nil {
+	if err := checkRevision(string(k.typ), key, true, k.revision(old), ifMatch); err != nil {
 		return err
 	}
 	data := append([]byte(nil), bk.Get([]byte(key))...) // only valid until the Delete
 	if err := bk.Delete([]byte(key)); err != nil {
 		return err
 	}
-	return b.record(m, k.typ, key, ActionDelete, data, []policy.Scope{k.scope(&old)})
+	return b.record(m, k.typ, key, ActionDelete, data, []policy.Scope{k.scope(old)})
 }
 
 // PutPolicy creates or replaces p. Name, kind, scope, labels and spec come

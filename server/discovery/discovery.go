@@ -228,6 +228,10 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		}
 	}
 	s.mu.Unlock()
+	// Scopes with the same set (every employee of a team that no policy
+	// names shares its team's) share one snapshot: encoded once per set
+	// in this change, not once per scope.
+	encoded := map[*policyset.Set]*response{}
 	for _, g := range affected {
 		set := s.deps.Policies.Set(g.id)
 		s.mu.Lock()
@@ -238,11 +242,18 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		}
 		// Encoded outside the lock: only this goroutine replaces an
 		// existing group's snapshot, so nothing can race it in between.
-		snap, err := s.newSnapshot(set, c.At)
-		if err != nil {
-			s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
-			continue
+		// The response is immutable, so every stream is offered the same.
+		r := encoded[set]
+		if r == nil {
+			snap, err := s.newSnapshot(set, c.At)
+			if err != nil {
+				s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
+				continue
+			}
+			r = &response{snap: snap, push: true}
+			encoded[set] = r
 		}
+		snap := r.snap
 		s.mu.Lock()
 		if s.groups[g.id] != g {
 			s.mu.Unlock()
@@ -255,7 +266,7 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		}
 		s.mu.Unlock()
 		for _, st := range streams {
-			st.offer(&response{snap: snap, push: true})
+			st.offer(r)
 		}
 		s.logger.Debug("pushed", "scope", g.id.String(), "version", snap.version, "streams", len(streams))
 	}

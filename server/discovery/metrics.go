@@ -7,13 +7,15 @@ import (
 )
 
 type metrics struct {
-	streams     *prometheus.GaugeVec
-	pushes      prometheus.Counter
-	responses   *prometheus.CounterVec
-	pushLatency prometheus.Histogram
-	acks        prometheus.Counter
-	nacks       prometheus.Counter
-	flushes     prometheus.Counter
+	streams   *prometheus.GaugeVec
+	pushes    prometheus.Counter
+	responses *prometheus.CounterVec
+	// The two series of responses, resolved once: a push writes 10,000s.
+	fullSent, unchangedSent prometheus.Counter
+	pushLatency             prometheus.Histogram
+	acks                    prometheus.Counter
+	nacks                   prometheus.Counter
+	flushes                 prometheus.Counter
 }
 
 func newMetrics(node string, reg prometheus.Registerer) (*metrics, error) {
@@ -47,6 +49,8 @@ func newMetrics(node string, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Streams closed for inactivity.",
 		}),
 	}
+	m.fullSent = m.responses.WithLabelValues("full")
+	m.unchangedSent = m.responses.WithLabelValues("unchanged")
 	if reg == nil {
 		return m, nil
 	}

@@ -72,6 +72,13 @@ type stream struct {
 	scope      policy.Identity
 	registered bool
 	ended      bool // the handler has returned; never register again
+	// opened: the first request registered the stream. Only the receive
+	// goroutine (handle) uses it, so that an ACK, 10,000 of which follow
+	// every push on a busy node, does not take svc.mu.
+	opened bool
+	// stuck ends a send blocked for longer than the send timeout; only
+	// the writer uses it, re-armed for each send rather than allocated.
+	stuck *time.Timer
 
 	wake   chan struct{} // the writer has a pending response
 	killed chan error    // the stream must end with this status
@@ -179,6 +186,11 @@ func (st *stream) receive(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscover
 
 // write sends pending responses until done is closed or a send fails.
 func (st *stream) write(gs grpc.ServerStream, done <-chan struct{}) error {
+	defer func() {
+		if st.stuck != nil {
+			st.stuck.Stop()
+		}
+	}()
 	for {
 		select {
 		case <-done:
@@ -197,9 +209,9 @@ func (st *stream) write(gs grpc.ServerStream, done <-chan struct{}) error {
 
 func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	s := st.svc
-	msg, kind := r.snap.full, "full"
+	msg, sent := r.snap.full, s.metrics.fullSent
 	if r.unchanged {
-		msg, kind = r.snap.unchangedResponse(), "unchanged"
+		msg, sent = r.snap.unchangedResponse(), s.metrics.unchangedSent
 	}
 	// Recorded before the send: the client may answer before SendMsg
 	// returns, and its ACK must find this nonce as the latest.
@@ -220,15 +232,19 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	}
 	st.mu.Unlock()
 
-	stuck := time.AfterFunc(s.cfg.SendTimeout, func() {
-		st.kill(status.Errorf(codes.ResourceExhausted, "client has not read for %v", s.cfg.SendTimeout))
-	})
+	if st.stuck == nil {
+		st.stuck = time.AfterFunc(s.cfg.SendTimeout, func() {
+			st.kill(status.Errorf(codes.ResourceExhausted, "client has not read for %v", s.cfg.SendTimeout))
+		})
+	} else {
+		st.stuck.Reset(s.cfg.SendTimeout)
+	}
 	err := gs.SendMsg(msg)
-	stuck.Stop()
+	st.stuck.Stop()
 	if err != nil {
 		return err
 	}
-	s.metrics.responses.WithLabelValues(kind).Inc()
+	sent.Inc()
 	if r.push {
 		s.metrics.pushes.Inc()
 		if !r.snap.at.IsZero() {
@@ -281,15 +297,13 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 		return err
 	}
 
-	s.mu.Lock()
-	registered := st.registered
-	s.mu.Unlock()
-	if !registered {
+	if !st.opened {
 		st.clientAddr = req.GetClientAddress()
 		snap, err := s.register(st, scope)
 		if err != nil {
 			return err
 		}
+		st.opened = true
 		s.logger.Debug("stream opened", "client", st.clientAddr, "scope", scope.String(), "peer", st.peerAddr,
 			"client_version", req.GetVersionInfo())
 		st.offer(&response{snap: snap, unchanged: req.GetVersionInfo() == snap.version})

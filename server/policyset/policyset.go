@@ -7,7 +7,11 @@
 // The node's change dispatcher calls Update for every committed batch before
 // it tells the listeners, so a listener that reacts to a change always reads
 // a set that includes it. Sets are computed once per identity and cached
-// until a change touches that identity's scope.
+// until a change touches that identity's scope. An employee that no policy
+// names has exactly its team's set, so it is handed the team's *Set: with
+// thousands of sidecars, one per employee, a change is hashed and encoded
+// once per team rather than once per employee, and the cache holds one
+// entry per team instead of one per connected employee.
 package policyset
 
 import (
@@ -25,8 +29,11 @@ import (
 const maxCached = 16384
 
 // Set is the policies that apply to one identity. It is immutable once
-// returned and may be shared.
+// returned and may be shared, also between identities: every employee that
+// no policy names shares its team's Set.
 type Set struct {
+	// Identity is the identity the set was computed for: the caller's, or
+	// its team's (Employee "") when the set is the team's.
 	Identity policy.Identity
 	// Version is the policy-set version, equal to store.PolicySet's.
 	Version string
@@ -44,8 +51,11 @@ type Index struct {
 	mu     sync.RWMutex
 	byName map[string]store.RawPolicy
 	names  []string // sorted
-	index  uint64
-	cache  map[policy.Identity]*Set
+	// named counts, per employee, the policies scoped to that employee; an
+	// employee absent from it shares its team's set.
+	named map[string]int
+	index uint64
+	cache map[policy.Identity]*Set
 }
 
 // New loads every policy from st.
@@ -70,8 +80,24 @@ func (x *Index) reload() error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.byName, x.names, x.index = all, names, index
+	x.named = map[string]int{}
+	for _, rp := range all {
+		x.countNamed(rp, 1)
+	}
 	x.cache = map[policy.Identity]*Set{}
 	return nil
+}
+
+// countNamed adds delta to the count of rp's employee, if rp is scoped to
+// one.
+func (x *Index) countNamed(rp store.RawPolicy, delta int) {
+	e := rp.Policy.Scope.Employee
+	if e == "" {
+		return
+	}
+	if x.named[e] += delta; x.named[e] <= 0 {
+		delete(x.named, e)
+	}
 }
 
 // Update takes in one committed batch. It re-reads the policies the batch
@@ -112,10 +138,14 @@ func (x *Index) Update(c store.Change) error {
 	resort := false
 	for _, n := range names {
 		rp, ok := fresh[n]
-		_, had := x.byName[n]
+		old, had := x.byName[n]
+		if had {
+			x.countNamed(old, -1)
+		}
 		switch {
 		case ok:
 			x.byName[n] = rp
+			x.countNamed(rp, 1)
 			// Re-reading the current state can find a scope the batch did
 			// not mention (a later batch moved it); its own change will
 			// invalidate for that scope, so only the batch's scopes count.
@@ -153,9 +183,11 @@ func Affects(scopes []policy.Scope, id policy.Identity) bool {
 }
 
 // Set returns the policies that apply to id, computed at most once per
-// change that affects id.
+// change that affects id. It returns the same *Set until such a change (or
+// one that makes a policy name id's employee) is taken in.
 func (x *Index) Set(id policy.Identity) *Set {
 	x.mu.RLock()
+	id = x.keyLocked(id)
 	s, ok := x.cache[id]
 	x.mu.RUnlock()
 	if ok {
@@ -163,6 +195,7 @@ func (x *Index) Set(id policy.Identity) *Set {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	id = x.keyLocked(id)
 	if s, ok := x.cache[id]; ok {
 		return s
 	}
@@ -182,6 +215,18 @@ func (x *Index) Set(id policy.Identity) *Set {
 	}
 	x.cache[id] = s
 	return s
+}
+
+// keyLocked is the identity whose set id has: its team's when no policy
+// names its employee. A policy applies to an employee only through its
+// org, its team or its name (Scope.AppliesTo), so without the name the
+// applicable policies are the team identity's, and a change that affects
+// the team identity's set is exactly one that affects id's.
+func (x *Index) keyLocked(id policy.Identity) policy.Identity {
+	if id.Employee != "" && x.named[id.Employee] == 0 {
+		id.Employee = ""
+	}
+	return id
 }
 
 // Get returns one policy as stored.

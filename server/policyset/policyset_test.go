@@ -47,8 +47,10 @@ func TestIndexMatchesStore(t *testing.T) {
 
 	scopes := []policy.Scope{{}, {Org: "a"}, {Org: "b"}, {Org: "a", Team: "t"}, {Org: "a", Team: "u"},
 		{Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Employee: "e2"}, {Org: "b", Team: "t"}}
+	// e5 shares team a/t with e1 but no policy names it, and a/t itself
+	// is asked for too: the index hands them one *Set.
 	identities := []policy.Identity{{}, {Org: "a"}, {Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Team: "u", Employee: "e2"},
-		{Org: "b", Team: "t", Employee: "e3"}, {Org: "c", Employee: "e4"}}
+		{Org: "b", Team: "t", Employee: "e3"}, {Org: "c", Employee: "e4"}, {Org: "a", Team: "t", Employee: "e5"}, {Org: "a", Team: "t"}}
 	next := uint64(1)
 	for round := range 60 {
 		var logs []*raft.Log
@@ -106,5 +108,101 @@ func TestIndexMatchesStore(t *testing.T) {
 	}
 	if _, ok := x.Get("nonexistent"); ok {
 		t.Fatal("Get of a missing policy succeeded")
+	}
+}
+
+// TestEmployeesShareTeamSet: an employee that no policy names gets its
+// team's *Set (so that a change is hashed and encoded once per team), and a
+// policy naming it gives it a set of its own until the policy goes.
+func TestEmployeesShareTeamSet(t *testing.T) {
+	logger := slog.New(slog.DiscardHandler)
+	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	fsm := raftfsm.New(st, logger)
+	sub := st.Subscribe()
+	t.Cleanup(sub.Close)
+	x, err := New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := uint64(1)
+	apply := func(cmd *commandv1.Command, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := proto.Marshal(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsm.ApplyBatch([]*raft.Log{{Index: next, Term: 1, Type: raft.LogCommand, Data: data}})
+		next++
+		for _, c := range sub.Next() {
+			if err := x.Update(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put := func(name string, scope policy.Scope) {
+		apply(raftfsm.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scope,
+			Spec: json.RawMessage(`{"tool_name":"Bash","action":"deny","reason":"r"}`)}, nil))
+	}
+	team := policy.Identity{Org: "a", Team: "t"}
+	e1 := policy.Identity{Org: "a", Team: "t", Employee: "e1"}
+	e2 := policy.Identity{Org: "a", Team: "t", Employee: "e2"}
+	tests := []struct {
+		name   string
+		change func()
+		shared map[policy.Identity]bool // identity → whether it has the team's *Set
+		want   map[policy.Identity][]string
+	}{
+		{"no policy names anyone", func() { put("org", policy.Scope{Org: "a"}) },
+			map[policy.Identity]bool{e1: true, e2: true},
+			map[policy.Identity][]string{e1: {"org"}, e2: {"org"}}},
+		{"a policy names e1", func() { put("own", e1) },
+			map[policy.Identity]bool{e1: false, e2: true},
+			map[policy.Identity][]string{e1: {"org", "own"}, e2: {"org"}}},
+		{"it moves to the team", func() { put("own", team) },
+			map[policy.Identity]bool{e1: true, e2: true},
+			map[policy.Identity][]string{e1: {"org", "own"}, e2: {"org", "own"}}},
+		{"it names e2, then goes", func() {
+			put("own", e2)
+			apply(raftfsm.DeletePolicy("own", nil))
+		},
+			map[policy.Identity]bool{e1: true, e2: true},
+			map[policy.Identity][]string{e1: {"org"}, e2: {"org"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.change()
+			teamSet := x.Set(team)
+			for id, wantShared := range tc.shared {
+				got := x.Set(id)
+				if shared := got == teamSet; shared != wantShared {
+					t.Errorf("%s shares the team's set = %v, want %v", id, shared, wantShared)
+				}
+				if got != x.Set(id) {
+					t.Errorf("%s: a second Set call returned another *Set", id)
+				}
+				var names []string
+				for _, p := range got.Policies {
+					names = append(names, p.Policy.Name)
+				}
+				want, err := st.PolicySet(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(names, tc.want[id]) || got.Version != want.Version {
+					t.Errorf("%s: index has %v (%.8s), want %v (store %.8s)", id, names, got.Version, tc.want[id], want.Version)
+				}
+			}
+		})
 	}
 }
