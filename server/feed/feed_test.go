@@ -639,6 +639,19 @@ func TestResumeSince(t *testing.T) {
 			t.Errorf("init (-want +got):\n%s", diff)
 		}
 	})
+	t.Run("far behind sends init without reading the event log", func(t *testing.T) {
+		// More log entries than a replay may scan, none of them policy
+		// events: a replay would find nothing to send, but reading the
+		// range is what stalled a node in a reconnect storm.
+		since := f.st.AppliedIndex()
+		var cmds []*commandv1.Command
+		for i := range maxReplayEvents + 1 {
+			cmds = append(cmds, f.putEmployee(fmt.Sprintf("filler-%d", i), "other", "", policy.StatusActive))
+		}
+		f.apply(cmds...)
+		c := f.dial(t, dialOpts{token: f.token("alice", "acme", ""), query: fmt.Sprintf("since=%d", since)})
+		c.nextOf(feedv1.TypeInit)
+	})
 	t.Run("pruned sends init", func(t *testing.T) {
 		f.apply(must(t)(raftfsm.PruneEvents(time.Now().Add(time.Hour))))
 		c := f.dial(t, dialOpts{token: f.token("alice", "acme", ""), query: fmt.Sprintf("since=%d", since)})

@@ -2,7 +2,6 @@ package feed
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -164,6 +163,15 @@ func (h *Hub) replay(id policy.Identity, since, upto uint64) (_ []replayItem, ok
 	if since >= upto {
 		return nil, true, nil
 	}
+	if upto-since > maxReplayEvents {
+		// More log entries than a replay may scan, so maybe as many policy
+		// events to read and decode (4 KB each) before giving up. A
+		// sidecar's since is the last change to its own set, often far
+		// back; in a failover's reconnect storm every feed sidecar of the
+		// dead node did that read, up to attachTries times, and the node
+		// stalled for seconds (bench failover). Init is one message.
+		return nil, false, nil
+	}
 	page, err := h.deps.Store.ListEvents(store.EventFilter{Type: store.EntityPolicy, After: since, Limit: maxReplayEvents + 1})
 	if err != nil {
 		return nil, false, err
@@ -187,8 +195,9 @@ func (h *Hub) replay(id policy.Identity, since, upto uint64) (_ []replayItem, ok
 		if n++; n > maxReplayEvents {
 			return nil, false, nil
 		}
-		var p policy.Policy
-		if err := json.Unmarshal(ev.Data, &p); err != nil {
+		// An event's data is the policy's stored form.
+		p, err := policy.DecodeStored(ev.Data)
+		if err != nil {
 			return nil, false, fmt.Errorf("decode event %d: %w", ev.ID, err)
 		}
 		hs := byName[ev.EntityID]
@@ -196,7 +205,7 @@ func (h *Hub) replay(id policy.Identity, since, upto uint64) (_ []replayItem, ok
 			hs = &history{first: ev, neverExisted: ev.Action == store.ActionCreate}
 			byName[ev.EntityID] = hs
 		}
-		hs.last, hs.lastScope, hs.lastPolicy = ev, p.Scope, &p
+		hs.last, hs.lastScope, hs.lastPolicy = ev, p.Scope, p
 		// Put events hold the new state, delete events the deleted one:
 		// either way a state the policy had after since.
 		hs.everApplied = hs.everApplied || p.Scope.AppliesTo(id)
@@ -265,8 +274,9 @@ func (h *Hub) scopesAt(since, prunedThrough uint64, names []string) (map[string]
 		if !want[ev.EntityID] {
 			continue
 		}
-		var p policy.Policy
-		if err := json.Unmarshal(ev.Data, &p); err != nil {
+		// An event's data is the policy's stored form.
+		p, err := policy.DecodeStored(ev.Data)
+		if err != nil {
 			return nil, false, fmt.Errorf("decode event %d: %w", ev.ID, err)
 		}
 		out[ev.EntityID] = p.Scope
