@@ -81,8 +81,9 @@
 // was an update applied at since is read from its previous event, looked
 // for within replayLookback indexes before since. The server sends init
 // instead, which is always correct, when that cannot be established, when
-// the replay is long (more than maxReplayEvents events, or more messages
-// than half the send buffer), or when the employee record changed after
+// the replay is long (since more than maxReplayEvents log entries back,
+// decided without reading the event log, or more than maxReplayEvents
+// events, or more messages than half the send buffer), or when the employee record changed after
 // since (the identity may have moved). A since ahead of this node's
 // applied index (the client came from a node further ahead) waits up to
 // sinceWait for this node to catch up and then resumes from there; if it
