@@ -26,15 +26,18 @@ import (
 // refused connection means the host is up and nothing listens on the port
 // any more: the process has died or is restarting. Only then does the
 // follower shorten its own heartbeat and election timeouts to the lease
-// timeout (raft.ReloadConfig), which makes it campaign now. Survivors with
-// equal logs that campaign at the same moment split the vote, and with short
-// election timeouts on a loaded machine they split again and again (seen in
-// the failover bench), so they take turns: sorted by ID, the first campaigns
-// once the leader has been silent for a lease timeout and each next one a
-// lease timeout later, unless a leader has appeared by then. The first usually loses its pre-vote to a survivor that
-// still follows the dead leader, and the next one then wins, with the first's
-// vote. The configured timeouts come back as soon as a leader is known and
-// heard from again. A host that is down or cut off refuses nothing; those keep the
+// timeout (raft.ReloadConfig), which makes it campaign now.
+//
+// Survivors with equal logs that campaign at the same moment split the vote,
+// and with short election timeouts on a loaded machine they split again and
+// again (seen in the failover bench), so they take turns: sorted by ID, the
+// first campaigns once the leader has been silent for a lease timeout and
+// each next one a lease timeout later, unless a leader has appeared by then.
+// The first usually loses its pre-vote to a survivor that still follows the
+// dead leader, and the next one then wins, with the first's vote.
+//
+// The configured timeouts come back as soon as a leader is known and heard
+// from again. A host that is down or cut off refuses nothing; those keep the
 // ordinary timeouts. Safety never depends on timeouts in Raft, only
 // liveness, and pre-vote keeps a follower that campaigns early from
 // disturbing a leader the other follower still hears.
