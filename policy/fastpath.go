@@ -81,100 +81,49 @@ func validJSON(b []byte) bool {
 func decodePolicyFast(data []byte) (*Policy, bool) {
 	var p Policy
 	var seen struct{ name, kind, scope, labels, spec bool }
-	i, ok := objectStart(data, skipSpace(data, 0))
-	if !ok {
-		return nil, false
+	once := func(f *bool) bool {
+		first := !*f
+		*f = true
+		return first
 	}
-	for first := true; ; first = false {
-		var more bool
-		if i, more, ok = objectNext(data, i, first); !ok {
-			return nil, false
-		}
-		if !more {
-			break
-		}
-		key, j, ok := plainString(data, i)
-		if !ok {
-			return nil, false
-		}
-		if i, ok = colon(data, j); !ok {
-			return nil, false
-		}
+	end, ok := members(data, skipSpace(data, 0), func(key string, i int) (int, bool) {
+		ok := false
 		switch key {
 		case "name":
-			if seen.name {
-				return nil, false
-			}
-			seen.name = true
-			if p.Name, i, ok = plainString(data, i); !ok {
-				return nil, false
+			if once(&seen.name) {
+				p.Name, i, ok = plainString(data, i)
 			}
 		case "kind":
-			if seen.kind {
-				return nil, false
-			}
-			seen.kind = true
-			if p.Kind, i, ok = plainString(data, i); !ok {
-				return nil, false
+			if once(&seen.kind) {
+				p.Kind, i, ok = plainString(data, i)
 			}
 		case "scope":
-			if seen.scope {
-				return nil, false
-			}
-			seen.scope = true
-			if i, ok = decodeScopeFast(data, i, &p.Scope); !ok {
-				return nil, false
+			if once(&seen.scope) {
+				i, ok = decodeScopeFast(data, i, &p.Scope)
 			}
 		case "labels":
-			if seen.labels {
-				return nil, false
-			}
-			seen.labels = true
-			if p.Labels, i, ok = decodeLabelsFast(data, i); !ok {
-				return nil, false
+			if once(&seen.labels) {
+				p.Labels, i, ok = decodeLabelsFast(data, i)
 			}
 		case "spec":
-			if seen.spec {
-				return nil, false
+			if once(&seen.spec) {
+				var end int
+				if end, ok = validValueEnd(data, i); ok {
+					p.Spec, i = bytes.Clone(data[i:end]), end
+				}
 			}
-			seen.spec = true
-			end, ok := validValueEnd(data, i)
-			if !ok {
-				return nil, false
-			}
-			p.Spec = bytes.Clone(data[i:end])
-			i = end
-		default:
-			return nil, false
 		}
-	}
-	if skipSpace(data, i) != len(data) {
+		return i, ok
+	})
+	if !ok || skipSpace(data, end) != len(data) {
 		return nil, false
 	}
 	return &p, true
 }
 
 func decodeScopeFast(data []byte, i int, s *Scope) (int, bool) {
-	i, ok := objectStart(data, i)
-	if !ok {
-		return 0, false
-	}
 	var seen [3]bool
-	for first := true; ; first = false {
-		var more bool
-		if i, more, ok = objectNext(data, i, first); !ok {
-			return 0, false
-		}
-		if !more {
-			return i, true
-		}
-		key, j, ok := plainString(data, i)
-		if !ok {
-			return 0, false
-		}
-		if i, ok = colon(data, j); !ok {
-			return 0, false
-		}
+	return members(data, i, func(key string, i int) (int, bool) {
 		var dst *string
 		var n int
 		switch key {
@@ -191,41 +140,56 @@ func decodeScopeFast(data []byte, i int, s *Scope) (int, bool) {
 			return 0, false
 		}
 		seen[n] = true
-		if *dst, i, ok = plainString(data, i); !ok {
-			return 0, false
-		}
-	}
+		var ok bool
+		*dst, i, ok = plainString(data, i)
+		return i, ok
+	})
 }
 
 func decodeLabelsFast(data []byte, i int) (map[string]string, int, bool) {
-	i, ok := objectStart(data, i)
+	labels := map[string]string{}
+	end, ok := members(data, i, func(key string, i int) (int, bool) {
+		if _, dup := labels[key]; dup {
+			return 0, false
+		}
+		v, i, ok := plainString(data, i)
+		labels[key] = v
+		return i, ok
+	})
 	if !ok {
 		return nil, 0, false
 	}
-	labels := map[string]string{}
+	return labels, end, true
+}
+
+// members walks the object at b[i]. For each member whose key is a plain
+// string (see plainString) it calls member with the key and the index of
+// the value, and member returns where the value ends. It returns the index
+// after the closing brace, or false when the object is not in that shape or
+// member gives up. Duplicate keys are member's to refuse.
+func members(b []byte, i int, member func(key string, i int) (int, bool)) (int, bool) {
+	i, ok := objectStart(b, i)
+	if !ok {
+		return 0, false
+	}
 	for first := true; ; first = false {
 		var more bool
-		if i, more, ok = objectNext(data, i, first); !ok {
-			return nil, 0, false
+		if i, more, ok = objectNext(b, i, first); !ok {
+			return 0, false
 		}
 		if !more {
-			return labels, i, true
+			return i, true
 		}
-		k, j, ok := plainString(data, i)
+		key, j, ok := plainString(b, i)
 		if !ok {
-			return nil, 0, false
+			return 0, false
 		}
-		if _, dup := labels[k]; dup {
-			return nil, 0, false
+		if i, ok = colon(b, j); !ok {
+			return 0, false
 		}
-		if i, ok = colon(data, j); !ok {
-			return nil, 0, false
+		if i, ok = member(key, i); !ok {
+			return 0, false
 		}
-		var v string
-		if v, i, ok = plainString(data, i); !ok {
-			return nil, 0, false
-		}
-		labels[k] = v
 	}
 }
 
@@ -291,37 +255,23 @@ func appendCanonicalValue(dst, b []byte, i, depth int) ([]byte, int, bool) {
 	}
 	switch b[i] {
 	case '{':
-		i, ok := objectStart(b, i)
+		var ms []canonicalMember
+		i, ok := members(b, i, func(key string, i int) (int, bool) {
+			if !plainForMarshal([]byte(key)) {
+				return 0, false
+			}
+			v, i, ok := appendCanonicalValue(nil, b, i, depth+1)
+			ms = append(ms, canonicalMember{key, v})
+			return i, ok
+		})
 		if !ok {
 			return nil, 0, false
 		}
-		var members []canonicalMember
-		for first := true; ; first = false {
-			var more bool
-			if i, more, ok = objectNext(b, i, first); !ok {
-				return nil, 0, false
-			}
-			if !more {
-				break
-			}
-			key, j, ok := plainString(b, i)
-			if !ok || !plainForMarshal([]byte(key)) {
-				return nil, 0, false
-			}
-			if i, ok = colon(b, j); !ok {
-				return nil, 0, false
-			}
-			var v []byte
-			if v, i, ok = appendCanonicalValue(nil, b, i, depth+1); !ok {
-				return nil, 0, false
-			}
-			members = append(members, canonicalMember{key, v})
-		}
-		slices.SortFunc(members, func(x, y canonicalMember) int { return strings.Compare(x.key, y.key) })
+		slices.SortFunc(ms, func(x, y canonicalMember) int { return strings.Compare(x.key, y.key) })
 		dst = append(dst, '{')
-		for k, m := range members {
+		for k, m := range ms {
 			if k > 0 {
-				if members[k-1].key == m.key {
+				if ms[k-1].key == m.key {
 					// Decoding keeps the last duplicate; leave that to it.
 					return nil, 0, false
 				}
@@ -334,29 +284,21 @@ func appendCanonicalValue(dst, b []byte, i, depth int) ([]byte, int, bool) {
 		}
 		return append(dst, '}'), i, true
 	case '[':
-		i = skipSpace(b, i+1)
 		dst = append(dst, '[')
-		if i < len(b) && b[i] == ']' {
-			return append(dst, ']'), i + 1, true
-		}
-		for {
+		first := true
+		i, ok := elements(b, i, func(i int) (int, bool) {
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
 			var ok bool
-			if dst, i, ok = appendCanonicalValue(dst, b, i, depth+1); !ok {
-				return nil, 0, false
-			}
-			i = skipSpace(b, i)
-			if i >= len(b) {
-				return nil, 0, false
-			}
-			if b[i] == ']' {
-				return append(dst, ']'), i + 1, true
-			}
-			if b[i] != ',' {
-				return nil, 0, false
-			}
-			dst = append(dst, ',')
-			i = skipSpace(b, i+1)
+			dst, i, ok = appendCanonicalValue(dst, b, i, depth+1)
+			return i, ok
+		})
+		if !ok {
+			return nil, 0, false
 		}
+		return append(dst, ']'), i, true
 	case '"':
 		_, end, ok := plainString(b, i)
 		if !ok || !plainForMarshal(b[i+1:end-1]) {
@@ -398,26 +340,9 @@ func jsonString(b []byte, i int) (s string, end int, ok bool) {
 func decodeToolSpecFast(spec []byte) (*ToolPolicySpec, bool) {
 	var s ToolPolicySpec
 	var seen [4]bool
-	i, ok := objectStart(spec, skipSpace(spec, 0))
-	if !ok {
-		return nil, false
-	}
-	for first := true; ; first = false {
-		var more bool
-		if i, more, ok = objectNext(spec, i, first); !ok {
-			return nil, false
-		}
-		if !more {
-			break
-		}
-		key, j, ok := plainString(spec, i)
-		if !ok {
-			return nil, false
-		}
-		if i, ok = colon(spec, j); !ok {
-			return nil, false
-		}
+	end, ok := members(spec, skipSpace(spec, 0), func(key string, i int) (int, bool) {
 		var n int
+		var ok bool
 		switch key {
 		case "tool_name":
 			n = 0
@@ -432,61 +357,66 @@ func decodeToolSpecFast(spec []byte) (*ToolPolicySpec, bool) {
 			n = 3
 			s.Conditions, i, ok = decodeToolConditionsFast(spec, i)
 		default:
-			return nil, false
+			return 0, false
 		}
 		if !ok || seen[n] {
-			return nil, false
+			return 0, false
 		}
 		seen[n] = true
-	}
-	if skipSpace(spec, i) != len(spec) {
+		return i, true
+	})
+	if !ok || skipSpace(spec, end) != len(spec) {
 		return nil, false
 	}
 	return &s, true
 }
 
 func decodeToolConditionsFast(b []byte, i int) (*ToolConditions, int, bool) {
-	i, ok := objectStart(b, i)
+	c := &ToolConditions{}
+	end, ok := members(b, i, func(key string, i int) (int, bool) {
+		if key != "patterns" || c.Patterns != nil {
+			return 0, false
+		}
+		c.Patterns = []string{}
+		return elements(b, i, func(i int) (int, bool) {
+			p, i, ok := jsonString(b, i)
+			c.Patterns = append(c.Patterns, p)
+			return i, ok
+		})
+	})
 	if !ok {
 		return nil, 0, false
 	}
-	c := &ToolConditions{}
-	for first := true; ; first = false {
-		var more bool
-		if i, more, ok = objectNext(b, i, first); !ok {
-			return nil, 0, false
+	return c, end, true
+}
+
+// elements walks the array at b[i], calling element with the index of each
+// element, which returns where the element ends. It returns the index after
+// the closing bracket, or false when the array is malformed or element gives
+// up.
+func elements(b []byte, i int, element func(i int) (int, bool)) (int, bool) {
+	if i >= len(b) || b[i] != '[' {
+		return 0, false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, true
+	}
+	for {
+		var ok bool
+		if i, ok = element(i); !ok {
+			return 0, false
 		}
-		if !more {
-			return c, i, true
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return 0, false
 		}
-		key, j, ok := plainString(b, i)
-		if !ok || key != "patterns" || c.Patterns != nil {
-			return nil, 0, false
+		if b[i] == ']' {
+			return i + 1, true
 		}
-		if i, ok = colon(b, j); !ok || i >= len(b) || b[i] != '[' {
-			return nil, 0, false
+		if b[i] != ',' {
+			return 0, false
 		}
-		c.Patterns = []string{}
 		i = skipSpace(b, i+1)
-		if i < len(b) && b[i] == ']' {
-			i++
-			continue
-		}
-		for {
-			var p string
-			if p, i, ok = jsonString(b, i); !ok {
-				return nil, 0, false
-			}
-			c.Patterns = append(c.Patterns, p)
-			i = skipSpace(b, i)
-			if i < len(b) && b[i] == ']' {
-				i++
-				break
-			}
-			if i >= len(b) || b[i] != ',' {
-				return nil, 0, false
-			}
-			i = skipSpace(b, i+1)
-		}
 	}
 }

@@ -50,11 +50,18 @@ func TestDecodePolicyFastMatchesStrict(t *testing.T) {
 // DecodeStrict, or decodes what DecodeStrict refuses.
 func checkBodyEquivalent(t *testing.T, data []byte) {
 	t.Helper()
-	got, ok := decodePolicyFast(data)
+	checkMatchesStrict(t, data, decodePolicyFast)
+}
+
+// checkMatchesStrict fails if fast decodes data (ok true) differently from
+// DecodeStrict into a T, or decodes what DecodeStrict refuses.
+func checkMatchesStrict[T any](t *testing.T, data []byte, fast func([]byte) (*T, bool)) {
+	t.Helper()
+	got, ok := fast(data)
 	if !ok {
 		return
 	}
-	var want Policy
+	var want T
 	if err := DecodeStrict(data, &want); err != nil {
 		t.Fatalf("fast path accepted %q, DecodeStrict refused it: %v", data, err)
 	}
@@ -146,17 +153,7 @@ func TestToolSpecFastMatchesStrict(t *testing.T) {
 
 func checkToolSpecEquivalent(t *testing.T, spec []byte) {
 	t.Helper()
-	got, ok := decodeToolSpecFast(spec)
-	if !ok {
-		return
-	}
-	var want ToolPolicySpec
-	if err := DecodeStrict(spec, &want); err != nil {
-		t.Fatalf("fast path accepted %q, DecodeStrict refused it: %v", spec, err)
-	}
-	if diff := cmp.Diff(&want, got); diff != "" {
-		t.Fatalf("fast path differs from DecodeStrict for %q (-want +got):\n%s", spec, diff)
-	}
+	checkMatchesStrict(t, spec, decodeToolSpecFast)
 }
 
 func checkCanonicalEquivalent(t *testing.T, raw []byte) {
