@@ -44,6 +44,30 @@ func profileNodes(ctx context.Context, cl *cluster, leader, dir, tag string, del
 	}
 }
 
+// saveNodeMetrics writes every node's GET /metrics text to dir as
+// <node>-<role>-<tag>.metrics. Raft's go-metrics summaries there (commit
+// time, log store, FSM apply, AppendEntries RPC) break a write's latency
+// down by stage.
+func saveNodeMetrics(ctx context.Context, cl *cluster, leader, dir, tag string) error {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	defer client.CloseIdleConnections()
+	var errs []error
+	for _, nd := range cl.nodes {
+		role := "follower"
+		if nd.id == leader {
+			role = "leader"
+		}
+		body, err := fetchMetrics(ctx, client, nd.httpAddr)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, nd.id+"-"+role+"-"+tag+".metrics"), body, 0o644)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", nd.id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // fetchProfile GETs url and writes the body to path.
 func fetchProfile(ctx context.Context, client *http.Client, url, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

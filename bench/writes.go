@@ -62,7 +62,9 @@ func (c *writesConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.single, "single", true, "after the -writers run, also run with 1 writer for the same duration")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "per-request timeout (a timeout counts as an error)")
 	fs.StringVar(&c.profileDir, "cpu-profile", "", "write a CPU profile of every policyd node, taken over each measured window\n"+
-		"(GET /debug/pprof/profile), to this directory as <node>-<role>-w<writers>.pprof")
+		"(GET /debug/pprof/profile), to this directory as <node>-<role>-w<writers>.pprof, and each\n"+
+		"node's GET /metrics after the run as <node>-<role>-w<writers>.metrics (Raft's own timings:\n"+
+		"raft_commitTime, raft_rpc_appendEntries_storeLogs, raft_fsm_apply…)")
 }
 
 // writerCounts is the writer count of each run: -writers, then 1 with
@@ -146,6 +148,9 @@ func (c *writesConfig) runPolicyd(ctx context.Context, env *runEnv) (figs []*wri
 				env.logf("warning: CPU profiles: %v", perr)
 			} else {
 				env.logf("CPU profiles of the %d-writer run written to %s", writers, cfg.profileDir)
+			}
+			if merr := saveNodeMetrics(ctx, cl, leader, cfg.profileDir, fmt.Sprintf("w%d", writers)); merr != nil {
+				env.logf("warning: node metrics: %v", merr)
 			}
 		}
 		if err != nil {
