@@ -396,8 +396,17 @@ func fromStatus(err error) error {
 }
 
 // notSent recognises grpc-go's Unavailable errors for a connection that was
-// never established (dial failures), as opposed to one that broke mid-call.
+// never established, as opposed to one that broke mid-call. grpc-go only
+// hands a transport to calls once it has read the server's preface (its
+// first SETTINGS frame), so a failure to dial, to complete TLS or to read
+// that preface means no call was written. The last is what a follower sees
+// for seconds after the leader is killed: its TCP connect to the dead
+// leader's port can still succeed (or be reset) while nothing answers.
+// Taken as "outcome unknown", these made most writes of a failover fail
+// with 503 instead of waiting for the next leader.
 func notSent(msg string) bool {
 	return strings.Contains(msg, "Error while dialing") || strings.Contains(msg, "connection refused") ||
-		strings.Contains(msg, "authentication handshake failed") // TLS refused before any request
+		strings.Contains(msg, "authentication handshake failed") || // TLS refused before any request
+		strings.Contains(msg, "error reading server preface") ||
+		strings.Contains(msg, "initial http2 frame from server is not a settings frame")
 }
