@@ -16,7 +16,8 @@
 //     expiry, issuer, audience…), or an unknown employee;
 //   - 403 forbidden: an inactive employee, or a token whose org (or team,
 //     when it names one) differs from the employee record;
-//   - 503 unavailable: the node is shutting down.
+//   - 503 unavailable: the node is shutting down, or the client resumes
+//     (?since=) from a version this node has not reached (see Resuming).
 //
 // The mapping from errors to statuses lives in one function, statusOf.
 //
@@ -87,7 +88,12 @@
 // since (the identity may have moved). A since ahead of this node's
 // applied index (the client came from a node further ahead) waits up to
 // sinceWait for this node to catch up and then resumes from there; if it
-// does not catch up, init. Every replayed message carries the digest of
+// does not catch up, the handshake is refused with 503 unavailable rather
+// than answered with init: an init from a lagging node would take the
+// sidecar back to an older set (a policy deleted since would be in force
+// again), and the client keeps its set and tries another node. The
+// discovery stream does the same for a stream that opens on a lagging
+// node (it waits for the node to catch up, or refuses with Unavailable). Every replayed message carries the digest of
 // the set the replay ends at. A replay with nothing to send sends nothing:
 // the client keeps its set.
 //

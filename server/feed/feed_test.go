@@ -626,9 +626,40 @@ func TestResumeSince(t *testing.T) {
 			t.Errorf("got %v, want nothing before the marker", summary(got))
 		}
 	})
-	t.Run("ahead of this node sends init", func(t *testing.T) {
-		c := f.dial(t, dialOpts{token: f.token("alice", "acme", "red"), query: fmt.Sprintf("since=%d", f.st.AppliedIndex()+100)})
-		c.nextOf(feedv1.TypeInit)
+	t.Run("ahead of this node and it does not catch up: refused, not sent back in time", func(t *testing.T) {
+		status, _, body := f.handshake(t, http.MethodGet, fmt.Sprintf("since=%d", f.st.AppliedIndex()+100), bearer(f.token("alice", "acme", "red")))
+		if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"unavailable"`) || !strings.Contains(string(body), "behind") {
+			t.Errorf("status %d body %s, want 503 unavailable naming the node behind", status, body)
+		}
+	})
+	t.Run("ahead of this node and it catches up: resumes", func(t *testing.T) {
+		since := f.st.AppliedIndex() + 1
+		type dialed struct {
+			c   *client
+			err error
+		}
+		done := make(chan dialed, 1)
+		go func() {
+			c, _, err := f.tryDial(t, dialOpts{token: f.token("alice", "acme", "red"), query: fmt.Sprintf("since=%d", since)}) //nolint:bodyclose // websocket.Dial owns the response body
+			done <- dialed{c, err}
+		}()
+		waitFor(t, msgTimeout, "the handshake to wait for the node", func() error {
+			if f.hub.resumesWaiting.Load() == 0 {
+				return errors.New("no handshake waiting")
+			}
+			return nil
+		})
+		// The first is the client's since (it holds it already), the
+		// second is new to it.
+		f.apply(f.putPolicy("caught-up", scopeOrg("acme"), "1"), f.putPolicy("after-since", scopeOrg("acme"), "1"))
+		d := <-done
+		if d.err != nil {
+			t.Fatalf("dial: %v", d.err)
+		}
+		f.apply(f.putPolicy("marker-ahead", policy.Scope{}, "m"))
+		if diff := cmp.Diff([]string{"upsert:after-since"}, summary(d.c.until("marker-ahead"))); diff != "" {
+			t.Errorf("after catching up (-want +got):\n%s", diff)
+		}
 	})
 	t.Run("moved while away sends init", func(t *testing.T) {
 		since := f.st.AppliedIndex()

@@ -20,7 +20,7 @@ import (
 )
 
 // sinceWait is how long a handshake whose ?since= is ahead of this node
-// waits for the node to catch up before it settles for init.
+// waits for the node to catch up before it is refused (errBehind).
 const sinceWait = 2 * time.Second
 
 // Handshake errors beyond auth's sentinels.
@@ -31,6 +31,11 @@ var (
 	errMethod = errors.New("method not allowed")
 	// errClosing: the node is shutting down (503).
 	errClosing = errors.New("feed is shutting down")
+	// errBehind: the client holds a version this node has not applied and
+	// did not apply within sinceWait (503). An init from here would take
+	// the sidecar back to an older set: a policy deleted since, a grant
+	// revoked since, would be in force again until the node caught up.
+	errBehind = errors.New("this node is behind the client's version")
 )
 
 // statusOf is the one mapping from handshake errors to the HTTP status and
@@ -41,7 +46,7 @@ func statusOf(err error) (int, string) {
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, errMethod):
 		return http.StatusMethodNotAllowed, "invalid"
-	case errors.Is(err, errClosing):
+	case errors.Is(err, errClosing), errors.Is(err, errBehind):
 		return http.StatusServiceUnavailable, "unavailable"
 	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials),
 		errors.Is(err, auth.ErrUnknownEmployee):
@@ -128,16 +133,23 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 
 	if hs.since > h.deps.Store.AppliedIndex() {
 		// The client saw a version this node has not applied yet (it was
-		// on a node further ahead): give the node a moment to catch up.
+		// on a node further ahead): give the node a moment to catch up,
+		// then send it elsewhere rather than back in time.
 		ctx, cancel := context.WithTimeout(r.Context(), sinceWait)
 		stop := context.AfterFunc(h.ctx, cancel)
+		h.resumesWaiting.Add(1)
 		err := h.deps.Store.WaitApplied(ctx, hs.since)
+		h.resumesWaiting.Add(-1)
 		stop()
 		cancel()
-		if err != nil {
-			h.logger.Debug("feed resume ahead of this node, sending init", "since", hs.since,
-				"applied", h.deps.Store.AppliedIndex(), "err", err)
-			hs.since = 0
+		switch {
+		case h.ctx.Err() != nil:
+			return hs, errClosing
+		case err != nil:
+			applied := h.deps.Store.AppliedIndex()
+			h.logger.Info("feed resume ahead of this node, refused", "peer", r.RemoteAddr, "since", hs.since, "applied", applied)
+			return hs, fmt.Errorf("%w: it holds version %d, this node has applied %d after waiting %v; try another node",
+				errBehind, hs.since, applied, sinceWait)
 		}
 	}
 	return hs, nil
