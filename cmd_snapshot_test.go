@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/coder/websocket"
+	"github.com/coder/websocket/wsjson"
+
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/store"
 )
 
@@ -56,6 +63,13 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		t.Fatalf("temporary files left behind: %v", left)
 	}
 
+	// A write the backup does not hold: a sidecar that saw it resumes
+	// from its index, which the restored cluster has not reached.
+	var lostIndex uint64
+	if _, err := fmt.Sscanf(c.apply(0, "acme.lost"), "policy/acme.lost applied (revision %d)", &lostIndex); err != nil {
+		t.Fatal(err)
+	}
+
 	// A running node's data directory is refused.
 	if out, err := cliErr(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(0), "--force"); err == nil || !strings.Contains(out, "locked by a running process") {
 		t.Fatalf("restore onto a running node: %v %s", err, out)
@@ -90,6 +104,13 @@ func TestSnapshotSaveRestore(t *testing.T) {
 	}
 	if !slices.Equal(got, wantPolicies) {
 		t.Fatalf("restored policies %v, want %v", got, wantPolicies)
+	}
+	// A WebSocket sidecar resuming from the lost write's index gets the
+	// restored set as init: its own set belongs to a history that is gone.
+	// (A node merely behind it would refuse it instead.)
+	if init := feedResume(t, c.http[0], "alice", lostIndex); init.Type != feedv1.TypeInit || slices.ContainsFunc(init.Policies, func(p feedv1.Policy) bool { return p.Name == "acme.lost" }) ||
+		!slices.ContainsFunc(init.Policies, func(p feedv1.Policy) bool { return p.Name == "acme.one" }) {
+		t.Fatalf("resume from %d after the restore: %+v, want init with the restored policies", lostIndex, init)
 	}
 	// New entries follow the backup's index: were they numbered from 1, the
 	// state would skip them as already applied.
@@ -201,4 +222,25 @@ func TestSnapshotRestoreRefuses(t *testing.T) {
 	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1 {
 		t.Fatalf("restored state: %+v %v", info, err)
 	}
+}
+
+// feedResume opens the WebSocket feed of the node at base as employee
+// (auth.mode none) with ?since=since and returns the first message.
+func feedResume(t *testing.T, base, employee string, since uint64) feedv1.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	u := "ws" + strings.TrimPrefix(base, "http") + feedv1.Path + "?" + url.Values{
+		feedv1.QueryEmployee: {employee}, feedv1.QuerySince: {strconv.FormatUint(since, 10)},
+	}.Encode()
+	c, _, err := websocket.Dial(ctx, u, nil) //nolint:bodyclose // Dial owns the body
+	if err != nil {
+		t.Fatalf("feed %s: %v", u, err)
+	}
+	defer c.CloseNow() //nolint:errcheck // the test is done with it
+	var m feedv1.Message
+	if err := wsjson.Read(ctx, c, &m); err != nil {
+		t.Fatalf("feed %s: first message: %v", u, err)
+	}
+	return m
 }

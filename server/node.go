@@ -213,14 +213,17 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		{Name: "register-self", Run: n.ensureRegistered},
 		{Name: "event-retention", Run: n.pruneEventsTask},
 	}
+	// One gate for both transports: sidecars of both kinds that fail over
+	// together share the consistent reads.
+	caughtUp := newReadGate(n.ctx, cfg.Forward.Timeout, n.ConsistentRead).Wait
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
 		NodeID: id, LeaderID: n.leaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
-		CaughtUp: newReadGate(n.ctx, cfg.Forward.Timeout, n.ConsistentRead).Wait,
+		CaughtUp: caughtUp,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
-		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
 	}); err != nil {
 		return nil, err
 	}

@@ -86,14 +86,17 @@
 // decided without reading the event log, or more than maxReplayEvents
 // events, or more messages than half the send buffer), or when the employee record changed after
 // since (the identity may have moved). A since ahead of this node's
-// applied index (the client came from a node further ahead) waits up to
-// sinceWait for this node to catch up and then resumes from there; if it
-// does not catch up, the handshake is refused with 503 unavailable rather
-// than answered with init: an init from a lagging node would take the
-// sidecar back to an older set (a policy deleted since would be in force
-// again), and the client keeps its set and tries another node. The
-// discovery stream does the same for a stream that opens on a lagging
-// node (it waits for the node to catch up, or refuses with Unavailable). Every replayed message carries the digest of
+// applied index waits up to sinceWait for a consistent read (Deps.CaughtUp,
+// the gate the discovery stream uses): once the node holds everything the
+// cluster committed before the handshake, it resumes from since. If the
+// read fails or the node does not catch up in time, the handshake is
+// refused with 503 unavailable rather than answered with init: an init
+// from a lagging node would take the sidecar back to an older set (a
+// policy deleted since would be in force again), and the client keeps its
+// set and tries another node. If the node is current and since is still
+// ahead, the cluster never committed it: a cluster restored from an older
+// backup numbers its entries after the backup's index, the client's set
+// belongs to a history that is gone, and it gets init. Every replayed message carries the digest of
 // the set the replay ends at. A replay with nothing to send sends nothing:
 // the client keeps its set.
 //

@@ -55,6 +55,12 @@ type Deps struct {
 	Verifier *auth.JWTVerifier
 	// Registry receives the feed's metrics; nil registers nothing.
 	Registry prometheus.Registerer
+	// CaughtUp returns once the local replica holds every write committed
+	// before the call (the node's coalesced consistent read, shared with
+	// the discovery stream). A resume whose ?since= this node has not
+	// applied waits for it (see admit). Nil: only this node's applied
+	// index is waited for, as if the cluster had committed the since.
+	CaughtUp func(ctx context.Context) error
 }
 
 // teamKey names a team: team names are only unique within an org.

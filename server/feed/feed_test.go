@@ -627,13 +627,32 @@ func TestResumeSince(t *testing.T) {
 		}
 	})
 	t.Run("ahead of this node and it does not catch up: refused, not sent back in time", func(t *testing.T) {
-		status, _, body := f.handshake(t, http.MethodGet, fmt.Sprintf("since=%d", f.st.AppliedIndex()+100), bearer(f.token("alice", "acme", "red")))
+		ahead := f.st.AppliedIndex() + 100
+		f.setReadIndex(t, func() (uint64, error) { return ahead, nil })
+		status, _, body := f.handshake(t, http.MethodGet, fmt.Sprintf("since=%d", ahead), bearer(f.token("alice", "acme", "red")))
 		if status != http.StatusServiceUnavailable || !strings.Contains(string(body), `"code":"unavailable"`) || !strings.Contains(string(body), "behind") {
 			t.Errorf("status %d body %s, want 503 unavailable naming the node behind", status, body)
 		}
 	})
+	t.Run("ahead of this node and no leader to ask: refused", func(t *testing.T) {
+		f.setReadIndex(t, func() (uint64, error) { return 0, errors.New("no leader is reachable") })
+		status, _, body := f.handshake(t, http.MethodGet, fmt.Sprintf("since=%d", f.st.AppliedIndex()+1), bearer(f.token("alice", "acme", "red")))
+		if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "no leader") {
+			t.Errorf("status %d body %s, want 503 unavailable with the read's error", status, body)
+		}
+	})
+	t.Run("ahead of the whole cluster (restored from an older backup): init", func(t *testing.T) {
+		c := f.dial(t, dialOpts{token: f.token("alice", "acme", "red"), query: fmt.Sprintf("since=%d", f.st.AppliedIndex()+100)})
+		init := c.nextOf(feedv1.TypeInit)
+		if diff := cmp.Diff(f.wantNames(alice), policyNames(init.Policies)); diff != "" {
+			t.Errorf("init (-want +got):\n%s", diff)
+		}
+	})
 	t.Run("ahead of this node and it catches up: resumes", func(t *testing.T) {
+		// The client holds since (the first write below); the cluster
+		// has committed both.
 		since := f.st.AppliedIndex() + 1
+		f.setReadIndex(t, func() (uint64, error) { return since + 1, nil })
 		type dialed struct {
 			c   *client
 			err error
@@ -649,8 +668,6 @@ func TestResumeSince(t *testing.T) {
 			}
 			return nil
 		})
-		// The first is the client's since (it holds it already), the
-		// second is new to it.
 		f.apply(f.putPolicy("caught-up", scopeOrg("acme"), "1"), f.putPolicy("after-since", scopeOrg("acme"), "1"))
 		d := <-done
 		if d.err != nil {

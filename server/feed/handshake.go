@@ -132,27 +132,48 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 	}
 
 	if hs.since > h.deps.Store.AppliedIndex() {
-		// The client saw a version this node has not applied yet (it was
-		// on a node further ahead): give the node a moment to catch up,
-		// then send it elsewhere rather than back in time.
-		ctx, cancel := context.WithTimeout(r.Context(), sinceWait)
-		stop := context.AfterFunc(h.ctx, cancel)
-		h.resumesWaiting.Add(1)
-		err := h.deps.Store.WaitApplied(ctx, hs.since)
-		h.resumesWaiting.Add(-1)
-		stop()
-		cancel()
-		switch {
-		case h.ctx.Err() != nil:
-			return hs, errClosing
-		case err != nil:
-			applied := h.deps.Store.AppliedIndex()
-			h.logger.Info("feed resume ahead of this node, refused", "peer", r.RemoteAddr, "since", hs.since, "applied", applied)
-			return hs, fmt.Errorf("%w: it holds version %d, this node has applied %d after waiting %v; try another node",
-				errBehind, hs.since, applied, sinceWait)
-		}
+		return hs, h.resumeAhead(r, &hs)
 	}
 	return hs, nil
+}
+
+// resumeAhead decides a resume from a version this node has not applied.
+// Either this node lags the cluster (the client came from a node further
+// ahead): it gets up to sinceWait to catch up, and the client is then sent
+// elsewhere (errBehind) rather than back in time, since an init from here
+// would put back in force what was deleted after this node's state. Or the
+// cluster itself never committed that version: a cluster restored from an
+// older backup numbers its entries after the backup's index, so the
+// client's set belongs to a history that is gone, and init replaces it. A
+// consistent read tells the two apart: once the node holds everything
+// committed before the handshake, a since still ahead was never committed.
+func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
+	ctx, cancel := context.WithTimeout(r.Context(), sinceWait)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	h.resumesWaiting.Add(1)
+	var err error
+	if h.deps.CaughtUp != nil {
+		err = h.deps.CaughtUp(ctx)
+	} else {
+		err = h.deps.Store.WaitApplied(ctx, hs.since)
+	}
+	h.resumesWaiting.Add(-1)
+	applied := h.deps.Store.AppliedIndex()
+	switch {
+	case h.ctx.Err() != nil:
+		return errClosing
+	case err != nil && applied < hs.since:
+		h.logger.Info("feed resume ahead of this node, refused", "peer", r.RemoteAddr, "since", hs.since, "applied", applied, "err", err)
+		return fmt.Errorf("%w: it holds version %d, this node has applied %d and could not catch up within %v (%w); try another node",
+			errBehind, hs.since, applied, sinceWait, err)
+	case applied < hs.since:
+		h.logger.Warn("feed resume from a version this cluster never committed (restored from an older backup?): sending init",
+			"peer", r.RemoteAddr, "since", hs.since, "applied", applied)
+		hs.since = 0
+	}
+	return nil
 }
 
 // request is what a handshake asks for, read from the request alone.

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,6 +75,29 @@ type fixture struct {
 	reg    *prometheus.Registry
 	secret []byte // nil: auth.mode none
 	next   uint64 // the next Raft index
+	// readIndex stands in for the leader's commit index in the hub's
+	// CaughtUp (a consistent read); nil: the fixture's last applied index.
+	readIndex atomic.Pointer[func() (uint64, error)]
+}
+
+// caughtUp is the hub's Deps.CaughtUp: it waits until the store has applied
+// the read index.
+func (f *fixture) caughtUp(ctx context.Context) error {
+	idx := f.st.AppliedIndex()
+	if fn := f.readIndex.Load(); fn != nil {
+		var err error
+		if idx, err = (*fn)(); err != nil {
+			return err
+		}
+	}
+	return f.st.WaitApplied(ctx, idx)
+}
+
+// setReadIndex makes the fixture's consistent reads answer fn until the
+// test ends.
+func (f *fixture) setReadIndex(t *testing.T, fn func() (uint64, error)) {
+	f.readIndex.Store(&fn)
+	t.Cleanup(func() { f.readIndex.Store(nil) })
 }
 
 type fixtureOpts struct {
@@ -128,7 +152,7 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	if opts.feed != nil {
 		opts.feed(&cfg)
 	}
-	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg})
+	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg, CaughtUp: f.caughtUp})
 	if err != nil {
 		t.Fatal(err)
 	}
