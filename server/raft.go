@@ -16,10 +16,6 @@ import (
 // setupRaft builds the transport, log store, snapshot store and raft
 // instance, and bootstraps the cluster if configured to and no Raft state
 // exists.
-// logCacheEntries is how many recent log entries the leader keeps in memory
-// for replication (about 2 MiB of 4 KB policies).
-const logCacheEntries = 512
-
 func (n *Node) setupRaft() error {
 	rc := n.cfg.Raft
 	raftDir := filepath.Join(n.cfg.DataDir, "raft")
@@ -105,13 +101,7 @@ func (n *Node) setupRaft() error {
 	}
 
 	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
-	// The leader reads back every entry it just appended to send it to the
-	// followers; from disk that was a twentieth of its CPU under write load.
-	// Consul keeps the same 512 recent entries in memory.
-	logs, err := raft.NewLogCache(logCacheEntries, ls)
-	if err != nil {
-		return fmt.Errorf("raft log cache: %w", err)
-	}
+	logs := newLogCache(ls, logCacheEntries, logCacheBytes)
 	r, err := raft.NewRaft(conf, fsm, logs, ls, snaps, tr)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)

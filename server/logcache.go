@@ -1,0 +1,118 @@
+package server
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// Bounds of the leader's in-memory copy of recent log entries.
+const (
+	// logCacheEntries: a replication batch (raft.max_append_entries, 512)
+	// fits.
+	logCacheEntries = 512
+	// logCacheBytes: 512 entries of 4 KB policies fit (about 2 MiB);
+	// larger entries are cached fewer at a time. A policy may be up to
+	// 1 MiB (the request body limit), and hashicorp/raft's own LogCache,
+	// bounded in entries only, then held up to 512 MiB.
+	logCacheBytes = 8 << 20
+)
+
+// logCache keeps the most recent log entries in memory so that the leader
+// does not read back from disk every entry it has just appended in order to
+// send it to the followers (from raft.db that was a twentieth of the
+// leader's CPU under write load). It is hashicorp/raft's LogCache with a
+// bound in bytes as well as in entries: it holds a contiguous run of the
+// newest entries, at most logCacheEntries of them and at most
+// logCacheBytes of entry data, and anything else is read from the store.
+type logCache struct {
+	store    raft.LogStore
+	maxCount int
+	maxBytes int
+
+	mu sync.RWMutex
+	// run is the cached entries, oldest first, contiguous in index.
+	run   []*raft.Log
+	bytes int
+}
+
+func newLogCache(store raft.LogStore, maxCount, maxBytes int) *logCache {
+	return &logCache{store: store, maxCount: maxCount, maxBytes: maxBytes}
+}
+
+// GetLog implements raft.LogStore.
+func (c *logCache) GetLog(idx uint64, log *raft.Log) error {
+	c.mu.RLock()
+	if n := len(c.run); n > 0 && idx >= c.run[0].Index && idx <= c.run[n-1].Index {
+		*log = *c.run[idx-c.run[0].Index]
+		c.mu.RUnlock()
+		return nil
+	}
+	c.mu.RUnlock()
+	return c.store.GetLog(idx, log)
+}
+
+// StoreLog implements raft.LogStore.
+func (c *logCache) StoreLog(log *raft.Log) error {
+	return c.StoreLogs([]*raft.Log{log})
+}
+
+// StoreLogs implements raft.LogStore: the store first, then the cache, so
+// that the cache never holds an entry the store does not.
+func (c *logCache) StoreLogs(logs []*raft.Log) error {
+	if err := c.store.StoreLogs(logs); err != nil {
+		return fmt.Errorf("store logs: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, l := range logs {
+		if n := len(c.run); n > 0 && l.Index != c.run[n-1].Index+1 {
+			// Not the next entry (a follower overwriting a conflicting
+			// suffix): start the run over.
+			c.reset()
+		}
+		size := len(l.Data) + len(l.Extensions)
+		if size > c.maxBytes {
+			c.reset() // too large to cache; the run would not be contiguous past it
+			continue
+		}
+		c.run = append(c.run, l)
+		c.bytes += size
+		for len(c.run) > c.maxCount || c.bytes > c.maxBytes {
+			c.bytes -= len(c.run[0].Data) + len(c.run[0].Extensions)
+			c.run[0] = nil
+			c.run = c.run[1:]
+		}
+	}
+	return nil
+}
+
+func (c *logCache) reset() {
+	clear(c.run)
+	c.run, c.bytes = c.run[:0], 0
+}
+
+// DeleteRange implements raft.LogStore. Raft deletes a prefix after a
+// snapshot and, on a follower, a conflicting suffix; either way the cache
+// starts over.
+func (c *logCache) DeleteRange(lo, hi uint64) error {
+	c.mu.Lock()
+	c.reset()
+	c.mu.Unlock()
+	return c.store.DeleteRange(lo, hi)
+}
+
+// FirstIndex implements raft.LogStore.
+func (c *logCache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
+
+// LastIndex implements raft.LogStore.
+func (c *logCache) LastIndex() (uint64, error) { return c.store.LastIndex() }
+
+// IsMonotonic implements raft.MonotonicLogStore when the store does
+// (raft-wal), so that raft keeps treating the log as monotonic through the
+// cache.
+func (c *logCache) IsMonotonic() bool {
+	m, ok := c.store.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}

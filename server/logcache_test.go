@@ -1,0 +1,114 @@
+package server
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// countingStore counts the reads that reach the store behind the cache.
+type countingStore struct {
+	*raft.InmemStore
+	reads []uint64
+}
+
+func (s *countingStore) GetLog(idx uint64, log *raft.Log) error {
+	s.reads = append(s.reads, idx)
+	return s.InmemStore.GetLog(idx, log)
+}
+
+func TestLogCache(t *testing.T) {
+	entry := func(idx uint64, size int) *raft.Log {
+		return &raft.Log{Index: idx, Term: 1, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(idx)}, size)}
+	}
+	entries := func(from, to uint64, size int) []*raft.Log {
+		var ls []*raft.Log
+		for i := from; i <= to; i++ {
+			ls = append(ls, entry(i, size))
+		}
+		return ls
+	}
+	tests := []struct {
+		name       string
+		maxCount   int
+		maxBytes   int
+		do         func(c *logCache) error
+		read       []uint64 // GetLog these, in order
+		fromStore  []uint64 // of which these reach the store
+		wantCached int
+	}{
+		{"newest entries by count", 4, 1 << 20,
+			func(c *logCache) error { return c.StoreLogs(entries(1, 10, 100)) },
+			[]uint64{10, 7, 6, 1}, []uint64{6, 1}, 4},
+		{"newest entries by bytes", 100, 3000,
+			func(c *logCache) error { return c.StoreLogs(entries(1, 10, 1000)) },
+			[]uint64{10, 8, 7}, []uint64{7}, 3},
+		{"an entry larger than the budget is not cached, nor what came before it", 100, 3000,
+			func(c *logCache) error {
+				if err := c.StoreLogs(entries(1, 3, 100)); err != nil {
+					return err
+				}
+				return c.StoreLogs([]*raft.Log{entry(4, 5000)})
+			},
+			[]uint64{4, 3}, []uint64{4, 3}, 0},
+		{"caching resumes after a large entry", 100, 3000,
+			func(c *logCache) error {
+				if err := c.StoreLogs([]*raft.Log{entry(1, 5000)}); err != nil {
+					return err
+				}
+				return c.StoreLogs(entries(2, 3, 100))
+			},
+			[]uint64{3, 2, 1}, []uint64{1}, 2},
+		{"a rewritten suffix starts the run over", 100, 1 << 20,
+			func(c *logCache) error {
+				if err := c.StoreLogs(entries(1, 5, 100)); err != nil {
+					return err
+				}
+				if err := c.DeleteRange(4, 5); err != nil {
+					return err
+				}
+				return c.StoreLogs(entries(4, 6, 200))
+			},
+			[]uint64{6, 4, 3}, []uint64{3}, 3},
+		{"entries stored out of order are not mixed in", 100, 1 << 20,
+			func(c *logCache) error {
+				if err := c.StoreLogs(entries(1, 3, 100)); err != nil {
+					return err
+				}
+				return c.StoreLogs(entries(7, 8, 100)) // after a snapshot install
+			},
+			[]uint64{8, 7, 3}, []uint64{3}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &countingStore{InmemStore: raft.NewInmemStore()}
+			c := newLogCache(st, tc.maxCount, tc.maxBytes)
+			if err := tc.do(c); err != nil {
+				t.Fatal(err)
+			}
+			if len(c.run) != tc.wantCached {
+				t.Errorf("cached %d entries, want %d", len(c.run), tc.wantCached)
+			}
+			if c.bytes > tc.maxBytes {
+				t.Errorf("cached %d bytes, over the budget %d", c.bytes, tc.maxBytes)
+			}
+			for _, idx := range tc.read {
+				var got, want raft.Log
+				if err := c.GetLog(idx, &got); err != nil {
+					t.Fatalf("GetLog(%d): %v", idx, err)
+				}
+				if err := st.InmemStore.GetLog(idx, &want); err != nil {
+					t.Fatal(err)
+				}
+				if got.Index != want.Index || !bytes.Equal(got.Data, want.Data) {
+					t.Errorf("GetLog(%d) = index %d, %d bytes; the store has index %d, %d bytes", idx, got.Index, len(got.Data), want.Index, len(want.Data))
+				}
+			}
+			if !slices.Equal(st.reads, tc.fromStore) {
+				t.Errorf("reads that reached the store %v, want %v", st.reads, tc.fromStore)
+			}
+		})
+	}
+}
