@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -57,6 +58,7 @@ type feedE2EClient struct {
 	node string
 	ws   *websocket.Conn
 	msgs chan feedE2EMsg
+	stop chan struct{} // closed by the test's cleanup: the reader stops waiting for room in msgs
 	done chan struct{} // closed when the reader ends; err and endedAt set then
 	err  error
 	// endedAt is when the connection ended.
@@ -86,9 +88,10 @@ func feedE2EDial(t *testing.T, n *Node, token string) (*feedE2EClient, int) {
 		}
 		return nil, resp.StatusCode
 	}
-	c := &feedE2EClient{t: t, node: n.ID(), ws: ws, msgs: make(chan feedE2EMsg, 1024), done: make(chan struct{})}
+	c := &feedE2EClient{t: t, node: n.ID(), ws: ws, msgs: make(chan feedE2EMsg, 1024), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.read()
 	t.Cleanup(func() {
+		close(c.stop)
 		_ = ws.CloseNow()
 		<-c.done
 	})
@@ -114,7 +117,14 @@ func (c *feedE2EClient) read() {
 			cancel()
 			continue
 		}
-		c.msgs <- feedE2EMsg{Message: m, at: time.Now()}
+		select {
+		case c.msgs <- feedE2EMsg{Message: m, at: time.Now()}:
+		case <-c.stop:
+			// A test that failed before reading everything must not
+			// hang in its cleanup.
+			c.err, c.endedAt = errors.New("test ended"), time.Now()
+			return
+		}
 	}
 }
 
