@@ -116,7 +116,9 @@ func TestFlood(t *testing.T) {
 	// leaving her messages in her client's channel made her the slow one
 	// when the writes outran it (without the race detector's slowdown).
 	var aliceGot []string
-	stopAlice, aliceDone := make(chan struct{}), make(chan string, 1)
+	aliceCtx, stopAlice := context.WithCancel(context.Background())
+	t.Cleanup(stopAlice) // also when the test fails before it has read everything
+	aliceDone := make(chan string, 1)
 	go func() {
 		for {
 			select {
@@ -126,7 +128,7 @@ func TestFlood(t *testing.T) {
 					return
 				}
 				aliceGot = append(aliceGot, m.Policy.Name)
-			case <-stopAlice:
+			case <-aliceCtx.Done():
 				aliceDone <- ""
 				return
 			}
@@ -181,7 +183,7 @@ func TestFlood(t *testing.T) {
 	elapsed := time.Since(start)
 
 	// Every write reached both well-behaved clients.
-	close(stopAlice)
+	stopAlice()
 	if msg := <-aliceDone; msg != "" {
 		t.Fatalf("feed: %s", msg)
 	}
