@@ -24,11 +24,7 @@ func profileNodes(ctx context.Context, cl *cluster, leader, dir, tag string, del
 	errs := make([]error, len(cl.nodes))
 	var wg sync.WaitGroup
 	for i, nd := range cl.nodes {
-		role := "follower"
-		if nd.id == leader {
-			role = "leader"
-		}
-		path := filepath.Join(dir, nd.id+"-"+role+"-"+tag+".pprof")
+		path := nodeFile(dir, nd, leader, tag, ".pprof")
 		wg.Go(func() {
 			if err := sleepUntil(ctx, time.Now().Add(delay)); err != nil {
 				errs[i] = err
@@ -44,6 +40,16 @@ func profileNodes(ctx context.Context, cl *cluster, leader, dir, tag string, del
 	}
 }
 
+// nodeFile is where a node's output of a run goes:
+// dir/<node>-<leader|follower>-<tag><ext>.
+func nodeFile(dir string, nd *node, leader, tag, ext string) string {
+	role := "follower"
+	if nd.id == leader {
+		role = "leader"
+	}
+	return filepath.Join(dir, nd.id+"-"+role+"-"+tag+ext)
+}
+
 // saveNodeMetrics writes every node's GET /metrics text to dir as
 // <node>-<role>-<tag>.metrics. Raft's go-metrics summaries there (commit
 // time, log store, FSM apply, AppendEntries RPC) break a write's latency
@@ -53,13 +59,9 @@ func saveNodeMetrics(ctx context.Context, cl *cluster, leader, dir, tag string) 
 	defer client.CloseIdleConnections()
 	var errs []error
 	for _, nd := range cl.nodes {
-		role := "follower"
-		if nd.id == leader {
-			role = "leader"
-		}
 		body, err := fetchMetrics(ctx, client, nd.httpAddr)
 		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, nd.id+"-"+role+"-"+tag+".metrics"), body, 0o644)
+			err = os.WriteFile(nodeFile(dir, nd, leader, tag, ".metrics"), body, 0o644)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", nd.id, err))

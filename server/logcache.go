@@ -72,7 +72,7 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 			// suffix): start the run over.
 			c.reset()
 		}
-		size := len(l.Data) + len(l.Extensions)
+		size := entrySize(l)
 		if size > c.maxBytes {
 			c.reset() // too large to cache; the run would not be contiguous past it
 			continue
@@ -80,13 +80,16 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 		c.run = append(c.run, l)
 		c.bytes += size
 		for len(c.run) > c.maxCount || c.bytes > c.maxBytes {
-			c.bytes -= len(c.run[0].Data) + len(c.run[0].Extensions)
+			c.bytes -= entrySize(c.run[0])
 			c.run[0] = nil
 			c.run = c.run[1:]
 		}
 	}
 	return nil
 }
+
+// entrySize is what an entry counts against logCacheBytes.
+func entrySize(l *raft.Log) int { return len(l.Data) + len(l.Extensions) }
 
 func (c *logCache) reset() {
 	clear(c.run)

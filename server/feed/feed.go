@@ -80,9 +80,6 @@ type Hub struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	seq    atomic.Uint64 // connection counter, for client addresses
-	// resumesWaiting counts handshakes waiting for this node to reach
-	// their ?since= (see admit).
-	resumesWaiting atomic.Int64
 
 	// mu guards everything below and the identity and base of every
 	// connection. OnChange holds it for a whole batch, so a connection

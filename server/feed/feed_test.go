@@ -652,7 +652,14 @@ func TestResumeSince(t *testing.T) {
 		// The client holds since (the first write below); the cluster
 		// has committed both.
 		since := f.st.AppliedIndex() + 1
-		f.setReadIndex(t, func() (uint64, error) { return since + 1, nil })
+		asked := make(chan struct{}, 1) // the handshake's consistent read has started
+		f.setReadIndex(t, func() (uint64, error) {
+			select {
+			case asked <- struct{}{}:
+			default:
+			}
+			return since + 1, nil
+		})
 		type dialed struct {
 			c   *client
 			err error
@@ -662,12 +669,13 @@ func TestResumeSince(t *testing.T) {
 			c, _, err := f.tryDial(t, dialOpts{token: f.token("alice", "acme", "red"), query: fmt.Sprintf("since=%d", since)}) //nolint:bodyclose // websocket.Dial owns the response body
 			done <- dialed{c, err}
 		}()
-		waitFor(t, msgTimeout, "the handshake to wait for the node", func() error {
-			if f.hub.resumesWaiting.Load() == 0 {
-				return errors.New("no handshake waiting")
-			}
-			return nil
-		})
+		select {
+		case <-asked:
+		case d := <-done:
+			t.Fatalf("the handshake ended (%v) without waiting for the node", d.err)
+		case <-time.After(msgTimeout):
+			t.Fatal("the handshake never asked for a consistent read")
+		}
 		f.apply(f.putPolicy("caught-up", scopeOrg("acme"), "1"), f.putPolicy("after-since", scopeOrg("acme"), "1"))
 		d := <-done
 		if d.err != nil {

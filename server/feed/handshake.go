@@ -152,14 +152,12 @@ func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
-	h.resumesWaiting.Add(1)
 	var err error
 	if h.deps.CaughtUp != nil {
 		err = h.deps.CaughtUp(ctx)
 	} else {
 		err = h.deps.Store.WaitApplied(ctx, hs.since)
 	}
-	h.resumesWaiting.Add(-1)
 	applied := h.deps.Store.AppliedIndex()
 	switch {
 	case h.ctx.Err() != nil:
