@@ -26,6 +26,11 @@ const (
 // bound in bytes as well as in entries: it holds a contiguous run of the
 // newest entries, at most logCacheEntries of them and at most
 // logCacheBytes of entry data, and anything else is read from the store.
+//
+// It is also the leader's raft.LogStager (third_party/raft): entries the
+// leader has sent to its followers but not yet written itself are served
+// from staged, outside the bounds, until StoreLogs returns. They are the
+// batch raft holds in memory anyway.
 type logCache struct {
 	store    raft.LogStore
 	maxCount int
@@ -35,7 +40,11 @@ type logCache struct {
 	// run is the cached entries, oldest first, contiguous in index.
 	run   []*raft.Log
 	bytes int
+	// staged is the batch being written by StoreLogs after StageLogs.
+	staged []*raft.Log
 }
+
+var _ raft.LogStager = (*logCache)(nil)
 
 func newLogCache(store raft.LogStore, maxCount, maxBytes int) *logCache {
 	return &logCache{store: store, maxCount: maxCount, maxBytes: maxBytes}
@@ -44,13 +53,33 @@ func newLogCache(store raft.LogStore, maxCount, maxBytes int) *logCache {
 // GetLog implements raft.LogStore.
 func (c *logCache) GetLog(idx uint64, log *raft.Log) error {
 	c.mu.RLock()
-	if n := len(c.run); n > 0 && idx >= c.run[0].Index && idx <= c.run[n-1].Index {
-		*log = *c.run[idx-c.run[0].Index]
-		c.mu.RUnlock()
-		return nil
+	l := lookup(c.staged, idx)
+	if l == nil {
+		l = lookup(c.run, idx)
 	}
 	c.mu.RUnlock()
+	if l != nil {
+		*log = *l
+		return nil
+	}
 	return c.store.GetLog(idx, log)
+}
+
+// lookup finds idx in a run of entries contiguous in index; nil if absent.
+func lookup(run []*raft.Log, idx uint64) *raft.Log {
+	if n := len(run); n > 0 && idx >= run[0].Index && idx <= run[n-1].Index {
+		return run[idx-run[0].Index]
+	}
+	return nil
+}
+
+// StageLogs implements raft.LogStager: logs are readable from now until
+// StoreLogs has stored them. Raft stages one batch at a time, always the
+// batch it then stores.
+func (c *logCache) StageLogs(logs []*raft.Log) {
+	c.mu.Lock()
+	c.staged = logs
+	c.mu.Unlock()
 }
 
 // StoreLog implements raft.LogStore.
@@ -66,6 +95,7 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.staged = nil
 	for _, l := range logs {
 		if n := len(c.run); n > 0 && l.Index != c.run[n-1].Index+1 {
 			// Not the next entry (a follower overwriting a conflicting
@@ -98,7 +128,8 @@ func (c *logCache) reset() {
 
 // DeleteRange implements raft.LogStore. Raft deletes a prefix after a
 // snapshot and, on a follower, a conflicting suffix; either way the cache
-// starts over.
+// starts over. (Staged entries are newer than any snapshot, and only a
+// leader stages, so neither deletion reaches them.)
 func (c *logCache) DeleteRange(lo, hi uint64) error {
 	c.mu.Lock()
 	c.reset()

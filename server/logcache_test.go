@@ -96,3 +96,60 @@ func TestLogCache(t *testing.T) {
 		})
 	}
 }
+
+func TestLogCacheStaged(t *testing.T) {
+	batch := func(from, to uint64, size int) []*raft.Log {
+		var ls []*raft.Log
+		for i := from; i <= to; i++ {
+			ls = append(ls, &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(i)}, size)})
+		}
+		return ls
+	}
+	tests := []struct {
+		name string
+		size int // of each staged entry; the budget is 3000 bytes
+		// after StoreLogs, the reads of the staged entries that reach the store
+		fromStoreAfter []uint64
+	}{
+		{"within the budget: cached once stored", 100, nil},
+		{"over the budget: served while staged, then from the store", 2000, []uint64{3}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &countingStore{InmemStore: raft.NewInmemStore()}
+			c := newLogCache(st, 100, 3000)
+			if err := c.StoreLogs(batch(1, 2, 100)); err != nil {
+				t.Fatal(err)
+			}
+			staged := batch(3, 4, tc.size)
+			c.StageLogs(staged)
+			for _, l := range staged {
+				var got raft.Log
+				if err := c.GetLog(l.Index, &got); err != nil {
+					t.Fatalf("GetLog(%d) of a staged entry: %v", l.Index, err)
+				}
+				if !bytes.Equal(got.Data, l.Data) {
+					t.Errorf("GetLog(%d) = %d bytes, want the staged %d", l.Index, len(got.Data), len(l.Data))
+				}
+			}
+			if len(st.reads) != 0 {
+				t.Fatalf("staged entries were read from the store: %v", st.reads)
+			}
+			if err := c.StoreLogs(staged); err != nil {
+				t.Fatal(err)
+			}
+			if c.staged != nil {
+				t.Errorf("%d entries still staged after StoreLogs", len(c.staged))
+			}
+			for _, idx := range []uint64{3, 4} {
+				var got raft.Log
+				if err := c.GetLog(idx, &got); err != nil || got.Index != idx {
+					t.Fatalf("GetLog(%d) after StoreLogs = index %d, %v", idx, got.Index, err)
+				}
+			}
+			if !slices.Equal(st.reads, tc.fromStoreAfter) {
+				t.Errorf("reads that reached the store %v, want %v", st.reads, tc.fromStoreAfter)
+			}
+		})
+	}
+}
