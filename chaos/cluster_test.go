@@ -118,6 +118,9 @@ func (c *cluster) config(nd *node) string {
 		heartbeatTimeout, electionTimeout, leaderLease)
 	fmt.Fprintf(&b, "  snapshot_interval: 2s\n  snapshot_threshold: %d\n  trailing_logs: %d\n  apply_timeout: 5s\n",
 		snapshotThreshold, trailingLogs)
+	if *flagLogStore != "" {
+		fmt.Fprintf(&b, "  log_store: %s\n", *flagLogStore)
+	}
 	fmt.Fprintf(&b, "  peers:\n")
 	for _, p := range c.nodes {
 		fmt.Fprintf(&b, "    - id: %s\n      address: %s\n", p.id, p.proxy.addr())

@@ -10,7 +10,8 @@
 // seed is logged, and a run replays its fault schedule and operation mix with
 // it, not its timing), -chaos.clients, -chaos.check-timeout (porcupine),
 // -chaos.faults (comma-separated subset of the kinds below), -chaos.binary (test
-// a prebuilt policyd instead of building this module), -chaos.keep.
+// a prebuilt policyd instead of building this module), -chaos.log-store (the
+// nodes' raft.log_store, boltdb or wal), -chaos.keep.
 //
 // # Processes
 //
