@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
@@ -659,8 +661,10 @@ func TestRemoveTheLeader(t *testing.T) {
 		return errors.New("no new leader")
 	})
 	waitFor(t, 10*time.Second, "old leader's record forgotten", func() error {
-		if _, err := leader.store.Member(old.ID()); !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("still recorded (%w)", err)
+		if _, err := leader.store.Member(old.ID()); err == nil {
+			return errors.New("still recorded")
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
 		}
 		if leader.inConfiguration(old.ID()) {
 			return errors.New("still in the configuration")
@@ -668,6 +672,39 @@ func TestRemoveTheLeader(t *testing.T) {
 		return nil
 	})
 	apiFor(t, f).putPolicy("after-leader-removed", "acme", "x")
+}
+
+// TestNewLeaderForgetsRemovedMembers: a member record left behind by a node
+// that is no longer in the Raft configuration (here removed from Raft
+// directly, as when a leader removes itself and re-registers in between) is
+// deleted by the next leader.
+func TestNewLeaderForgetsRemovedMembers(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	old := c.leader()
+	gone := c.follower()
+	if err := old.raft.RemoveServer(raft.ServerID(gone.ID()), 0, 5*time.Second).Error(); err != nil {
+		t.Fatalf("remove %s from raft: %v", gone.ID(), err)
+	}
+	if _, err := old.store.Member(gone.ID()); err != nil {
+		t.Fatalf("the record should still be there before a new term: %v", err)
+	}
+	if err := old.raft.LeadershipTransfer().Error(); err != nil {
+		t.Fatalf("transfer leadership: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the removed node's record forgotten by the new leader", func() error {
+		for _, n := range c.running() {
+			if n == gone || n == old || !n.IsLeader() {
+				continue
+			}
+			if _, err := n.store.Member(gone.ID()); err == nil {
+				return fmt.Errorf("still recorded on leader %s", n.ID())
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+			return nil
+		}
+		return errors.New("no new leader")
+	})
 }
 
 // TestFollowerReadsItsOwnWrites: a follower answers a PUT with the stored

@@ -135,6 +135,35 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 	}
 }
 
+// forgetRemovedMembers deletes, at the start of a term, the member records
+// of nodes that are not in the Raft configuration. removeLocal deletes a
+// record before it removes the server, while it surely leads, and deletes
+// it again afterwards if the node re-registered in between; but a leader
+// that removed itself no longer leads afterwards, and its own register loop
+// may have re-registered it in between. The next leader forgets it.
+func (n *Node) forgetRemovedMembers(ctx context.Context) {
+	members, err := n.store.Members()
+	if err != nil {
+		n.logger.Error("list members", "err", err)
+		return
+	}
+	for _, m := range members {
+		if n.inConfiguration(m.ID) {
+			continue
+		}
+		cmd, err := raftfsm.RemoveMember(m.ID)
+		if err != nil {
+			n.logger.Error("encode member removal", "err", err)
+			return
+		}
+		if _, err := n.applyLocal(ctx, cmd); err != nil {
+			n.logger.Warn("forget addresses of a node not in the configuration", "id", m.ID, "err", err)
+			return
+		}
+		n.logger.Info("forgot addresses of a node not in the configuration", "id", m.ID)
+	}
+}
+
 // pruneEventsTask proposes the retention cutoff every cleanup interval
 // (seed 004's hourly cleanup of events older than 24h by default).
 func (n *Node) pruneEventsTask(ctx context.Context) {

@@ -88,7 +88,8 @@ func (c *logCache) StoreLog(log *raft.Log) error {
 }
 
 // StoreLogs implements raft.LogStore: the store first, then the cache, so
-// that the cache never holds an entry the store does not.
+// that the bounded run never holds an entry the store does not (only
+// staged, which StoreLogs clears, does).
 func (c *logCache) StoreLogs(logs []*raft.Log) error {
 	if err := c.store.StoreLogs(logs); err != nil {
 		return fmt.Errorf("store logs: %w", err)

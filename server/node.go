@@ -211,6 +211,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		// Followers forward writes to the leader's registered address, so a
 		// new leader makes sure its own is current before anything else.
 		{Name: "register-self", Run: n.ensureRegistered},
+		{Name: "forget-removed-members", Run: n.forgetRemovedMembers},
 		{Name: "event-retention", Run: n.pruneEventsTask},
 	}
 	// One gate for both transports: sidecars of both kinds that fail over
