@@ -157,15 +157,24 @@ type GRPC struct {
 	KeepaliveMinTime time.Duration `mapstructure:"keepalive_min_time"`
 }
 
-// Setup bounds concurrent connection set-ups (authentication, the
-// read-index wait, the first snapshot) over both sidecar transports, so that
-// a reconnect storm queues instead of running all at once.
+// Setup governs sidecar connections over both transports: it bounds
+// concurrent set-ups (authentication, the read-index wait, the first
+// snapshot), so that a reconnect storm queues instead of running all at
+// once, and it bounds how long a node that has lost the cluster keeps its
+// sidecars.
 type Setup struct {
 	// MaxConcurrent set-ups run at once on a node.
 	MaxConcurrent int `mapstructure:"max_concurrent"`
 	// MaxWait is how long a set-up waits for a slot before it is refused
 	// as retryable (gRPC Unavailable, HTTP 503 with Retry-After).
 	MaxWait time.Duration `mapstructure:"max_wait"`
+	// MaxStaleness: a node that is not the leader and has not heard from
+	// one for longer than this closes its sidecar streams and connections
+	// and refuses new ones until it hears from a leader again, so that
+	// sidecars move to a node that still receives changes (revocations
+	// included), or fail closed after their grace period when none does.
+	// 0 keeps them forever on the last state the node received.
+	MaxStaleness time.Duration `mapstructure:"max_staleness"`
 }
 
 // Peer is one member of the initial cluster.
@@ -332,7 +341,7 @@ func Default() Config {
 			WriteTimeout:    10 * time.Second,
 			MaxMessageBytes: 4096,
 		},
-		Setup: Setup{MaxConcurrent: 64, MaxWait: 5 * time.Second},
+		Setup: Setup{MaxConcurrent: 64, MaxWait: 5 * time.Second, MaxStaleness: 10 * time.Second},
 		Reload: Reload{
 			Namespace:        "default",
 			Selector:         "app=helloworld",

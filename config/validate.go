@@ -132,6 +132,14 @@ func (c *Config) validateLimits(p *problems) {
 		p.add("setup.max_concurrent", "%d must be >= 1", c.Setup.MaxConcurrent)
 	}
 	p.positive("setup.max_wait", c.Setup.MaxWait)
+	// Every node is without a leader during an ordinary election, which
+	// takes up to about two election timeouts after a heartbeat timeout;
+	// a shorter bound would close every sidecar stream of the cluster at
+	// each failover.
+	if minStale := 2 * max(c.Raft.HeartbeatTimeout, c.Raft.ElectionTimeout); c.Setup.MaxStaleness != 0 && c.Setup.MaxStaleness < minStale {
+		p.add("setup.max_staleness", "%v must be 0 (off) or >= 2 x max(raft.heartbeat_timeout, raft.election_timeout) = %v",
+			c.Setup.MaxStaleness, minStale)
+	}
 }
 
 func (c *Config) validateJWT(p *problems) {

@@ -55,12 +55,14 @@ func TestValidate(t *testing.T) {
 			c.HTTP.MaxConnectionsPerIP, c.GRPC.MaxConnectionsPerIP = -1, -1
 			c.Raft.MaxConnections, c.Drift.MaxConnections = -1, -1
 			c.GRPC.MaxConcurrentStreams, c.GRPC.KeepaliveMinTime = 0, 0
-			c.Setup.MaxConcurrent, c.Setup.MaxWait = 0, 0
+			c.Setup.MaxConcurrent, c.Setup.MaxWait, c.Setup.MaxStaleness = 0, 0, time.Second
 		}, want: []string{"http.max_connections: -1 must be >= 0", "grpc.max_connections: -1 must be >= 0",
 			"http.max_connections_per_ip: -1 must be >= 0", "grpc.max_connections_per_ip: -1 must be >= 0",
 			"raft.max_connections: -1 must be >= 0", "drift.max_connections: -1 must be >= 0",
 			"http.max_header_bytes: 1024 must be >= 4096",
-			"grpc.max_concurrent_streams", "grpc.keepalive_min_time", "setup.max_concurrent", "setup.max_wait"}},
+			"grpc.max_concurrent_streams", "grpc.keepalive_min_time", "setup.max_concurrent", "setup.max_wait",
+			"setup.max_staleness: 1s must be 0 (off) or >= 2 x max(raft.heartbeat_timeout, raft.election_timeout) = 2s"}},
+		{name: "staleness bound off", mutate: func(c *Config) { c.Setup.MaxStaleness = 0 }},
 		{name: "jwt mode with hmac", mutate: func(c *Config) { c.Auth.Mode, c.Auth.JWT.HMACSecretFile = "jwt", "/s" }},
 		{name: "jwt mode with pem and jwks", mutate: func(c *Config) {
 			c.Auth.Mode, c.Auth.JWT.PublicKeysFile, c.Auth.JWT.JWKSFile = "jwt", "/k.pem", "/k.json"

@@ -21,6 +21,12 @@ func (n *Node) registerMetrics() {
 		}),
 		gauge("raft_term", "Current Raft term.", func() float64 { return float64(n.raft.CurrentTerm()) }),
 		gauge("raft_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.raft.CommitIndex()) }),
+		gauge("sidecars_refused_stale", "1 while this node has not heard from a Raft leader for longer than setup.max_staleness: it has closed its sidecar streams and refuses new ones.", func() float64 {
+			if n.stale.Load() {
+				return 1
+			}
+			return 0
+		}),
 		gauge("store_applied_index", "Last Raft index applied to the state database.", func() float64 { return float64(n.store.AppliedIndex()) }),
 	)
 }

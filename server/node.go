@@ -108,7 +108,10 @@ type Node struct {
 
 	// readyTerm is the term in which this node, as leader, has applied a
 	// barrier: reads at its commit index are linearizable only then.
-	readyTerm   atomic.Uint64
+	readyTerm atomic.Uint64
+	// stale is set while the node has not heard from a leader for longer
+	// than setup.max_staleness (see staleness.go).
+	stale       atomic.Bool
 	leaderTasks []LeaderTask
 	registerMu  sync.Mutex
 	reload      *reload.Controller // nil unless reload.enabled
@@ -235,7 +238,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		// The TLS handshake and HTTP/2 preface of a new connection, bounded
 		// like an HTTP request's headers (grpc-go's default is 2 minutes).
 		grpc.ConnectionTimeout(handshakeTimeout),
-		grpc.ChainStreamInterceptor(gate.StreamInterceptor("grpc", discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName)),
+		grpc.ChainStreamInterceptor(
+			n.refuseWhenStaleGRPC(discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName),
+			gate.StreamInterceptor("grpc", discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName)),
 	), n.grpcServerOptions()...)...)
 	clusterv1.RegisterClusterServer(n.grpcSrv, &clusterService{n: n})
 	n.discovery.Register(n.grpcSrv)
@@ -245,7 +250,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)
 	mux := http.NewServeMux()
-	mux.Handle(feedv1.Path, gate.HTTP("websocket", n.feed))
+	mux.Handle(feedv1.Path, n.refuseWhenStaleHTTP(gate.HTTP("websocket", n.feed)))
 	mux.Handle("/", n.api)
 	n.httpSrv = &http.Server{
 		Handler:           mux,
@@ -295,6 +300,9 @@ func (n *Node) Start() {
 			n.goBackground("leader-probe", n.leaderProbeLoop)
 		}
 		n.goBackground("register", n.registerLoop)
+		if n.cfg.Setup.MaxStaleness > 0 {
+			n.goBackground("staleness", n.stalenessLoop)
+		}
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		n.logger.Info("node started",
 			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", string(n.transport.LocalAddr()),

@@ -305,16 +305,28 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 // node calls it before stopping the gRPC server, which waits for streams.
 func (s *Service) CloseAll() {
 	s.markClose()
+	s.endAll(true, status.Error(codes.Unavailable, "server shutting down"))
+}
+
+// DropAll ends every open stream with Unavailable and msg, and goes on
+// serving: for a node that can no longer vouch for its state, whose
+// sidecars should move to another node. It returns how many it ended.
+func (s *Service) DropAll(msg string) int {
+	return s.endAll(false, status.Error(codes.Unavailable, msg))
+}
+
+func (s *Service) endAll(closing bool, err error) int {
 	s.mu.Lock()
-	s.closing = true
+	s.closing = s.closing || closing
 	all := make([]*stream, 0, len(s.streams))
 	for st := range s.streams {
 		all = append(all, st)
 	}
 	s.mu.Unlock()
 	for _, st := range all {
-		st.kill(status.Error(codes.Unavailable, "server shutting down"))
+		st.kill(err)
 	}
+	return len(all)
 }
 
 // HealthCheck refreshes the last-active time of the caller's streams. It

@@ -172,10 +172,7 @@ func (h *Hub) CloseAll() {
 		return
 	}
 	h.closed = true
-	conns := make([]*conn, 0, len(h.live))
-	for c := range h.live {
-		conns = append(conns, c)
-	}
+	conns := h.liveLocked()
 	h.mu.Unlock()
 	h.cancel()
 
@@ -198,6 +195,27 @@ func (h *Hub) CloseAll() {
 	}
 	close(h.closedDone)
 	h.logger.Info("feed closed", "connections", len(conns))
+}
+
+// DropAll closes every connection with 1013 (try again later) and msg, and
+// goes on serving: for a node that can no longer vouch for its state, whose
+// sidecars should move to another node. It returns how many it closed.
+func (h *Hub) DropAll(msg string) int {
+	h.mu.Lock()
+	conns := h.liveLocked()
+	h.mu.Unlock()
+	for _, c := range conns {
+		c.closeWith(websocket.StatusTryAgainLater, msg, nil)
+	}
+	return len(conns)
+}
+
+func (h *Hub) liveLocked() []*conn {
+	conns := make([]*conn, 0, len(h.live))
+	for c := range h.live {
+		conns = append(conns, c)
+	}
+	return conns
 }
 
 // waitTimeout waits for wg up to d and reports whether it finished.

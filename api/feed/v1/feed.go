@@ -43,7 +43,10 @@ const (
 	QueryEmployee = "employee"
 )
 
-// Close codes beyond RFC 6455's.
+// Close codes beyond RFC 6455's. Of RFC 6455's, a client also sees 1001
+// (going away: the node stops) and 1013 (try again later: the node has not
+// heard from a Raft leader for longer than setup.max_staleness, so its
+// state may be out of date; reconnect to another node).
 const (
 	// CloseRevoked: the employee was deactivated or deleted. The client must
 	// block everything and not reconnect with the same token.
