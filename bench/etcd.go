@@ -177,7 +177,7 @@ func (c *etcdConfig) runEtcd(ctx context.Context, env *runEnv, bin string) (figs
 		}
 		env.logf("etcd writes: %d writer(s), %d keys each, %d-byte values, warmup %v, measuring %v",
 			writers, cfg.keys, cfg.valueSize, cfg.warmup, cfg.duration)
-		res, err := writeLoad(ctx, write, len(clients), leaderIdx, cfg, writers)
+		res, err := writeLoad(ctx, ec, write, len(clients), leaderIdx, cfg, writers)
 		if err != nil {
 			return figs, fmt.Errorf("%d-writer run: %w", writers, err)
 		}
@@ -325,8 +325,11 @@ type compareFigure struct {
 	P50Ratio          float64 `json:"p50_ratio"` // policyd ÷ etcd; below 1 is faster
 	PolicydP99Ms      float64 `json:"policyd_p99_ms"`
 	EtcdP99Ms         float64 `json:"etcd_p99_ms"`
-	Target            string  `json:"target"`
-	TargetMet         bool    `json:"target_met"`
+	// CPU time of the three members per acknowledged write.
+	PolicydCPUMsPerWrite float64 `json:"policyd_cpu_ms_per_write,omitempty"`
+	EtcdCPUMsPerWrite    float64 `json:"etcd_cpu_ms_per_write,omitempty"`
+	Target               string  `json:"target"`
+	TargetMet            bool    `json:"target_met"`
 }
 
 // compareWrites pairs the policyd and etcd figures by writer count. The run
@@ -345,6 +348,7 @@ func compareWrites(pd, ed []*writesFigure, manyWriters int) []*compareFigure {
 				ThroughputRatio: ratio(p.WritesPerS, e.WritesPerS),
 				PolicydP50Ms:    p.P50Ms, EtcdP50Ms: e.P50Ms, P50Ratio: ratio(p.P50Ms, e.P50Ms),
 				PolicydP99Ms: p.P99Ms, EtcdP99Ms: e.P99Ms,
+				PolicydCPUMsPerWrite: p.NodesCPUMsPerWrite, EtcdCPUMsPerWrite: e.NodesCPUMsPerWrite,
 			}
 			clean := p.Errors == 0 && p.Writes > 0 && e.Writes > 0
 			if p.Writers == 1 && manyWriters != 1 {
@@ -370,14 +374,15 @@ func ratio(a, b float64) float64 {
 
 func (f *compareFigure) columns() []string {
 	return []string{"scenario", "writers", "policyd w/s", "etcd w/s", "ratio", "policyd p50", "etcd p50",
-		"p50 ratio", "policyd p99", "etcd p99", "target", "met"}
+		"p50 ratio", "policyd p99", "etcd p99", "cpu ms/write policyd/etcd", "target", "met"}
 }
 
 func (f *compareFigure) row() []string {
 	num := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
 	return []string{f.Scenario, strconv.Itoa(f.Writers), num(f.PolicydWritesPerS), num(f.EtcdWritesPerS),
 		num(f.ThroughputRatio), num(f.PolicydP50Ms), num(f.EtcdP50Ms), num(f.P50Ratio),
-		num(f.PolicydP99Ms), num(f.EtcdP99Ms), f.Target, yesNo(f.TargetMet)}
+		num(f.PolicydP99Ms), num(f.EtcdP99Ms), num(f.PolicydCPUMsPerWrite) + "/" + num(f.EtcdCPUMsPerWrite),
+		f.Target, yesNo(f.TargetMet)}
 }
 
 func yesNo(b bool) string {

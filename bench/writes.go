@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -142,7 +143,7 @@ func (c *writesConfig) runPolicyd(ctx context.Context, env *runEnv) (figs []*wri
 		if cfg.profileDir != "" {
 			profiles = profileNodes(ctx, cl, leader, cfg.profileDir, fmt.Sprintf("w%d", writers), cfg.warmup, cfg.duration)
 		}
-		res, err := writeLoad(ctx, restWrite(client, cl.httpAddrs()), writesNodes, leaderIdx, cfg, writers)
+		res, err := writeLoad(ctx, cl, restWrite(client, cl.httpAddrs()), writesNodes, leaderIdx, cfg, writers)
 		if profiles != nil {
 			if perr := profiles(); perr != nil {
 				env.logf("warning: CPU profiles: %v", perr)
@@ -226,6 +227,10 @@ type loadResult struct {
 	errs           map[string]int
 	errExamples    map[string]string // the first error of each kind, measured or not
 	unmeasuredErrs int               // failures during warmup or after the window
+	// done counts every acknowledged write, warmup included, and the CPU
+	// readings bracket all of them.
+	done                int
+	cpuBefore, cpuAfter cpuReading
 }
 
 // writeFunc performs one write of body under key name on node target and
@@ -260,7 +265,12 @@ func restWrite(client *http.Client, addrs []string) writeFunc {
 // in turn, for cfg.warmup + cfg.duration and measures the requests that
 // complete within the measured window; requests still in flight at its end
 // finish but are not counted.
-func writeLoad(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg writesConfig, writers int) (*loadResult, error) {
+//
+// The CPU time that bench and cl's processes use over the whole run is read
+// from /proc, so that a figure can say what a write costs each side on a
+// machine where they share the CPUs.
+func writeLoad(ctx context.Context, cl *cluster, write writeFunc, nodes, leaderIdx int, cfg writesConfig, writers int) (*loadResult, error) {
+	cpuBefore := cpuNow(cl)
 	measureFrom := time.Now().Add(cfg.warmup)
 	stopAt := measureFrom.Add(cfg.duration)
 	results := make([]*loadResult, writers)
@@ -278,6 +288,7 @@ func writeLoad(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg w
 	for _, r := range results {
 		total.merge(r)
 	}
+	total.cpuBefore, total.cpuAfter = cpuBefore, cpuNow(cl)
 	return total, nil
 }
 
@@ -297,6 +308,7 @@ func (r *loadResult) merge(o *loadResult) {
 		}
 	}
 	r.unmeasuredErrs += o.unmeasuredErrs
+	r.done += o.done
 }
 
 // runWriter is one writer: one request at a time, to node (writer+i) mod
@@ -323,6 +335,7 @@ func runWriter(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg w
 		}
 		measured := !end.Before(measureFrom) && end.Before(stopAt)
 		if err == nil {
+			res.done++
 			if !measured {
 				continue
 			}
@@ -455,14 +468,19 @@ type writesFigure struct {
 	MaxMs      float64 `json:"max_ms"`
 	// Writes sent to the leader, and to a follower (forwarded to the
 	// leader), counted and summarized separately.
-	ViaLeader        int            `json:"via_leader"`
-	ViaLeaderP50Ms   float64        `json:"via_leader_p50_ms"`
-	ViaLeaderP99Ms   float64        `json:"via_leader_p99_ms"`
-	ViaFollower      int            `json:"via_follower"`
-	ViaFollowerP50Ms float64        `json:"via_follower_p50_ms"`
-	ViaFollowerP99Ms float64        `json:"via_follower_p99_ms"`
-	Errors           int            `json:"errors"`
-	ErrorsByKind     map[string]int `json:"errors_by_kind,omitempty"`
+	ViaLeader        int     `json:"via_leader"`
+	ViaLeaderP50Ms   float64 `json:"via_leader_p50_ms"`
+	ViaLeaderP99Ms   float64 `json:"via_leader_p99_ms"`
+	ViaFollower      int     `json:"via_follower"`
+	ViaFollowerP50Ms float64 `json:"via_follower_p50_ms"`
+	ViaFollowerP99Ms float64 `json:"via_follower_p99_ms"`
+	// CPU time per acknowledged write, over the whole run (warmup
+	// included): the system's processes together, and bench (the load
+	// generator). Absent when /proc could not be read.
+	NodesCPUMsPerWrite float64        `json:"nodes_cpu_ms_per_write,omitempty"`
+	GenCPUMsPerWrite   float64        `json:"gen_cpu_ms_per_write,omitempty"`
+	Errors             int            `json:"errors"`
+	ErrorsByKind       map[string]int `json:"errors_by_kind,omitempty"`
 }
 
 // figure summarizes r. It sorts r's latency slices.
@@ -497,12 +515,16 @@ func (r *loadResult) figure(cfg writesConfig, writers int) *writesFigure {
 		f.ErrorsByKind[kind] = n
 		f.Errors += n
 	}
+	if b, a := r.cpuBefore, r.cpuAfter; b.ok && a.ok && r.done > 0 {
+		perWrite := func(d time.Duration) float64 { return math.Round(float64(d)/float64(r.done)/1e3) / 1e3 }
+		f.NodesCPUMsPerWrite, f.GenCPUMsPerWrite = perWrite(a.nodes-b.nodes), perWrite(a.gen-b.gen)
+	}
 	return f
 }
 
 func (f *writesFigure) columns() []string {
 	return []string{"scenario", "writers", "value_size", "duration", "writes", "writes/s",
-		"p50 ms", "p90 ms", "p99 ms", "max ms", "leader p50", "follower p50", "errors"}
+		"p50 ms", "p90 ms", "p99 ms", "max ms", "leader p50", "follower p50", "cpu ms/write sys/gen", "errors"}
 }
 
 func (f *writesFigure) row() []string {
@@ -518,5 +540,5 @@ func (f *writesFigure) row() []string {
 	return []string{f.Scenario, strconv.Itoa(f.Writers), strconv.Itoa(f.ValueSize),
 		num(f.DurationS) + "s", strconv.Itoa(f.Writes), num(f.WritesPerS),
 		num(f.P50Ms), num(f.P90Ms), num(f.P99Ms), num(f.MaxMs),
-		num(f.ViaLeaderP50Ms), num(f.ViaFollowerP50Ms), errs}
+		num(f.ViaLeaderP50Ms), num(f.ViaFollowerP50Ms), num(f.NodesCPUMsPerWrite) + "/" + num(f.GenCPUMsPerWrite), errs}
 }
