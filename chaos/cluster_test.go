@@ -29,6 +29,7 @@ const (
 	heartbeatTimeout = 400 * time.Millisecond
 	electionTimeout  = 400 * time.Millisecond
 	leaderLease      = 200 * time.Millisecond
+	maxStaleness     = 1 * time.Second // at least 2 × the timeouts above
 	// Snapshots every few hundred entries, keeping fewer trailing logs, so
 	// that restarted and re-added nodes catch up by InstallSnapshot too.
 	snapshotThreshold = 400
@@ -126,6 +127,10 @@ func (c *cluster) config(nd *node) string {
 		fmt.Fprintf(&b, "    - id: %s\n      address: %s\n", p.id, p.proxy.addr())
 	}
 	fmt.Fprintf(&b, "forward:\n  timeout: 5s\n")
+	// Isolations and pauses longer than this make a node close its
+	// sidecars' streams (setup.max_staleness): the sidecar checks then
+	// cover the move to another node and back.
+	fmt.Fprintf(&b, "setup:\n  max_staleness: %v\n", maxStaleness)
 	return b.String()
 }
 
