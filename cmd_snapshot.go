@@ -52,6 +52,11 @@ raft.peers from the config, or this node alone. Run it with the same FILE and
 servers on every node of the new cluster, then start them all; or restore one
 node alone and join fresh nodes to it, which receive the state from it.
 
+The new cluster's history starts 2^32 entries after the backup's index, with
+earlier events marked as pruned: sidecars and event readers that hold an
+index of the lost cluster start over from a full state instead of being
+replayed the new history on top of theirs.
+
 The node is named by the same config file and flags as serve (--config,
 --data-dir, --node-id); node_id is required. Existing state in the data
 directory is refused unless --force, which moves it to
@@ -141,9 +146,17 @@ func saveSnapshot(cmd *cobra.Command, c *adminClient, path string, consistent bo
 	return nil
 }
 
+// restoreIndexGap is how far above the backup's index a restored cluster
+// starts its history (store.StartHistory): more entries than a cluster
+// could have committed after its backup was taken (at 10,000 writes a
+// second, five days' worth), and small enough to leave room in a uint64
+// for billions of restores.
+const restoreIndexGap = 1 << 32
+
 // restoreSnapshot makes a stopped node's data directory the start of a new
-// cluster. It writes FILE as state.db and, beside it, a Raft snapshot at the
-// state's applied index whose configuration is servers. Raft then starts
+// cluster. It writes FILE as state.db, moves it restoreIndexGap entries
+// ahead (a new history, see store.StartHistory), and writes beside it a Raft
+// snapshot at that index whose configuration is servers. Raft then starts
 // from that snapshot (no bootstrap) and numbers new entries after it: the
 // state's applied index and the Raft log stay in step, so no new entry is
 // mistaken for one already applied.
@@ -183,6 +196,14 @@ func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, forc
 	if digest != info.Digest || idx != info.AppliedIndex {
 		return fmt.Errorf("restored state is at %d (digest %s), the file at %d (digest %s)", idx, digest, info.AppliedIndex, info.Digest)
 	}
+	// Every server restores the same file, so every one starts the new
+	// history at the same index and with the same digest.
+	if err := st.StartHistory(idx + restoreIndexGap); err != nil {
+		return err
+	}
+	if digest, idx, err = st.Digest(); err != nil {
+		return err
+	}
 
 	r, err := openOfflineRaft(cfg, logOut)
 	if err != nil {
@@ -210,7 +231,8 @@ func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, forc
 		return fmt.Errorf("finish raft snapshot: %w", err)
 	}
 
-	fmt.Fprintf(out, "restored %s into %s: applied index %d, digest %s\n", file, cfg.DataDir, idx, digest)
+	fmt.Fprintf(out, "restored %s into %s: applied index %d (the backup's %d + %d, a new history), digest %s\n",
+		file, cfg.DataDir, idx, info.AppliedIndex, restoreIndexGap, digest)
 	if moved != "" {
 		fmt.Fprintf(out, "previous state moved to %s\n", moved)
 	}

@@ -22,6 +22,8 @@ import (
 	"github.com/policyd/policyd/store"
 )
 
+var restoredRE = regexp.MustCompile(`applied index (\d+) \(the backup's (\d+) \+ \d+, a new history\), digest ([0-9a-f]{64})`)
+
 var savedRE = regexp.MustCompile(`saved snapshot at applied index (\d+) \(digest ([0-9a-f]{64}), \d+ bytes\)`)
 
 // TestSnapshotSaveRestore: a backup saved from a follower holds the
@@ -82,11 +84,16 @@ func TestSnapshotSaveRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	backupIndex, _ := strconv.ParseUint(m[1], 10, 64)
+	restoredIndex := backupIndex + restoreIndexGap
+	var restored string
 	for i := range 3 {
 		out := cli(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(i))
-		if !strings.Contains(out, "applied index "+m[1]+", digest "+live) {
-			t.Fatalf("restore on %s: %s", c.ids[i], out)
+		r := restoredRE.FindStringSubmatch(out)
+		if r == nil || r[1] != strconv.FormatUint(restoredIndex, 10) || r[2] != m[1] || (restored != "" && r[3] != restored) {
+			t.Fatalf("restore on %s: %s; want applied index %d from the backup's %s, and one digest on every node", c.ids[i], out, restoredIndex, m[1])
 		}
+		restored = r[3]
 	}
 	for i := range 3 {
 		c.start(i)
@@ -95,8 +102,8 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		waitReady(t, c.http[i])
 	}
 	c.leader(0, 1, 2)
-	if got := c.converged(0, 1, 2); got != live {
-		t.Fatalf("restored cluster digest %s, backup %s", got, live)
+	if got := c.converged(0, 1, 2); got != restored {
+		t.Fatalf("restored cluster digest %s, restore printed %s", got, restored)
 	}
 	got, err := c.policyNames(2)
 	if err != nil {
@@ -112,13 +119,12 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		!slices.ContainsFunc(init.Policies, func(p feedv1.Policy) bool { return p.Name == "acme.one" }) {
 		t.Fatalf("resume from %d after the restore: %+v, want init with the restored policies", lostIndex, init)
 	}
-	// New entries follow the backup's index: were they numbered from 1, the
+	// New entries follow the restored index: were they numbered from 1, the
 	// state would skip them as already applied.
 	applied := c.apply(2, "acme.after-restore")
-	backupIndex, _ := strconv.ParseUint(m[1], 10, 64)
 	var rev uint64
-	if _, err := fmt.Sscanf(applied, "policy/acme.after-restore applied (revision %d)", &rev); err != nil || rev <= backupIndex {
-		t.Fatalf("write after restore: %q (%v); want a revision above the backup's index %d", applied, err, backupIndex)
+	if _, err := fmt.Sscanf(applied, "policy/acme.after-restore applied (revision %d)", &rev); err != nil || rev <= restoredIndex {
+		t.Fatalf("write after restore: %q (%v); want a revision above the restored index %d", applied, err, restoredIndex)
 	}
 	waitForCLI(t, "the new write on every node", func() error {
 		for i := range 3 {
@@ -128,6 +134,13 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		}
 		return nil
 	})
+	// Now that the new history has passed the lost write's index, the same
+	// resume still gets init: a replay from there would add the new
+	// history's changes to a set that holds acme.lost.
+	if init := feedResume(t, c.http[1], "alice", lostIndex); init.Type != feedv1.TypeInit || slices.ContainsFunc(init.Policies, func(p feedv1.Policy) bool { return p.Name == "acme.lost" }) ||
+		!slices.ContainsFunc(init.Policies, func(p feedv1.Policy) bool { return p.Name == "acme.after-restore" }) {
+		t.Fatalf("resume from %d after new writes: %+v, want init with the restored policies and the new one", lostIndex, init)
+	}
 	for i := range 3 {
 		c.daemons[i].interrupt(t)
 	}
@@ -219,7 +232,7 @@ func TestSnapshotRestoreRefuses(t *testing.T) {
 	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != string(stateBytes) {
 		t.Fatalf("moved state: %q %v", b, err)
 	}
-	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1 {
+	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1+restoreIndexGap {
 		t.Fatalf("restored state: %+v %v", info, err)
 	}
 }

@@ -455,6 +455,44 @@ func (s *Store) Restore(r io.Reader) error {
 	return nil
 }
 
+// StartHistory moves a restored state to index, above its applied index,
+// and marks every event up to index as pruned. A restore starts a new
+// history at the backup's index, while clients may hold indexes of the lost
+// one past it: a feed sidecar's ?since=, a reader of GET /v1/events. Were
+// the new history numbered right after the backup, those indexes would
+// come round again for other entries, and such a client would be replayed
+// the new history on top of a state the new history never had (a policy
+// the old cluster created after the backup would stay in force there).
+// Starting far above them, with the events marked as pruned, makes every
+// index of the lost history read as "too old": the client starts over
+// from a full state. Like etcdutl snapshot restore --bump-revision
+// --mark-compacted. Only for a store no node serves (restore is offline).
+func (s *Store) StartHistory(index uint64) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if applied := getUint(meta, keyAppliedIndex); index <= applied {
+			return fmt.Errorf("start history at %d: the state is at %d already", index, applied)
+		}
+		if err := putUint(meta, keyAppliedIndex, index); err != nil {
+			return err
+		}
+		return putUint(meta, keyPrunedThrough, index)
+	})
+	if err != nil {
+		return fmt.Errorf("start history in %q: %w", s.path, err)
+	}
+	s.digestMu.Lock()
+	s.digest, s.digestIndex = "", 0
+	s.digestMu.Unlock()
+	s.advance(index)
+	return nil
+}
+
 func writeFileSync(path string, r io.Reader) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {

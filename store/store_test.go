@@ -1686,3 +1686,37 @@ func TestEventAppendJSONMatchesMarshal(t *testing.T) {
 		})
 	}
 }
+
+// TestStartHistory: a restored state moved ahead reads as a new history:
+// its applied index and the events' pruned mark are the new start, the
+// events it holds stay listed, pruning them later does not lower the mark,
+// and a start at or below the applied index is refused.
+func TestStartHistory(t *testing.T) {
+	s := openStore(t)
+	writeEvents(t, s, 1, 4, 4, func(i uint64) time.Time { return meta(i).ProcessedAt })
+	const start = 1_000
+	if err := s.StartHistory(4); err == nil {
+		t.Fatal("StartHistory at the applied index: no error")
+	}
+	if err := s.StartHistory(start); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string, applied uint64, wantIDs []uint64) {
+		t.Helper()
+		if got := s.AppliedIndex(); got != applied {
+			t.Errorf("%s: applied index %d, want %d", when, got, applied)
+		}
+		page := events(t, s, EventFilter{})
+		if diff := cmp.Diff(wantIDs, eventIDs(page.Events)); diff != "" {
+			t.Errorf("%s: events (-want +got):\n%s", when, diff)
+		}
+		if page.PrunedThrough != start {
+			t.Errorf("%s: PrunedThrough = %d, want %d", when, page.PrunedThrough, start)
+		}
+	}
+	check("after the start", start, []uint64{1, 2, 3, 4})
+	if n := prune(t, s, start+1, t0.Add(24*time.Hour)); n != 4 {
+		t.Fatalf("pruned %d, want 4", n)
+	}
+	check("after pruning the old events", start+1, []uint64{})
+}

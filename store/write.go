@@ -325,8 +325,10 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 		}
 		n++
 	}
-	if n > 0 {
-		if err := putUint(b.tx.Bucket(bucketMeta), keyPrunedThrough, last); err != nil {
+	// Never lower the mark: a restore sets it above events it keeps
+	// (Store.StartHistory), and pruning those later must not undo that.
+	if meta := b.tx.Bucket(bucketMeta); n > 0 && last > getUint(meta, keyPrunedThrough) {
+		if err := putUint(meta, keyPrunedThrough, last); err != nil {
 			return n, err
 		}
 	}

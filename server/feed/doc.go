@@ -94,9 +94,11 @@
 // from a lagging node would take the sidecar back to an older set (a
 // policy deleted since would be in force again), and the client keeps its
 // set and tries another node. If the node is current and since is still
-// ahead, the cluster never committed it: a cluster restored from an older
-// backup numbers its entries after the backup's index, the client's set
-// belongs to a history that is gone, and it gets init. Every replayed message carries the digest of
+// ahead, the cluster never committed it, the client's set belongs to a
+// history that is gone, and it gets init. (A restore starts the new history
+// 2^32 entries after the backup, with the events before marked as pruned,
+// so an index of the lost history is normally below the pruned mark and
+// gets init that way: see store.StartHistory.) Every replayed message carries the digest of
 // the set the replay ends at. A replay with nothing to send sends nothing:
 // the client keeps its set.
 //

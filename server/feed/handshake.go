@@ -142,9 +142,9 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 // ahead): it gets up to sinceWait to catch up, and the client is then sent
 // elsewhere (errBehind) rather than back in time, since an init from here
 // would put back in force what was deleted after this node's state. Or the
-// cluster itself never committed that version: a cluster restored from an
-// older backup numbers its entries after the backup's index, so the
-// client's set belongs to a history that is gone, and init replaces it. A
+// cluster itself never committed that version: the client's set belongs to
+// a history that is gone (a restore from a backup, which starts the new
+// history far above it: store.StartHistory), and init replaces it. A
 // consistent read tells the two apart: once the node holds everything
 // committed before the handshake, a since still ahead was never committed.
 func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
