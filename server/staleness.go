@@ -54,8 +54,8 @@ func (n *Node) stalenessLoop() {
 	t := time.NewTicker(max(bound/4, 10*time.Millisecond))
 	defer t.Stop()
 	// Start-up counts as contact: a node that has just started has had no
-	// chance to hear a leader, and the read-index wait refuses sidecars
-	// until it has caught up anyway.
+	// chance to hear a leader yet. A restart cut off from the cluster thus
+	// serves its local state for at most one bound, as a running node does.
 	heard := time.Now()
 	for {
 		var now time.Time
