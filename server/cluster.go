@@ -151,12 +151,8 @@ func (n *Node) removeLocal(ctx context.Context, id string) (uint64, error) {
 	if !n.inConfiguration(id) {
 		return 0, fmt.Errorf("member %q: %w", id, store.ErrNotFound)
 	}
-	cmd, err := raftfsm.RemoveMember(id)
-	if err != nil {
+	if err := n.forgetMember(ctx, id); err != nil {
 		return 0, err
-	}
-	if _, err := n.applyLocal(ctx, cmd); err != nil {
-		return 0, fmt.Errorf("forget addresses of %q: %w", id, err)
 	}
 	rf := n.raft.RemoveServer(raft.ServerID(id), 0, n.cfg.Raft.ApplyTimeout)
 	if err := rf.Error(); err != nil {
@@ -166,11 +162,24 @@ func (n *Node) removeLocal(ctx context.Context, id string) (uint64, error) {
 	// The removed node may have re-registered between the two steps; now
 	// that it is out of the configuration, the leader refuses it for good.
 	if _, err := n.store.Member(id); err == nil && n.IsLeader() {
-		if _, err := n.applyLocal(ctx, cmd); err != nil {
+		if err := n.forgetMember(ctx, id); err != nil {
 			n.logger.Warn("forget addresses of removed member", "id", id, "err", err)
 		}
 	}
 	return rf.Index(), nil
+}
+
+// forgetMember deletes the member record (addresses) of id, through this
+// node, which must lead.
+func (n *Node) forgetMember(ctx context.Context, id string) error {
+	cmd, err := raftfsm.RemoveMember(id)
+	if err != nil {
+		return err
+	}
+	if _, err := n.applyLocal(ctx, cmd); err != nil {
+		return fmt.Errorf("forget addresses of %q: %w", id, err)
+	}
+	return nil
 }
 
 func raftErr(op string, err error) error {

@@ -151,12 +151,7 @@ func (n *Node) forgetRemovedMembers(ctx context.Context) {
 		if n.inConfiguration(m.ID) {
 			continue
 		}
-		cmd, err := raftfsm.RemoveMember(m.ID)
-		if err != nil {
-			n.logger.Error("encode member removal", "err", err)
-			return
-		}
-		if _, err := n.applyLocal(ctx, cmd); err != nil {
+		if err := n.forgetMember(ctx, m.ID); err != nil {
 			n.logger.Warn("forget addresses of a node not in the configuration", "id", m.ID, "err", err)
 			return
 		}
