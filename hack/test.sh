@@ -2,7 +2,8 @@
 # test.sh is policyd's test command: `make test` and CI (.ci/run) both run it.
 # It checks that the generated protobuf code matches the .proto files, checks
 # formatting, vets and lints the module, and runs the tests with the race
-# detector.
+# detector, then upstream hashicorp/raft's tests on the patched copy in
+# third_party/raft (hack/raft-fork-test.sh).
 #
 # Environment:
 #	PKGS         packages to test (default ./...)
@@ -91,5 +92,13 @@ step "go test"
 read -ra pkgs <<<"${PKGS:-./...}"
 read -ra testflags <<<"${GOTESTFLAGS:-}"
 go test -race -count=1 -timeout 20m "${testflags[@]}" "${pkgs[@]}"
+
+# third_party/raft is its own module, so ./... above leaves it out.
+step "hashicorp/raft fork: upstream's tests, with the parallel leader append"
+if [[ -z "${PKGS:-}" ]]; then
+	hack/raft-fork-test.sh
+else
+	echo "skipped: PKGS is set" >&2
+fi
 
 step "ok"
