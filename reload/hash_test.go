@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,37 +89,6 @@ func TestReconcileAction(t *testing.T) {
 				t.Errorf("reconcileAction = %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestRetryDelay(t *testing.T) {
-	want := []time.Duration{0, 1 * time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}
-	for n, w := range want {
-		if got := retryDelay(uint32(n)); got != w {
-			t.Errorf("retryDelay(%d) = %v, want %v", n, got, w)
-		}
-	}
-	if got := retryDelay(1 << 31); got != maxBackoff {
-		t.Errorf("retryDelay(huge) = %v, want %v", got, maxBackoff)
-	}
-}
-
-func TestBackoff(t *testing.T) {
-	b := newBackoff()
-	prev := time.Duration(0)
-	for i := range 10 {
-		d := b.next()
-		if d < minBackoff || d > maxBackoff+maxBackoff/5 {
-			t.Fatalf("try %d: %v outside [1s, 36s]", i, d)
-		}
-		if i < 4 && d <= prev {
-			t.Errorf("try %d: %v did not grow from %v", i, d, prev)
-		}
-		prev = d
-	}
-	b.reset()
-	if d := b.next(); d > minBackoff+minBackoff/5 {
-		t.Errorf("after reset: %v, want about 1s", d)
 	}
 }
 

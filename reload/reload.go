@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
@@ -210,7 +211,7 @@ func (c *Controller) Run(ctx context.Context, waited time.Duration) {
 // run is the list-watch loop. It returns nil when ctx ends, or a fatal
 // error.
 func (c *Controller) run(ctx context.Context) error {
-	b := newBackoff()
+	b := backoff.New(minBackoff, maxBackoff, true)
 	rv, err := c.syncWithRetry(ctx, b, true)
 	if err != nil || ctx.Err() != nil {
 		return err
@@ -229,13 +230,13 @@ func (c *Controller) run(ctx context.Context) error {
 					c.m.watchReconnects.Inc()
 				}
 				connected = true
-				b.reset()
+				b.Reset()
 				opened := time.Now()
 				rv, err = c.consume(ctx, w, rv)
 				w.Stop()
 				// A stream that ends at once, again and again (a broken
 				// connection, a proxy), must not become a busy loop.
-				if err == nil && time.Since(opened) < minBackoff && !sleep(ctx, minBackoff) {
+				if err == nil && time.Since(opened) < minBackoff && !backoff.Sleep(ctx, minBackoff) {
 					return nil
 				}
 			}
@@ -254,9 +255,9 @@ func (c *Controller) run(ctx context.Context) error {
 			// A change may have been seen but not recorded, or a restart
 			// not recorded: pause, then relist so that every hash is
 			// compared again.
-			d := b.next()
+			d := b.Next()
 			c.logger.Warn("reload state unavailable; relisting", "err", err, "backoff", d)
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 		default:
@@ -264,9 +265,9 @@ func (c *Controller) run(ctx context.Context) error {
 				return err
 			}
 			c.m.watchErrors.Inc()
-			d := b.next()
+			d := b.Next()
 			c.logger.Warn("configmap watch failed; retrying", "err", err, "backoff", d)
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 			continue
@@ -294,11 +295,11 @@ var errState = errors.New("reload state")
 // transient failures. startup selects the term's first sync (missed changes
 // are restarted at once, then startup reconciliation) over a relist (changes
 // are debounced like watched ones).
-func (c *Controller) syncWithRetry(ctx context.Context, b *backoff, startup bool) (string, error) {
+func (c *Controller) syncWithRetry(ctx context.Context, b *backoff.Backoff, startup bool) (string, error) {
 	for {
 		rv, err := c.sync(ctx, startup)
 		if err == nil {
-			b.reset()
+			b.Reset()
 			c.setStatus(func(s *Status) { s.Synced, s.ResourceVersion = true, rv })
 			return rv, nil
 		}
@@ -309,9 +310,9 @@ func (c *Controller) syncWithRetry(ctx context.Context, b *backoff, startup bool
 			return "", err
 		}
 		c.m.watchErrors.Inc()
-		d := b.next()
+		d := b.Next()
 		c.logger.Warn("configmap list failed; retrying", "err", err, "backoff", d)
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return "", nil
 		}
 	}
@@ -611,7 +612,7 @@ func (c *Controller) restart(ctx context.Context, p store.ReloadPending) error {
 		return nil // the term ended mid-attempt; the next leader redoes it
 	}
 	attempts := p.Attempts + 1
-	retryAt := now.Add(retryDelay(attempts))
+	retryAt := now.Add(backoff.Exp(attempts, minBackoff, maxBackoff))
 	c.m.errors.WithLabelValues(p.Scope).Add(float64(max(failed, 1)))
 	c.m.retries.WithLabelValues(p.Scope).Inc()
 	c.logger.Warn("restart failed; retrying", "scope", p.Scope, "configmap", p.ConfigMap, "attempts", attempts,
@@ -620,17 +621,6 @@ func (c *Controller) restart(ctx context.Context, p store.ReloadPending) error {
 		ReloadKey: p.ReloadKey, Hash: p.Hash, Attempts: attempts, Error: err.Error(), RetryAt: retryAt, FailedAt: now,
 	})
 	return c.apply(ctx, cmd, err)
-}
-
-// retryDelay is the wait after the n-th failed attempt: 1s, 2s, 4s, …, 30s.
-func retryDelay(n uint32) time.Duration {
-	if n == 0 {
-		return 0
-	}
-	if n > 6 { // 1s<<5 = 32s is past the cap already
-		return maxBackoff
-	}
-	return min(minBackoff<<(n-1), maxBackoff)
 }
 
 // patchScope patches every Deployment of p's scope that does not already
@@ -680,31 +670,6 @@ func mustRequirement(key, value string) labels.Requirement {
 		panic(fmt.Sprintf("reload: label requirement %s=%s: %v", key, value, err))
 	}
 	return *r
-}
-
-// backoff is the jittered exponential backoff of list and watch errors.
-type backoff struct{ d time.Duration }
-
-func newBackoff() *backoff { return &backoff{} }
-
-func (b *backoff) reset() { b.d = 0 }
-
-// next returns the wait before the next try: 1s, 2s, 4s, … capped at 30s,
-// each with up to 20% jitter so that restarts of many controllers spread.
-func (b *backoff) next() time.Duration {
-	b.d = min(max(2*b.d, minBackoff), maxBackoff)
-	return b.d + rand.N(b.d/5+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func ptr[T any](v T) *T { return &v }

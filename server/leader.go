@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
@@ -73,7 +74,7 @@ func (n *Node) lead(ctx context.Context, wg *sync.WaitGroup) {
 			break
 		}
 		n.logger.Warn("leader barrier failed", "term", term, "err", err)
-		if n.raft.State() != raft.Leader || !sleepCtx(ctx, 100*time.Millisecond) {
+		if n.raft.State() != raft.Leader || !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return
 		}
 	}
@@ -98,7 +99,7 @@ func (n *Node) lead(ctx context.Context, wg *sync.WaitGroup) {
 func (n *Node) registerLoop() {
 	for {
 		n.ensureRegistered(n.ctx)
-		if !sleepCtx(n.ctx, 5*time.Second) {
+		if !backoff.Sleep(n.ctx, 5*time.Second) {
 			return
 		}
 	}
@@ -111,7 +112,7 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 	n.registerMu.Lock()
 	defer n.registerMu.Unlock()
 	self := n.self()
-	backoff := 50 * time.Millisecond
+	retry := backoff.New(50*time.Millisecond, 2*time.Second, false)
 	for {
 		if m, err := n.store.Member(n.id); err == nil && m == self {
 			return
@@ -128,10 +129,9 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 				n.logger.Info("registered member addresses", "http", self.HTTPAddr, "grpc", self.GRPCAddr, "raft", self.RaftAddr)
 			}
 		}
-		if !sleepCtx(ctx, backoff) {
+		if !retry.Wait(ctx) {
 			return
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
@@ -194,17 +194,5 @@ func (n *Node) pruneEvents(ctx context.Context, cutoff time.Time) {
 	}
 	if total > 0 {
 		n.logger.Info("pruned events", "count", total, "cutoff", cutoff.UTC().Format(time.RFC3339))
-	}
-}
-
-// sleepCtx waits d; false if ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

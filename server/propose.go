@@ -18,6 +18,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
@@ -85,7 +86,7 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 // effect, for up to leaderWait.
 func (n *Node) withLeader(ctx context.Context, fn func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error) error {
 	deadline := time.Now().Add(n.leaderWait())
-	backoff := 10 * time.Millisecond
+	retry := backoff.New(10*time.Millisecond, 250*time.Millisecond, false)
 	for {
 		err := n.tryLeader(ctx, fn)
 		if err == nil || !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrNoLeader) {
@@ -94,12 +95,9 @@ func (n *Node) withLeader(ctx context.Context, fn func(ctx context.Context, lead
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%w (%w)", ErrNoLeader, err)
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Wait(ctx) {
 			return fmt.Errorf("%w (%w)", ErrNoLeader, ctx.Err())
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 250*time.Millisecond)
 	}
 }
 

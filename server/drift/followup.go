@@ -23,6 +23,7 @@ import (
 
 	"github.com/policyd/policyd/admission"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
@@ -219,16 +220,14 @@ func (f *Followup) settle(ctx context.Context, r outcome, st *taskState) {
 		}
 	}
 	if r.retry {
-		st.next = time.Now().Add(f.backoff(st.attempts))
+		st.next = time.Now().Add(f.retryAfter(st.attempts))
 	}
 }
 
-func (f *Followup) backoff(attempts uint32) time.Duration {
-	d := f.cfg.Retry.Initial
-	for i := uint32(1); i < attempts && d < f.cfg.Retry.Max; i++ {
-		d *= 2
-	}
-	return min(d, f.cfg.Retry.Max)
+// retryAfter is the wait after attempts failed attempts (the first
+// retry, too, waits Retry.Initial).
+func (f *Followup) retryAfter(attempts uint32) time.Duration {
+	return backoff.Exp(max(attempts, 1), f.cfg.Retry.Initial, f.cfg.Retry.Max)
 }
 
 func (f *Followup) propose(ctx context.Context, cmd *commandv1.Command) error {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/policyd/policyd/admission"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
@@ -99,7 +100,7 @@ func (s *Sink) run() {
 // propose commits c, retrying while the cluster has no leader.
 func (s *Sink) propose(c *commandv1.Command) {
 	deadline := time.Now().Add(sinkRetryFor)
-	backoff := 50 * time.Millisecond
+	retry := backoff.New(50*time.Millisecond, 2*time.Second, false)
 	for {
 		res, err := s.prop.Propose(s.ctx, c)
 		if err == nil {
@@ -113,12 +114,9 @@ func (s *Sink) propose(c *commandv1.Command) {
 			return
 		}
 		s.logger.Debug("proposing drift effects, retrying", "err", err)
-		select {
-		case <-s.ctx.Done():
+		if !retry.Wait(s.ctx) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
