@@ -5,6 +5,7 @@ package backoff
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -17,6 +18,9 @@ func Exp(n uint32, lo, hi time.Duration) time.Duration {
 	}
 	d := lo
 	for i := uint32(1); i < n && d < hi; i++ {
+		if d > hi/2 {
+			return hi // and doubling cannot overflow
+		}
 		d *= 2
 	}
 	return min(d, hi)
@@ -43,8 +47,8 @@ func (b *Backoff) Next() time.Duration {
 		b.n++
 	}
 	d := Exp(b.n, b.lo, b.hi)
-	if b.jitter {
-		d += rand.N(d/5 + 1)
+	if b.jitter && d > 0 {
+		d += min(rand.N(d/5+1), math.MaxInt64-d)
 	}
 	return d
 }

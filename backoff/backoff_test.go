@@ -2,6 +2,7 @@ package backoff
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 )
@@ -22,6 +23,8 @@ func TestExp(t *testing.T) {
 		{"huge n", 1 << 31, s, 30 * s, 30 * s},
 		{"lo above hi", 1, 2 * s, s, s},
 		{"zero lo", 3, 0, s, 0},
+		{"no overflow", 100, s, math.MaxInt64, math.MaxInt64},
+		{"just under the cap", 3, s, 5 * s, 4 * s},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,6 +52,15 @@ func TestBackoff(t *testing.T) {
 				t.Errorf("after Reset: %v, want about 1s", d)
 			}
 		})
+	}
+}
+
+func TestBackoffHugeCap(t *testing.T) {
+	b := New(time.Second, math.MaxInt64, true)
+	for i := range 100 {
+		if d := b.Next(); d <= 0 {
+			t.Fatalf("try %d: %v, want a positive wait", i, d)
+		}
 	}
 }
 
