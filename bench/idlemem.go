@@ -557,6 +557,30 @@ func procCPU(pid string) (time.Duration, error) {
 	return parseProcStatCPU(b)
 }
 
+// procWriteSyscalls returns how many write system calls process pid has
+// made so far (syscw in /proc/<pid>/io).
+func procWriteSyscalls(pid string) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/io")
+	if err != nil {
+		return 0, err
+	}
+	return parseProcIOSyscw(b)
+}
+
+// parseProcIOSyscw returns the syscw field of a /proc/<pid>/io file.
+func parseProcIOSyscw(io []byte) (uint64, error) {
+	for line := range strings.Lines(string(io)) {
+		if v, ok := strings.CutPrefix(line, "syscw:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("io: bad syscw %q", strings.TrimSpace(v))
+			}
+			return n, nil
+		}
+	}
+	return 0, errors.New("io: no syscw line")
+}
+
 // parseProcStatCPU returns utime+stime of a /proc/<pid>/stat line. The
 // command name (field 2) is in parentheses and may itself hold spaces and
 // parentheses, so the fields are counted from the last ')'.

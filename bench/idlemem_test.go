@@ -179,3 +179,26 @@ func TestParseProcStatCPU(t *testing.T) {
 		})
 	}
 }
+
+func TestParseProcIOSyscw(t *testing.T) {
+	tests := []struct {
+		name    string
+		io      string
+		want    uint64
+		wantErr bool
+	}{
+		{"typical", "rchar: 10\nwchar: 20\nsyscr: 3\nsyscw: 138560\nread_bytes: 0\n", 138560, false},
+		{"last line without newline", "syscr: 3\nsyscw: 7", 7, false},
+		{"missing", "rchar: 10\nwchar: 20\n", 0, true},
+		{"bad number", "syscw: many\n", 0, true},
+		{"syscr is not syscw", "syscr: 5\n", 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseProcIOSyscw([]byte(tc.io))
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Errorf("parseProcIOSyscw = %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}

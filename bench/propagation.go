@@ -319,24 +319,37 @@ func profileWrites(ctx context.Context, cl *cluster, leader, dir string, d time.
 
 // cpuReading is the CPU time used so far by bench and by the nodes, and
 // when it was read; ok is false when /proc could not be read.
+//
+// nodeWrites is the nodes' write system calls so far (writesOK false when
+// unreadable): per sidecar message, it shows how well the node batches
+// messages to one connection (gRPC streams multiplexed on it) into one
+// write.
 type cpuReading struct {
 	at         time.Time
 	gen, nodes time.Duration
 	ok         bool
+	nodeWrites uint64
+	writesOK   bool
 }
 
 func cpuNow(cl *cluster) cpuReading {
-	r := cpuReading{at: time.Now(), ok: true}
+	r := cpuReading{at: time.Now(), ok: true, writesOK: true}
 	var err error
 	if r.gen, err = procCPU("self"); err != nil {
 		r.ok = false
 	}
 	for _, nd := range cl.nodes {
-		d, err := procCPU(strconv.Itoa(nd.cmd.Process.Pid))
+		pid := strconv.Itoa(nd.cmd.Process.Pid)
+		d, err := procCPU(pid)
 		if err != nil {
 			r.ok = false
 		}
 		r.nodes += d
+		w, err := procWriteSyscalls(pid)
+		if err != nil {
+			r.writesOK = false
+		}
+		r.nodeWrites += w
 	}
 	return r
 }
@@ -347,6 +360,9 @@ func (f *propagationFigure) cpuShare(before, after cpuReading) {
 	if before.ok && after.ok {
 		f.GenCPUS = round2((after.gen - before.gen).Seconds())
 		f.NodesCPUS = round2((after.nodes - before.nodes).Seconds())
+	}
+	if before.writesOK && after.writesOK && f.Writes > 0 {
+		f.NodesWriteSyscallsPerWrite = (after.nodeWrites - before.nodeWrites) / uint64(f.Writes) //nolint:gosec // Writes > 0
 	}
 }
 
@@ -488,6 +504,11 @@ type propagationFigure struct {
 	WallS     float64 `json:"wall_s"`
 	GenCPUS   float64 `json:"gen_cpu_s"`
 	NodesCPUS float64 `json:"nodes_cpu_s"`
+	// NodesWriteSyscallsPerWrite is the nodes' write system calls in the
+	// writes phase per measured write, for both transports together
+	// (/proc/<pid>/io; 0 where unavailable). Each WebSocket needs one per
+	// message; gRPC streams that share a connection can share one.
+	NodesWriteSyscallsPerWrite uint64 `json:"nodes_write_syscalls_per_write"`
 }
 
 // propagationFigureFor summarizes the results of transport k (n sidecars).

@@ -49,6 +49,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -232,6 +234,11 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	// names shares its team's) share one snapshot: encoded once per set
 	// in this change, not once per scope.
 	encoded := map[*policyset.Set]*response{}
+	type offer struct {
+		st *stream
+		r  *response
+	}
+	var offers []offer
 	for _, g := range affected {
 		set := s.deps.Policies.Set(g.id)
 		s.mu.Lock()
@@ -260,15 +267,23 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 			continue
 		}
 		g.snap = snap
-		streams := make([]*stream, 0, len(g.streams))
 		for st := range g.streams {
-			streams = append(streams, st)
+			offers = append(offers, offer{st, r})
 		}
+		n := len(g.streams)
 		s.mu.Unlock()
-		for _, st := range streams {
-			st.offer(r)
-		}
-		s.logger.Debug("pushed", "scope", g.id.String(), "version", snap.version, "streams", len(streams))
+		s.logger.Debug("pushing", "scope", g.id.String(), "version", snap.version, "streams", n)
+	}
+	// Streams that share a client connection are woken one after the
+	// other. Each writer hands its message to the connection's single
+	// writer goroutine (grpc-go's loopy writer), which flushes whenever it
+	// finds its queue empty: woken in random order, the streams of a
+	// connection each reach an empty queue and cost a write syscall of
+	// their own (measured: about 69 flushes per connection of 100 streams
+	// per change); woken together, their messages share a few.
+	slices.SortFunc(offers, func(a, b offer) int { return strings.Compare(a.st.peerAddr, b.st.peerAddr) })
+	for _, o := range offers {
+		o.st.offer(o.r)
 	}
 }
 
