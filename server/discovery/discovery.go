@@ -277,10 +277,13 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	// Streams that share a client connection are woken one after the
 	// other. Each writer hands its message to the connection's single
 	// writer goroutine (grpc-go's loopy writer), which flushes whenever it
-	// finds its queue empty: woken in random order, the streams of a
-	// connection each reach an empty queue and cost a write syscall of
-	// their own (measured: about 69 flushes per connection of 100 streams
-	// per change); woken together, their messages share a few.
+	// finds its queue empty and wakes up for the next message. Woken in
+	// map order, the streams of one connection are spread over the whole
+	// push. Measured with 10,000 streams over 100 connections (bench
+	// propagation -ws 0): 80 write syscalls per connection per change
+	// before, 61 after, and the node's CPU per change a third lower; with
+	// 10,000 WebSocket connections besides, a sixth lower. A connection
+	// per stream gains nothing, and loses nothing either.
 	slices.SortFunc(offers, func(a, b offer) int { return strings.Compare(a.st.peerAddr, b.st.peerAddr) })
 	for _, o := range offers {
 		o.st.offer(o.r)
