@@ -26,6 +26,12 @@ skip='^TestNetworkTransport_AppendEntriesPipeline_CloseStreams$'
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 
+# show_output prints the last 40 lines of test output in $out that match
+# the extended regexp $1 (inside a JSON string), unescaped enough to read.
+show_output() {
+	grep -oE "\"Output\":\"$1\"" "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
+}
+
 status=0
 go test -race -count=1 -timeout 15m -skip "$skip" -json . >"$out" || status=$?
 # Top-level tests that failed (subtests have a / in their name).
@@ -37,13 +43,13 @@ if ((status == 0)); then
 fi
 if ((${#failed[@]} == 0)); then
 	# A build failure, panic or timeout: no test to retry.
-	grep -o '"Output":"[^"]*"' "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
+	show_output '[^"]*'
 	printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
 	exit 1
 fi
 printf 'hashicorp/raft fork: failed in the full run: %s\n' "${failed[*]}" >&2
 if ((${#failed[@]} > max_flaky)); then
-	grep -o '"Output":"[^"]*_test.go:[0-9]*:[^"]*"' "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
+	show_output '[^"]*_test.go:[0-9]+:[^"]*'
 	printf 'FAIL: hashicorp/raft fork: %d tests failed (more than %d is not timing)\n' "${#failed[@]}" "$max_flaky" >&2
 	exit 1
 fi
