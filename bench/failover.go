@@ -122,7 +122,7 @@ func (c *failoverConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err := preflight(ctx, httpClient, addrs[0], cfg.valueSize); err != nil {
 		return err
 	}
-	if err := seedPolicies(ctx, httpClient, addrs, 1, 1); err != nil {
+	if err := seedPolicies(ctx, httpClient, addrs, 1, 1, 0); err != nil {
 		return fmt.Errorf("seed policies: %w", err)
 	}
 	if cfg.ws > 0 {
@@ -212,7 +212,7 @@ func (c *failoverConfig) round(ctx context.Context, env *runEnv, cl *cluster, fl
 	// work again: every sidecar must end up holding it.
 	survivor := cl.nodes[(victim+1)%len(cl.nodes)].httpAddr
 	name := propPolicyName(0, 0)
-	if err := putRetry(ctx, wl.client, "http://"+survivor+"/v1/policies/"+name, propPolicyBody(name, orgName(0), 1000+r), c.timeout); err != nil {
+	if err := putRetry(ctx, wl.client, "http://"+survivor+"/v1/policies/"+name, propPolicyBody(name, orgName(0), 1000+r, 0), c.timeout); err != nil {
 		return f, fmt.Errorf("marker write: %w", err)
 	}
 	version, err := orgVersion(ctx, wl.client, survivor, orgName(0), true)

@@ -221,6 +221,9 @@ func stableMem(prev, cur memSample, tol float64) bool {
 
 func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 	cfg := *c
+	if err := cfg.checkFileLimit(env.fileLimit); err != nil {
+		return err
+	}
 	cl, _, stop, err := startReady(ctx, env, cfg.nodes, nil, inactivityEnv)
 	if err != nil {
 		return err
@@ -239,7 +242,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 	client := newLoadClient(32, cfg.nodes, 30*time.Second)
 	defer client.CloseIdleConnections()
 	addrs := cl.httpAddrs()
-	if err := seedPolicies(ctx, client, addrs, 1, cfg.policies); err != nil {
+	if err := seedPolicies(ctx, client, addrs, 1, cfg.policies, 0); err != nil {
 		return fmt.Errorf("seed policies: %w", err)
 	}
 	if cfg.ws > 0 {

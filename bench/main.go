@@ -205,7 +205,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(stderr, "bench: "+format+"\n", a...)
 	}
-	if limit, err := raiseFileLimit(); err != nil {
+	limit, err := raiseFileLimit()
+	if err != nil {
 		logf("warning: raising the open-files limit: %v", err)
 	} else {
 		logf("open-files limit: %d", limit)
@@ -245,6 +246,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		readyTimeout: common.readyTimeout,
 		nodeLogLevel: common.nodeLogLevel,
 		nodeEnv:      common.nodeEnv,
+		fileLimit:    limit,
 		stderr:       stderr,
 		logf:         logf,
 		emit:         rep.emit,
@@ -288,6 +290,7 @@ type runEnv struct {
 	readyTimeout time.Duration // bound on waiting for a cluster to become ready
 	nodeLogLevel string        // log.level of the nodes
 	nodeEnv      []string      // extra POLICYD_*=value settings for the nodes
+	fileLimit    uint64        // open-files limit of bench and the nodes; 0 if unknown
 	stderr       io.Writer     // progress, warnings and node logs on failure
 	logf         func(format string, a ...any)
 	emit         func(figure) error // reports one measured figure

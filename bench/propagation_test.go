@@ -54,7 +54,7 @@ func TestPropPolicyBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := propPolicyName(3, 7)
-	p, err := policy.DecodePolicy(propPolicyBody(name, orgName(3), 42))
+	p, err := policy.DecodePolicy(propPolicyBody(name, orgName(3), 42, 0))
 	if err != nil {
 		t.Fatalf("DecodePolicy: %v", err)
 	}
@@ -63,6 +63,19 @@ func TestPropPolicyBody(t *testing.T) {
 	}
 	if p.Name != name || p.Scope.Org != orgName(3) || p.Scope.Team != "" || p.Scope.Employee != "" {
 		t.Errorf("got name %q scope %+v", p.Name, p.Scope)
+	}
+	for _, size := range []int{0, 100, 4096, 65536} {
+		body := propPolicyBody(name, orgName(3), 42, size)
+		if size > 200 && len(body) != size {
+			t.Errorf("size %d: body is %d bytes", size, len(body))
+		}
+		p, err := policy.DecodePolicy(body)
+		if err != nil {
+			t.Fatalf("size %d: DecodePolicy: %v", size, err)
+		}
+		if err := v.Policy(p); err != nil {
+			t.Errorf("size %d: Validator.Policy: %v", size, err)
+		}
 	}
 	e, err := policy.DecodeEmployee(employeeBody(sidecarID(kindWS, 5), orgName(1)))
 	if err != nil {
@@ -200,6 +213,41 @@ func TestPropagationFigure(t *testing.T) {
 	}
 }
 
+func TestPropagationTarget(t *testing.T) {
+	cfg := func(nodes, streams, ws int) propagationConfig {
+		return propagationConfig{sidecarFlags: sidecarFlags{nodes: nodes, streams: streams, ws: ws}}
+	}
+	tests := []struct {
+		name string
+		cfg  propagationConfig
+		kind sidecarKind
+		p99  time.Duration
+	}{
+		{"1k+1k on 3 nodes, grpc: issue 3", cfg(3, 1000, 1000), kindGRPC, 250 * time.Millisecond},
+		{"1k+1k on 3 nodes, ws: issue 4", cfg(3, 1000, 1000), kindWS, 500 * time.Millisecond},
+		{"10k+10k on one node, grpc: issue 7", cfg(1, 10000, 10000), kindGRPC, 500 * time.Millisecond},
+		{"10k+10k on one node, ws: issue 7", cfg(1, 10000, 10000), kindWS, 500 * time.Millisecond},
+		{"10k grpc alone on one node: issue 3", cfg(1, 10000, 0), kindGRPC, 250 * time.Millisecond},
+		{"10k+10k on 3 nodes, grpc: issue 3", cfg(3, 10000, 10000), kindGRPC, 250 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p99, label := propagationTarget(tt.cfg, tt.kind)
+			if p99 != tt.p99 {
+				t.Errorf("p99 target = %v, want %v (%q)", p99, tt.p99, label)
+			}
+			if label == "" {
+				t.Error("empty label")
+			}
+		})
+	}
+	_, grpc := propagationTarget(cfg(1, 10000, 10000), kindGRPC)
+	_, ws := propagationTarget(cfg(1, 10000, 10000), kindWS)
+	if grpc != ws {
+		t.Errorf("issue 7's run labels its transports differently: %q, %q", grpc, ws)
+	}
+}
+
 func TestPropagationConfigValidate(t *testing.T) {
 	good := propagationConfig{
 		sidecarFlags: sidecarFlags{streams: 1000, ws: 1000, nodes: 3, policies: 10, streamsPerConn: 100, dialConcurrency: 1, connectTimeout: 1},
@@ -290,6 +338,30 @@ func TestResponseHead(t *testing.T) {
 			}
 			if !tc.wantErr && h != tc.want {
 				t.Errorf("parse = %+v, want %+v", h, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckFileLimit(t *testing.T) {
+	tests := []struct {
+		name    string
+		flags   sidecarFlags
+		limit   uint64
+		wantErr bool
+	}{
+		{"10k+10k, 100 per conn, under this machine's 20,000", sidecarFlags{streams: 10000, ws: 10000, streamsPerConn: 100}, 20000, false},
+		{"10k+10k, 100 per conn, at 1,024", sidecarFlags{streams: 10000, ws: 10000, streamsPerConn: 100}, 1024, true},
+		{"10k gRPC, one conn each, at 10,000", sidecarFlags{streams: 10000, streamsPerConn: 1}, 10000, true},
+		{"1k+1k at 1,024: 1,010 conns plus margin", sidecarFlags{streams: 1000, ws: 1000, streamsPerConn: 100}, 1024, true},
+		{"1k+1k at 4,096", sidecarFlags{streams: 1000, ws: 1000, streamsPerConn: 100}, 4096, false},
+		{"unknown limit", sidecarFlags{streams: 10000, ws: 10000, streamsPerConn: 1}, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.flags.checkFileLimit(tt.limit)
+			if (err != nil) != tt.wantErr {
+				t.Errorf("checkFileLimit(%d) = %v, want error %v (need %d)", tt.limit, err, tt.wantErr, tt.flags.filesNeeded())
 			}
 		})
 	}

@@ -114,6 +114,29 @@ func (c *sidecarFlags) validate(minPolicies int) []error {
 	return errs
 }
 
+// fileMargin is the descriptors bench and a node use besides the sidecars'
+// connections: listeners, Raft and cluster connections, data files, the
+// load client's pool.
+const fileMargin = 256
+
+// filesNeeded is the open-files limit the sidecars need: bench holds every
+// WebSocket connection and one gRPC connection per streamsPerConn streams,
+// and the node that serves them (all of them with one node) the other end.
+func (c *sidecarFlags) filesNeeded() uint64 {
+	conns := c.ws + (c.streams+c.streamsPerConn-1)/c.streamsPerConn
+	return uint64(conns + fileMargin)
+}
+
+// checkFileLimit fails a run that would run out of file descriptors part
+// way through opening, with the remedy, instead of reporting connection
+// errors; limit 0 means unknown and passes.
+func (c *sidecarFlags) checkFileLimit(limit uint64) error {
+	if need := c.filesNeeded(); limit != 0 && limit < need {
+		return fmt.Errorf("the open-files limit is %d, and %d WebSocket connections plus %d gRPC streams (%d per connection) need about %d: raise the hard limit (ulimit -Hn) or open fewer", limit, c.ws, c.streams, c.streamsPerConn, need)
+	}
+	return nil
+}
+
 // Names of what the fleet watches. Policies and employees are in orgs
 // bench-o<k>, team bench-t; sidecar i of a kind is in org i mod orgs.
 func orgName(k int) string { return "bench-o" + strconv.Itoa(k) }
@@ -778,16 +801,26 @@ func putAll(ctx context.Context, client *http.Client, addrs []string, puts []res
 }
 
 // propPolicyBody is the JSON of policy name in org, with seq in its reason
-// so that every write changes the org's policy-set version.
-func propPolicyBody(name, org string, seq int) []byte {
-	b := make([]byte, 0, 256)
+// so that every write changes the policy. With size above its natural
+// length (about 150 bytes), the reason is padded so that the body is size
+// bytes: production policies run to kilobytes, and a message's size
+// decides how many writes a socket takes.
+func propPolicyBody(name, org string, seq, size int) []byte {
+	const suffix = `"}}`
+	b := make([]byte, 0, max(256, size))
 	b = append(b, `{"name":"`...)
 	b = append(b, name...)
 	b = append(b, `","kind":"ToolPolicy","scope":{"org":"`...)
 	b = append(b, org...)
 	b = append(b, `"},"labels":{"bench":"propagation"},"spec":{"tool_name":"Bash","action":"deny","reason":"bench propagation write `...)
 	b = strconv.AppendInt(b, int64(seq), 10)
-	return append(b, `"}}`...)
+	if pad := size - len(b) - len(suffix); pad > 0 {
+		b = append(b, ' ')
+		for range pad - 1 {
+			b = append(b, 'x')
+		}
+	}
+	return append(b, suffix...)
 }
 
 // employeeBody is the JSON of an active employee.
@@ -796,13 +829,14 @@ func employeeBody(id, org string) []byte {
 	return b
 }
 
-// seedPolicies creates perOrg policies in each of orgs orgs (seq 0).
-func seedPolicies(ctx context.Context, client *http.Client, addrs []string, orgs, perOrg int) error {
+// seedPolicies creates perOrg policies in each of orgs orgs (seq 0), of
+// size bytes (see propPolicyBody).
+func seedPolicies(ctx context.Context, client *http.Client, addrs []string, orgs, perOrg, size int) error {
 	var puts []restPut
 	for k := range orgs {
 		for p := range perOrg {
 			name := propPolicyName(k, p)
-			puts = append(puts, restPut{"/v1/policies/" + name, propPolicyBody(name, orgName(k), 0)})
+			puts = append(puts, restPut{"/v1/policies/" + name, propPolicyBody(name, orgName(k), 0, size)})
 		}
 	}
 	return putAll(ctx, client, addrs, puts, 16)
