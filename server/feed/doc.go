@@ -155,8 +155,11 @@
 //     as it arrives, as with a reader goroutine: nothing is detected later
 //     than before.
 //   - net/http's 4 KiB read and write buffers of the hijacked connection
-//     are replaced by smaller ones (readBufferSize, writeBufferSize): a
-//     message larger than the write buffer takes two write syscalls.
+//     are replaced by smaller ones (readBufferSize, writeBufferSize). The
+//     write buffer holds little more than a frame header: the wire keeps
+//     back the start of a frame and sends it with the rest of the frame in
+//     one writev, so a message of any size is one write syscall (TLS
+//     connections write the two parts as two records).
 //
 // What still holds a goroutine: a client that stops in the middle of a
 // frame (or of a fragmented message) keeps its read task waiting for the

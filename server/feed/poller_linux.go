@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
 )
 
 // pollEvents is how many readiness events one epoll_wait returns at most.
@@ -216,4 +217,54 @@ func tryRead(rc syscall.RawConn, p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// writeVec writes a and then b to the socket in one writev, or in more if
+// the socket takes them in parts. It waits for room as a blocking write
+// does, within the connection's write deadline. It is how the wire sends
+// a frame held back in two parts as one segment: net.Buffers only uses
+// writev on a *net.TCPConn, and the server's connections come wrapped
+// (counted by the connection limits).
+func writeVec(rc syscall.RawConn, a, b []byte) (int, error) {
+	iov := [][]byte{a, b}
+	var (
+		total int
+		werr  error
+	)
+	err := rc.Write(func(fd uintptr) bool {
+		for len(iov) > 0 {
+			n, err := unix.Writev(int(fd), iov)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false // wait until writable, then call again
+			case err != nil:
+				werr = os.NewSyscallError("writev", err)
+				return true
+			case n == 0:
+				werr = io.ErrShortWrite
+				return true
+			}
+			total += n
+			iov = consumed(iov, n)
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return total, err
+}
+
+// consumed is what is left of iov after its first n bytes were written.
+func consumed(iov [][]byte, n int) [][]byte {
+	for len(iov) > 0 && n >= len(iov[0]) {
+		n -= len(iov[0])
+		iov = iov[1:]
+	}
+	if len(iov) > 0 {
+		iov[0] = iov[0][n:]
+	}
+	return iov
 }

@@ -25,3 +25,5 @@ func (*poller) remove(*conn)      {}
 func rawConnOf(net.Conn) syscall.RawConn { return nil }
 
 func tryRead(syscall.RawConn, []byte) (int, error) { return 0, errors.ErrUnsupported }
+
+func writeVec(syscall.RawConn, []byte, []byte) (int, error) { return 0, errors.ErrUnsupported }

@@ -17,10 +17,13 @@ const (
 	// readBufferSize: clients only send pongs (21 bytes framed) and
 	// close frames; larger frames are read in more syscalls.
 	readBufferSize = 128
-	// writeBufferSize: a frame that fits (header and payload: ping,
-	// delete, revoke, close and most upserts) is one write; a longer one
-	// is two.
-	writeBufferSize = 1024
+	// writeBufferSize: the library writes a frame's header into this
+	// buffer, and a payload that does not fit flushes it and goes to the
+	// wire directly. The wire holds such a flush back and sends it with
+	// the rest of the frame in one writev (see wire.Write), so every frame
+	// is one write syscall whatever its size, and the buffer only has to
+	// hold a header (at most 10 bytes from a server) and then some.
+	writeBufferSize = 16
 )
 
 // errWouldBlock is what a non-blocking wire returns when the socket holds
@@ -53,6 +56,42 @@ type wire struct {
 	nonblocking atomic.Bool
 	// frames is only used by Read, which the library serializes.
 	frames frameTracker
+	// out follows the frames the library writes, and held is the start
+	// of one (a buffer flush) not yet sent; only Write uses them, which
+	// the library serializes too.
+	out   frameTracker
+	held  [writeBufferSize]byte
+	nheld int
+}
+
+// Write implements net.Conn. The library writes a frame as its header
+// and the payload's first bytes (a flush of its small buffer), then the
+// rest of the payload in one call. A write that leaves a frame unfinished
+// and fits in held is kept, and sent together with the next write, which
+// for the library's frames is the rest of the same frame: one writev per
+// frame instead of two writes. Nothing is held once a frame is complete,
+// so nothing waits for a later message.
+func (w *wire) Write(p []byte) (int, error) {
+	w.out.feed(p)
+	complete := w.out.atFrameBoundary()
+	if !complete && w.nheld+len(p) <= len(w.held) {
+		w.nheld += copy(w.held[w.nheld:], p)
+		return len(p), nil
+	}
+	if w.nheld == 0 {
+		return w.Conn.Write(p)
+	}
+	held := w.nheld
+	w.nheld = 0
+	if w.rc != nil {
+		n, err := writeVec(w.rc, w.held[:held], p)
+		return max(n-held, 0), err
+	}
+	// No socket to writev on (TLS, other platforms): the two in turn, as
+	// before.
+	bufs := net.Buffers{w.held[:held], p}
+	n, err := bufs.WriteTo(w.Conn)
+	return max(int(n)-held, 0), err
 }
 
 // Read implements net.Conn.
@@ -131,6 +170,12 @@ func (t *frameTracker) feed(p []byte) {
 			t.frameEnded()
 		}
 	}
+}
+
+// atFrameBoundary reports whether the bytes fed so far end with a whole
+// frame (or nothing).
+func (t *frameTracker) atFrameBoundary() bool {
+	return t.nhdr == 0 && t.payload == 0
 }
 
 // frameEnded records the end of the current frame's payload.

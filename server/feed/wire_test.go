@@ -11,10 +11,11 @@ import (
 
 // trackerStream builds a client byte stream from spec, two bytes per
 // frame (flags, length), and reports after how many bytes the stream is at
-// a message boundary. It is the oracle for frameTracker, written from RFC
-// 6455 section 5.2 apart from it: frames are built, not parsed.
-func trackerStream(spec []byte) (stream []byte, boundary []bool) {
-	boundary = []bool{true}
+// a message boundary and after how many at a frame boundary. It is the
+// oracle for frameTracker, written from RFC 6455 section 5.2 apart from
+// it: frames are built, not parsed.
+func trackerStream(spec []byte) (stream []byte, boundary, frameEnd []bool) {
+	boundary, frameEnd = []bool{true}, []bool{true}
 	open := false // a fragmented data message is open
 	for ; len(spec) >= 2; spec = spec[2:] {
 		flags, n := spec[0], int(spec[1])
@@ -64,11 +65,13 @@ func trackerStream(spec []byte) (stream []byte, boundary []bool) {
 		}
 		for range len(frame) - 1 {
 			boundary = append(boundary, false)
+			frameEnd = append(frameEnd, false)
 		}
 		boundary = append(boundary, !open)
+		frameEnd = append(frameEnd, true)
 		stream = append(stream, frame...)
 	}
-	return stream, boundary
+	return stream, boundary, frameEnd
 }
 
 func TestFrameTracker(t *testing.T) {
@@ -103,15 +106,18 @@ func TestFrameTracker(t *testing.T) {
 // and whole to another, comparing with the boundaries built.
 func checkTracker(t *testing.T, spec []byte) {
 	t.Helper()
-	stream, want := trackerStream(spec)
+	stream, want, wantFrame := trackerStream(spec)
 	var tr frameTracker
-	if !tr.atMessageBoundary() {
+	if !tr.atMessageBoundary() || !tr.atFrameBoundary() {
 		t.Fatal("a new tracker is not at a boundary")
 	}
 	for i, b := range stream {
 		tr.feed([]byte{b})
 		if got := tr.atMessageBoundary(); got != want[i+1] {
 			t.Fatalf("after %d of %d bytes (% x): boundary %v, want %v", i+1, len(stream), stream[:i+1], got, want[i+1])
+		}
+		if got := tr.atFrameBoundary(); got != wantFrame[i+1] {
+			t.Fatalf("after %d of %d bytes (% x): frame boundary %v, want %v", i+1, len(stream), stream[:i+1], got, wantFrame[i+1])
 		}
 	}
 	var whole frameTracker
