@@ -112,10 +112,8 @@ func checkOneWritePerFrame(t *testing.T, wrap func(net.Listener) net.Listener, u
 	if wrap != nil {
 		srv.Listener = wrap(srv.Listener)
 	}
-	scheme := "ws"
 	if useTLS {
 		srv.StartTLS()
-		scheme = "wss"
 	} else {
 		srv.Start()
 	}
@@ -124,12 +122,13 @@ func checkOneWritePerFrame(t *testing.T, wrap func(net.Listener) net.Listener, u
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client, _, err := websocket.Dial(ctx, scheme+strings.TrimPrefix(srv.URL, "http"+strings.TrimPrefix(scheme, "ws")),
+	// http://… becomes ws://…, https://… wss://….
+	client, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), //nolint:bodyclose // Dial owns the response body
 		&websocket.DialOptions{HTTPClient: srv.Client()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.CloseNow()
+	defer func() { _ = client.CloseNow() }()
 	client.SetReadLimit(2 << 20)
 	var server conn
 	select {
@@ -137,7 +136,7 @@ func checkOneWritePerFrame(t *testing.T, wrap func(net.Listener) net.Listener, u
 	case <-ctx.Done():
 		t.Fatal("no connection accepted")
 	}
-	defer server.ws.CloseNow()
+	defer func() { _ = server.ws.CloseNow() }()
 
 	for _, sz := range sizes {
 		t.Run(sz.name, func(t *testing.T) {
