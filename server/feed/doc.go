@@ -158,8 +158,9 @@
 //     are replaced by smaller ones (readBufferSize, writeBufferSize). The
 //     write buffer holds little more than a frame header: the wire keeps
 //     back the start of a frame and sends it with the rest of the frame in
-//     one writev, so a message of any size is one write syscall (TLS
-//     connections write the two parts as two records).
+//     one writev, so a message of any size is one write syscall. TLS
+//     connections keep a 1 KiB write buffer instead, so that a message
+//     that fits is one record.
 //
 // What still holds a goroutine: a client that stops in the middle of a
 // frame (or of a fragmented message) keeps its read task waiting for the

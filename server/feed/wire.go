@@ -24,6 +24,11 @@ const (
 	// is one write syscall whatever its size, and the buffer only has to
 	// hold a header (at most 10 bytes from a server) and then some.
 	writeBufferSize = 16
+	// fallbackWriteBufferSize is the write buffer of a connection without
+	// a socket to writev on (TLS, other platforms), which the wire writes
+	// through: a frame that fits (ping, delete, revoke, close, most
+	// upserts) is one write, and one TLS record; a longer one is two.
+	fallbackWriteBufferSize = 1024
 )
 
 // errWouldBlock is what a non-blocking wire returns when the socket holds
@@ -70,8 +75,12 @@ type wire struct {
 // and fits in held is kept, and sent together with the next write, which
 // for the library's frames is the rest of the same frame: one writev per
 // frame instead of two writes. Nothing is held once a frame is complete,
-// so nothing waits for a later message.
+// so nothing waits for a later message. A connection without a socket to
+// writev on (rc nil) is written through.
 func (w *wire) Write(p []byte) (int, error) {
+	if w.rc == nil {
+		return w.Conn.Write(p) // with a larger buffer: fallbackWriteBufferSize
+	}
 	w.out.feed(p)
 	complete := w.out.atFrameBoundary()
 	if !complete && w.nheld+len(p) <= len(w.held) {
@@ -83,15 +92,8 @@ func (w *wire) Write(p []byte) (int, error) {
 	}
 	held := w.nheld
 	w.nheld = 0
-	if w.rc != nil {
-		n, err := writeVec(w.rc, w.held[:held], p)
-		return max(n-held, 0), err
-	}
-	// No socket to writev on (TLS, other platforms): the two in turn, as
-	// before.
-	bufs := net.Buffers{w.held[:held], p}
-	n, err := bufs.WriteTo(w.Conn)
-	return max(int(n)-held, 0), err
+	n, err := writeVec(w.rc, w.held[:held], p)
+	return max(n-held, 0), err
 }
 
 // Read implements net.Conn.
@@ -245,7 +247,11 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		w.pending = append([]byte(nil), b...)
 	}
 	h.wire = w
-	return w, bufio.NewReadWriter(bufio.NewReaderSize(w, readBufferSize), bufio.NewWriterSize(w, writeBufferSize)), nil
+	wsize := writeBufferSize
+	if w.rc == nil {
+		wsize = fallbackWriteBufferSize
+	}
+	return w, bufio.NewReadWriter(bufio.NewReaderSize(w, readBufferSize), bufio.NewWriterSize(w, wsize)), nil
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer.

@@ -51,10 +51,11 @@ func dataSegsOut(t *testing.T, nc net.Conn) uint32 {
 
 // TestWireOneWritePerFrame sends messages of every header size through
 // the WebSocket library over a real wire and socket, and checks that each
-// arrives intact and, on a plain socket, took one write: the library's
-// header flush is held back and sent with the rest of the frame. The
-// server's listeners wrap their connections (connection limits), which
-// net.Buffers would write in two; TLS writes the two parts in turn.
+// arrives intact and, on a socket, took one write: the library's header
+// flush is held back and sent with the rest of the frame. The server's
+// listeners wrap their connections (connection limits), which net.Buffers
+// would write in two. TLS has no socket to writev on and is written
+// through, with a larger buffer.
 func TestWireOneWritePerFrame(t *testing.T) {
 	m, err := limits.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -137,6 +138,9 @@ func checkOneWritePerFrame(t *testing.T, wrap func(net.Listener) net.Listener, u
 		t.Fatal("no connection accepted")
 	}
 	defer func() { _ = server.ws.CloseNow() }()
+	if hasSocket := server.wire.rc != nil; hasSocket != countSegs {
+		t.Fatalf("wire over %T: raw socket %v, want %v", server.wire.Conn, hasSocket, countSegs)
+	}
 
 	for _, sz := range sizes {
 		t.Run(sz.name, func(t *testing.T) {
