@@ -126,7 +126,7 @@ func TestSuiteSteps(t *testing.T) {
 	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "idle-memory", "failover"}, names(c.steps())); diff != "" {
 		t.Errorf("steps (-want +got):\n%s", diff)
 	}
-	c.skip = "etcd,failover,propagation-10k"
+	c.skip = "etcd, failover ,propagation-10k"
 	if diff := cmp.Diff([]string{"propagation", "idle-memory"}, names(c.steps())); diff != "" {
 		t.Errorf("steps with -skip (-want +got):\n%s", diff)
 	}
