@@ -38,7 +38,10 @@
 //     opens; asking for another one on the same stream is InvalidArgument.
 //     With jwt, deactivating or deleting the employee ends its streams with
 //     PermissionDenied (revocation), and moving it to another org or team
-//     ends them with Aborted so they reconnect under the new identity.
+//     ends them with Aborted so they reconnect under the new identity. The
+//     same holds for a change made while a stream was opening (between
+//     its token check and its first request): registration reads the
+//     employee record again and refuses the stream the same way.
 //
 // Errors become gRPC codes in one place, statusOf.
 package discovery
@@ -307,16 +310,35 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 	s.mu.Unlock()
 	for _, st := range check {
 		e, err := s.deps.Store.FindEmployee(st.employee)
-		switch {
-		case err == nil && (e == nil || !e.Active()):
-			s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
-			st.kill(status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated"))
-		case err != nil:
+		if err != nil {
 			s.logger.Error("read employee", "employee", st.employee, "err", err)
-		case e.Identity() != st.scope:
-			st.kill(status.Error(codes.Aborted, "identity changed: reconnect"))
+			continue
+		}
+		if why := employeeChanged(e, st.scope); why != nil {
+			if why == errRevoked {
+				s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
+			}
+			st.kill(why)
 		}
 	}
+}
+
+// The ends of a stream whose employee record changed.
+var (
+	errRevoked = status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated")
+	errMoved   = status.Error(codes.Aborted, "identity changed: reconnect")
+)
+
+// employeeChanged is why a stream serving scope for employee e (nil:
+// deleted) must end, or nil if it may go on.
+func employeeChanged(e *policy.Employee, scope policy.Identity) error {
+	switch {
+	case e == nil || !e.Active():
+		return errRevoked
+	case e.Identity() != scope:
+		return errMoved
+	}
+	return nil
 }
 
 // CloseAll ends every stream with Unavailable and refuses new ones; the
@@ -418,6 +440,22 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 		// The handler returned (client gone) while this first request was
 		// being handled; registering now would leak the stream.
 		return nil, status.Error(codes.Canceled, "stream ended")
+	}
+	if st.employee != "" {
+		// The identity was resolved when the stream opened, before the
+		// catch-up wait. A change to the employee committed since may
+		// have been dispatched before st was registered, so that
+		// recheckEmployees did not see it; the store, which is never
+		// behind the dispatcher, does. Checked under s.mu, which
+		// recheckEmployees takes to find the streams to check: a change
+		// committed after this read finds st registered.
+		e, err := s.deps.Store.FindEmployee(st.employee)
+		if err != nil {
+			return nil, fmt.Errorf("read employee %q: %w", st.employee, err)
+		}
+		if why := employeeChanged(e, id); why != nil {
+			return nil, why
+		}
 	}
 	g := s.groups[id]
 	if g == nil {

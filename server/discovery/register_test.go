@@ -1,0 +1,203 @@
+package discovery
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/auth"
+	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/store"
+)
+
+// TestRegisterRechecksEmployee: a stream resolves its identity when it
+// opens and registers at its first request, after the catch-up wait. A
+// change to the employee committed and dispatched in between finds no
+// registered stream to end, so registration must see it in the store:
+// the stream is refused instead of being served its old team's policies
+// (or, revoked, any). CaughtUp holds the stream in that window.
+func TestRegisterRechecksEmployee(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(b *store.Batch, m store.Meta) error
+		want   codes.Code
+	}{
+		{"moved to another team", func(b *store.Batch, m store.Meta) error {
+			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t2", Status: policy.StatusActive}, nil)
+			return err
+		}, codes.Aborted},
+		{"deactivated", func(b *store.Batch, m store.Meta) error {
+			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusInactive}, nil)
+			return err
+		}, codes.PermissionDenied},
+		{"deleted", func(b *store.Batch, m store.Meta) error {
+			return b.DeleteEmployee(m, "e1", nil)
+		}, codes.PermissionDenied},
+		{"unchanged: served", nil, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newRegisterHarness(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-h.authenticated: // the identity is resolved: team t1
+			case <-ctx.Done():
+				t.Fatal("the stream never reached the catch-up wait")
+			}
+			if tt.change != nil {
+				h.apply(t, 2, tt.change)
+			}
+			close(h.release)
+			if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-1"}); err != nil {
+				t.Fatalf("send the first request: %v", err)
+			}
+			resp, err := gs.Recv()
+			if got := status.Code(err); got != tt.want {
+				t.Fatalf("first receive: %v (code %v, response %v), want code %v", err, got, resp, tt.want)
+			}
+			if tt.want != codes.OK {
+				return
+			}
+			if n := len(resp.GetPolicies()); n != 1 || resp.GetPolicies()[0].GetName() != "p-t1" {
+				t.Errorf("served %d policies (%v), want team t1's p-t1", n, resp.GetPolicies())
+			}
+		})
+	}
+}
+
+// registerHarness is a discovery service over a real store, policy index,
+// JWT verifier and gRPC connection, whose catch-up wait signals
+// authenticated and then waits for release.
+type registerHarness struct {
+	st            *store.Store
+	sub           *store.Subscription
+	index         *policyset.Index
+	svc           *Service
+	client        discoveryv1.PolicyDiscoveryServiceClient
+	token         string
+	authenticated chan struct{}
+	release       chan struct{}
+}
+
+func newRegisterHarness(t *testing.T) *registerHarness {
+	t.Helper()
+	logger := slog.New(slog.DiscardHandler)
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "state.db"), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	h := &registerHarness{st: st, sub: st.Subscribe(), authenticated: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(h.sub.Close)
+	h.apply(t, 1, func(b *store.Batch, m store.Meta) error {
+		if _, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusActive}, nil); err != nil {
+			return err
+		}
+		for _, team := range []string{"t1", "t2"} {
+			p, err := policy.DecodePolicy([]byte(`{"name":"p-` + team + `","kind":"ToolPolicy","scope":{"org":"o1","team":"` + team +
+				`"},"spec":{"tool_name":"Bash","action":"deny","reason":"test"}}`))
+			if err != nil {
+				return err
+			}
+			if _, _, err := b.PutPolicy(m, p, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if h.index, err = policyset.New(st); err != nil {
+		t.Fatal(err)
+	}
+	h.sub.Next() // the index has read the store past these
+
+	secret := filepath.Join(dir, "jwt.secret")
+	const key = "register-test-secret-of-32-bytes!"
+	if err := os.WriteFile(secret, []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := auth.NewJWTVerifier(config.JWT{HMACSecretFile: secret, Issuer: "test", Leeway: time.Second}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.token, err = jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"sub": "e1", "org": "o1", "iss": "test", "exp": time.Now().Add(time.Hour).Unix(),
+	}).SignedString([]byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h.svc, err = New(config.Default().Discovery, logger, Deps{
+		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
+		Registry: prometheus.NewRegistry(),
+		CaughtUp: func(ctx context.Context) error {
+			close(h.authenticated)
+			select {
+			case <-h.release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(ServerOptions()...)
+	h.svc.Register(srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() {
+		h.svc.CloseAll()
+		srv.Stop()
+	})
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	h.client = discoveryv1.NewPolicyDiscoveryServiceClient(cc)
+	return h
+}
+
+// apply commits batch index with fn and dispatches its changes as the
+// node does: the policy index first, then the service.
+func (h *registerHarness) apply(t *testing.T, index uint64, fn func(b *store.Batch, m store.Meta) error) {
+	t.Helper()
+	m := store.Meta{Index: index, ProcessedAt: time.Unix(int64(index), 0), OriginatedAt: time.Unix(int64(index), 0)}
+	if err := h.st.ApplyBatch(index, func(b *store.Batch) error { return fn(b, m) }); err != nil {
+		t.Fatalf("apply batch %d: %v", index, err)
+	}
+	if h.svc == nil {
+		return // setting up: the index reads the store when it is built
+	}
+	for _, c := range h.sub.Next() {
+		if err := h.index.Update(c); err != nil {
+			t.Fatalf("index update: %v", err)
+		}
+		h.svc.OnChange(c)
+	}
+}
