@@ -50,6 +50,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -315,7 +316,7 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 			continue
 		}
 		if why := employeeChanged(e, st.scope); why != nil {
-			if why == errRevoked {
+			if errors.Is(why, errRevoked) {
 				s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
 			}
 			st.kill(why)
