@@ -634,6 +634,11 @@ func checkSidecars(t *testing.T, c *cluster, run *runDir, cars []*sidecar, log *
 		if err != nil {
 			t.Errorf("sidecar %s: %v", s.name, err)
 		}
+		if torn > 0 {
+			// A gRPC response is a whole set built from the policy index,
+			// which holds the state as of one index.
+			t.Errorf("sidecar %s received %d whole sets that never existed at one index", s.name, torn)
+		}
 		s.torn = torn
 	}
 }

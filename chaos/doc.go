@@ -86,9 +86,9 @@
 //   - each sidecar (SDK clients over gRPC and WebSocket) is monotonic: every
 //     policy revision it holds was written, each key only moves forward in
 //     its own history (replayed from the event log), WebSocket Raft indexes
-//     never decrease, and it ends on the final set and version. gRPC whole
-//     sets that never existed as of one index ("torn") are counted and
-//     reported, not failed.
+//     never decrease, and it ends on the final set and version; every
+//     whole set it receives over gRPC existed as of one index (a "torn"
+//     set fails the run; WebSocket deltas are not whole sets).
 //
 // A failing run keeps its directory (printed; under os.TempDir(), not
 // t.TempDir()) with the node logs, the history and porcupine's HTML

@@ -32,11 +32,21 @@ type EntityChange struct {
 	// Scopes the change touches: for a policy its new scope and, if it
 	// moved, its old one; for an employee its identity before and after.
 	Scopes []policy.Scope
+	// Data is a policy's stored JSON after this change (nil for a delete
+	// and for other entity types). A subscriber that keeps a copy takes
+	// the change's own state from it: re-reading the store could return a
+	// later state, and the copy would mix states of different indexes.
+	// Shared and read-only.
+	Data []byte
 }
 
-// maxPending bounds a subscriber's queue. Past it, the queue is replaced by a
-// single Resync: memory stays bounded and the writer never waits.
-const maxPending = 1024
+// maxPending and maxPendingBytes (the policies' Data) bound a subscriber's
+// queue. Past either, the queue is replaced by a single Resync: memory stays
+// bounded and the writer never waits.
+const (
+	maxPending      = 1024
+	maxPendingBytes = 64 << 20
+)
 
 // Subscription receives change notifications. Ready fires when Next has
 // something; Next drains everything queued so far.
@@ -45,7 +55,18 @@ type Subscription struct {
 	ready   chan struct{}
 	mu      sync.Mutex
 	pending []Change
-	done    bool
+	// pendingBytes is the Data held by pending.
+	pendingBytes int
+	done         bool
+}
+
+// dataBytes is the size of the entity states c carries.
+func (c Change) dataBytes() int {
+	n := 0
+	for _, e := range c.Entities {
+		n += len(e.Data)
+	}
+	return n
 }
 
 // Subscribe registers a subscriber. Call Close when done.
@@ -66,7 +87,7 @@ func (sub *Subscription) Next() []Change {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	out := sub.pending
-	sub.pending = nil
+	sub.pending, sub.pendingBytes = nil, 0
 	return out
 }
 
@@ -93,10 +114,13 @@ func (sub *Subscription) push(c Change) {
 		sub.mu.Unlock()
 		return
 	}
-	if len(sub.pending) >= maxPending {
+	size := c.dataBytes()
+	if len(sub.pending) >= maxPending || sub.pendingBytes+size > maxPendingBytes {
 		sub.pending = []Change{{Index: c.Index, Resync: true, At: c.At}}
+		sub.pendingBytes = 0
 	} else {
 		sub.pending = append(sub.pending, c)
+		sub.pendingBytes += size
 	}
 	sub.mu.Unlock()
 	select {

@@ -1036,6 +1036,17 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			apply(t, s, st.last, st.fn)
 			waitReady(t, sub)
+			// A policy's change carries its stored state, which nothing
+			// has changed since.
+			for i, e := range st.want {
+				if e.Type == EntityPolicy && e.Action != ActionDelete {
+					stored, _, err := s.RawPolicies(e.ID)
+					if err != nil {
+						t.Fatal(err)
+					}
+					st.want[i].Data = stored[e.ID].Stored
+				}
+			}
 			want := []Change{{Index: st.last, Entities: st.want}}
 			if diff := cmp.Diff(want, sub.Next(), ignoreChangeTime); diff != "" {
 				t.Errorf("Next (-want +got):\n%s", diff)
@@ -1091,6 +1102,34 @@ func TestSubscriberOverflowResyncs(t *testing.T) {
 	got := slow.Next()
 	if diff := cmp.Diff([]Change{{Index: n + 1}, {Index: n + 2}, {Index: n + 3}}, got, ignoreChangeTime); diff != "" {
 		t.Errorf("after the Resync (-want +got):\n%s", diff)
+	}
+}
+
+// TestSubscriptionByteBound: the policies' states a queue holds are bounded
+// too; past maxPendingBytes the queue becomes one Resync, and a drained
+// queue starts counting again.
+func TestSubscriptionByteBound(t *testing.T) {
+	sub := &Subscription{ready: make(chan struct{}, 1)}
+	big := make([]byte, 4<<20)
+	change := func(i uint64) Change {
+		return Change{Index: i, Entities: []EntityChange{{Type: EntityPolicy, ID: "p", Action: ActionUpdate, Index: i, Data: big}}}
+	}
+	n := uint64(maxPendingBytes / len(big))
+	for i := uint64(1); i <= n; i++ {
+		sub.push(change(i))
+	}
+	if got := sub.Next(); len(got) != int(n) || got[0].Resync {
+		t.Fatalf("at the bound: %d changes (first Resync %v), want %d plain", len(got), len(got) > 0 && got[0].Resync, n)
+	}
+	for i := n + 1; i <= 2*n+1; i++ {
+		sub.push(change(i))
+	}
+	if diff := cmp.Diff([]Change{{Index: 2*n + 1, Resync: true}}, sub.Next()); diff != "" {
+		t.Errorf("past the bound (-want +got):\n%s", diff)
+	}
+	sub.push(change(2*n + 2))
+	if got := sub.Next(); len(got) != 1 || got[0].Resync || sub.pendingBytes != 0 {
+		t.Errorf("after the Resync: %+v, %d bytes pending", got, sub.pendingBytes)
 	}
 }
 

@@ -368,7 +368,11 @@ func (b *Batch) record(m Meta, typ EntityType, id string, action Action, data []
 			return err
 		}
 	}
-	b.changes = append(b.changes, EntityChange{Type: typ, ID: id, Action: action, Index: m.Index, Scopes: scopes})
+	ec := EntityChange{Type: typ, ID: id, Action: action, Index: m.Index, Scopes: scopes}
+	if typ == EntityPolicy && action != ActionDelete {
+		ec.Data = data
+	}
+	b.changes = append(b.changes, ec)
 	return nil
 }
 

@@ -6,7 +6,10 @@
 //
 // The node's change dispatcher calls Update for every committed batch before
 // it tells the listeners, so a listener that reacts to a change always reads
-// a set that includes it. Sets are computed once per identity and cached
+// a set that includes it, and nothing later: the index takes each batch's
+// policies in the state the change carries, not from the store, which may
+// be further along, so every set it gives existed at one Raft index. Sets
+// are computed once per identity and cached
 // until a change touches that identity's scope. An employee that no policy
 // names has exactly its team's set, so it is handed the team's *Set: with
 // thousands of sidecars, one per employee, a change is hashed and encoded
@@ -100,10 +103,13 @@ func (x *Index) countNamed(rp store.RawPolicy, delta int) {
 	}
 }
 
-// Update takes in one committed batch. It re-reads the policies the batch
-// touched (their current stored state, which may already include later
-// batches; those are taken in again when their own change arrives) and drops
-// the cached sets of every identity whose scope the batch touched.
+// Update takes in one committed batch: each policy it changed, in the
+// state the change itself carries (store.EntityChange.Data), so that the
+// index always holds the state as of one index, never a mix of a policy's
+// later state with another's earlier one (a set that never existed, which
+// re-reading the store while later batches are committed would give). A
+// batch the index already holds, because a reload read the store past it,
+// is skipped.
 func (x *Index) Update(c store.Change) error {
 	if c.Resync {
 		if err := x.reload(); err != nil {
@@ -114,44 +120,51 @@ func (x *Index) Update(c store.Change) error {
 		x.mu.Unlock()
 		return nil
 	}
-	var names []string
+	type change struct {
+		name string
+		rp   store.RawPolicy
+		ok   bool // false: deleted
+	}
+	var changes []change
 	var scopes []policy.Scope
 	for _, e := range c.Entities {
-		if e.Type == store.EntityPolicy {
-			names = append(names, e.ID)
-			scopes = append(scopes, e.Scopes...)
+		if e.Type != store.EntityPolicy {
+			continue
 		}
-	}
-	if len(names) == 0 {
-		x.mu.Lock()
-		x.index = max(x.index, c.Index)
-		x.mu.Unlock()
-		return nil
-	}
-	fresh, _, err := x.st.RawPolicies(names...)
-	if err != nil {
-		return fmt.Errorf("read changed policies: %w", err)
+		ch := change{name: e.ID}
+		if e.Action != store.ActionDelete {
+			p, err := policy.DecodeStored(e.Data)
+			if err != nil {
+				return fmt.Errorf("decode changed policy %q at index %d: %w", e.ID, e.Index, err)
+			}
+			ch.rp, ch.ok = store.RawPolicy{Policy: p, Stored: e.Data}, true
+		}
+		changes = append(changes, ch)
+		scopes = append(scopes, e.Scopes...)
 	}
 
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if c.Index <= x.index {
+		return nil // a reload holds this batch already
+	}
+	x.index = c.Index
+	if len(changes) == 0 {
+		return nil
+	}
 	resort := false
-	for _, n := range names {
-		rp, ok := fresh[n]
-		old, had := x.byName[n]
+	for _, ch := range changes {
+		old, had := x.byName[ch.name]
 		if had {
 			x.countNamed(old, -1)
 		}
 		switch {
-		case ok:
-			x.byName[n] = rp
-			x.countNamed(rp, 1)
-			// Re-reading the current state can find a scope the batch did
-			// not mention (a later batch moved it); its own change will
-			// invalidate for that scope, so only the batch's scopes count.
+		case ch.ok:
+			x.byName[ch.name] = ch.rp
+			x.countNamed(ch.rp, 1)
 			resort = resort || !had
 		case had:
-			delete(x.byName, n)
+			delete(x.byName, ch.name)
 			resort = true
 		}
 	}
@@ -162,7 +175,6 @@ func (x *Index) Update(c store.Change) error {
 		}
 		slices.Sort(x.names)
 	}
-	x.index = max(x.index, c.Index)
 	for id := range x.cache {
 		if Affects(scopes, id) {
 			delete(x.cache, id)

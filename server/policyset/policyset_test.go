@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -204,5 +205,92 @@ func TestEmployeesShareTeamSet(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestIndexTakesEachBatchsOwnState: when the dispatcher takes in a batch
+// after later batches were committed, the index must hold the state as of
+// that batch, not the later state of the policies it touched next to the
+// earlier state of others: a set that never existed at any index.
+func TestIndexTakesEachBatchsOwnState(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "state.db"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	put := func(index uint64, names ...string) {
+		t.Helper()
+		m := store.Meta{Index: index, ProcessedAt: time.Unix(int64(index), 0), OriginatedAt: time.Unix(int64(index), 0)}
+		err := st.ApplyBatch(index, func(b *store.Batch) error {
+			for _, n := range names {
+				p, err := policy.DecodePolicy([]byte(`{"name":"` + n + `","kind":"ToolPolicy","scope":{"org":"o"},"spec":{"tool_name":"Bash","action":"deny","reason":"r"}}`))
+				if err != nil {
+					return err
+				}
+				if _, _, err := b.PutPolicy(m, p, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("batch %d: %v", index, err)
+		}
+	}
+	put(1, "a", "b")
+	x, err := New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := st.Subscribe()
+	defer sub.Close()
+	// Committed before the dispatcher takes in any of them.
+	put(2, "b")
+	put(3, "a")
+	put(4, "b")
+	put(5, "c")
+	id := policy.Identity{Org: "o"}
+	want := map[uint64]map[string]uint64{ // revision of each policy after each batch
+		2: {"a": 1, "b": 2},
+		3: {"a": 3, "b": 2},
+		4: {"a": 3, "b": 4},
+		5: {"a": 3, "b": 4, "c": 5},
+	}
+	changes := sub.Next()
+	if len(changes) != 4 {
+		t.Fatalf("%d changes queued, want 4", len(changes))
+	}
+	for _, c := range changes {
+		if err := x.Update(c); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint64{}
+		for _, rp := range x.Set(id).Policies {
+			got[rp.Policy.Name] = rp.Policy.Revision
+		}
+		if !maps.Equal(got, want[c.Index]) {
+			t.Errorf("after batch %d: revisions %v, want %v", c.Index, got, want[c.Index])
+		}
+	}
+
+	// A reload reads the store past queued batches; taking them in again
+	// must not move the index back.
+	put(6, "a")
+	put(7, "a")
+	queued := sub.Next()
+	if err := x.Update(store.Change{Index: 5, Resync: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range queued {
+		if err := x.Update(c); err != nil {
+			t.Fatal(err)
+		}
+		if rev := x.Set(id).Policies[0].Policy.Revision; rev != 7 {
+			t.Errorf("after a reload at index 7 and then batch %d: a at revision %d, want 7", c.Index, rev)
+		}
 	}
 }
