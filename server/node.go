@@ -176,7 +176,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		return nil, err
 	}
 	// Subscribe before the index loads, so no commit falls between the two.
-	n.changes = n.store.Subscribe()
+	n.changes = n.store.SubscribeWithData()
 	if n.policies, err = policyset.New(n.store); err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -32,8 +33,9 @@ type EntityChange struct {
 	// Scopes the change touches: for a policy its new scope and, if it
 	// moved, its old one; for an employee its identity before and after.
 	Scopes []policy.Scope
-	// Data is a policy's stored JSON after this change (nil for a delete
-	// and for other entity types). A subscriber that keeps a copy takes
+	// Data is a policy's stored JSON after this change (nil for a delete,
+	// for other entity types, and on subscriptions made with Subscribe
+	// rather than SubscribeWithData). A subscriber that keeps a copy takes
 	// the change's own state from it: re-reading the store could return a
 	// later state, and the copy would mix states of different indexes.
 	// Shared and read-only.
@@ -58,6 +60,7 @@ type Subscription struct {
 	// pendingBytes is the Data held by pending.
 	pendingBytes int
 	done         bool
+	withData     bool // changes keep EntityChange.Data
 }
 
 // dataBytes is the size of the entity states c carries.
@@ -69,9 +72,18 @@ func (c Change) dataBytes() int {
 	return n
 }
 
-// Subscribe registers a subscriber. Call Close when done.
-func (s *Store) Subscribe() *Subscription {
-	sub := &Subscription{s: s, ready: make(chan struct{}, 1)}
+// Subscribe registers a subscriber. Its changes carry no entity states
+// (EntityChange.Data is nil), so a slow subscriber holds little. Call Close
+// when done.
+func (s *Store) Subscribe() *Subscription { return s.subscribe(false) }
+
+// SubscribeWithData is Subscribe for a subscriber that keeps a copy of the
+// policies (the node's dispatcher, for the policy index): each policy change
+// carries the policy's stored JSON.
+func (s *Store) SubscribeWithData() *Subscription { return s.subscribe(true) }
+
+func (s *Store) subscribe(withData bool) *Subscription {
+	sub := &Subscription{s: s, ready: make(chan struct{}, 1), withData: withData}
 	s.subMu.Lock()
 	s.subs[sub] = struct{}{}
 	s.subMu.Unlock()
@@ -130,9 +142,23 @@ func (sub *Subscription) push(c Change) {
 }
 
 func (s *Store) publish(c Change) {
+	var lean *Change // c without Data, made for the first subscriber that wants it
 	s.subMu.Lock()
 	defer s.subMu.Unlock()
+	hasData := c.dataBytes() > 0
 	for sub := range s.subs {
-		sub.push(c)
+		if sub.withData || !hasData {
+			sub.push(c)
+			continue
+		}
+		if lean == nil {
+			l := c
+			l.Entities = slices.Clone(c.Entities)
+			for i := range l.Entities {
+				l.Entities[i].Data = nil
+			}
+			lean = &l
+		}
+		sub.push(*lean)
 	}
 }

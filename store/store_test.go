@@ -15,6 +15,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -985,8 +986,12 @@ func TestPruneEventsBounded(t *testing.T) {
 
 func TestSubscribeNotifiesChanges(t *testing.T) {
 	s := openStore(t)
-	sub := s.Subscribe()
+	sub := s.SubscribeWithData()
 	defer sub.Close()
+	// A plain subscription gets the same changes without the policies'
+	// states.
+	lean := s.Subscribe()
+	defer lean.Close()
 
 	acme := policy.Scope{Org: "acme"}
 	beta := policy.Scope{Org: "beta"}
@@ -1050,6 +1055,13 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 			want := []Change{{Index: st.last, Entities: st.want}}
 			if diff := cmp.Diff(want, sub.Next(), ignoreChangeTime); diff != "" {
 				t.Errorf("Next (-want +got):\n%s", diff)
+			}
+			leanWant := []Change{{Index: st.last, Entities: slices.Clone(st.want)}}
+			for i := range leanWant[0].Entities {
+				leanWant[0].Entities[i].Data = nil
+			}
+			if diff := cmp.Diff(leanWant, lean.Next(), ignoreChangeTime); diff != "" {
+				t.Errorf("plain subscription's Next (-want +got):\n%s", diff)
 			}
 			if got := sub.Next(); got != nil {
 				t.Errorf("second Next = %+v, want nil", got)

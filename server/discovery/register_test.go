@@ -108,7 +108,7 @@ func newRegisterHarness(t *testing.T) *registerHarness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	h := &registerHarness{st: st, sub: st.Subscribe(), authenticated: make(chan struct{}), release: make(chan struct{})}
+	h := &registerHarness{st: st, sub: st.SubscribeWithData(), authenticated: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(h.sub.Close)
 	h.apply(t, 1, func(b *store.Batch, m store.Meta) error {
 		if _, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusActive}, nil); err != nil {

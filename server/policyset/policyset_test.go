@@ -39,7 +39,7 @@ func TestIndexMatchesStore(t *testing.T) {
 		}
 	}()
 	fsm := raftfsm.New(st, logger)
-	sub := st.Subscribe()
+	sub := st.SubscribeWithData()
 	defer sub.Close()
 	x, err := New(st)
 	if err != nil {
@@ -127,7 +127,7 @@ func TestEmployeesShareTeamSet(t *testing.T) {
 		}
 	})
 	fsm := raftfsm.New(st, logger)
-	sub := st.Subscribe()
+	sub := st.SubscribeWithData()
 	t.Cleanup(sub.Close)
 	x, err := New(st)
 	if err != nil {
@@ -246,7 +246,7 @@ func TestIndexTakesEachBatchsOwnState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := st.Subscribe()
+	sub := st.SubscribeWithData()
 	defer sub.Close()
 	// Committed before the dispatcher takes in any of them.
 	put(2, "b")
