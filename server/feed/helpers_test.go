@@ -131,7 +131,7 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	}
 	f := &fixture{t: t, st: st, fsm: raftfsm.New(st, logger), reg: prometheus.NewRegistry(), next: st.AppliedIndex() + 1}
 	// Subscribe before the index loads, as the node does.
-	sub := st.Subscribe()
+	sub := st.SubscribeWithData()
 	if f.idx, err = policyset.New(st); err != nil {
 		t.Fatal(err)
 	}

@@ -133,6 +133,9 @@ func (x *Index) Update(c store.Change) error {
 		}
 		ch := change{name: e.ID}
 		if e.Action != store.ActionDelete {
+			if e.Data == nil {
+				return fmt.Errorf("change of policy %q at index %d carries no state: subscribe with store.SubscribeWithData", e.ID, e.Index)
+			}
 			p, err := policy.DecodeStored(e.Data)
 			if err != nil {
 				return fmt.Errorf("decode changed policy %q at index %d: %w", e.ID, e.Index, err)

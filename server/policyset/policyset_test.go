@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,6 +249,9 @@ func TestIndexTakesEachBatchsOwnState(t *testing.T) {
 	}
 	sub := st.SubscribeWithData()
 	defer sub.Close()
+	// A subscription without the states cannot feed the index, and says so.
+	plain := st.Subscribe()
+	defer plain.Close()
 	// Committed before the dispatcher takes in any of them.
 	put(2, "b")
 	put(3, "a")
@@ -263,6 +267,9 @@ func TestIndexTakesEachBatchsOwnState(t *testing.T) {
 	changes := sub.Next()
 	if len(changes) != 4 {
 		t.Fatalf("%d changes queued, want 4", len(changes))
+	}
+	if err := x.Update(plain.Next()[0]); err == nil || !strings.Contains(err.Error(), "SubscribeWithData") {
+		t.Errorf("Update with a change without states: %v, want an error naming SubscribeWithData", err)
 	}
 	for _, c := range changes {
 		if err := x.Update(c); err != nil {
