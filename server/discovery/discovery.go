@@ -442,6 +442,10 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 		// being handled; registering now would leak the stream.
 		return nil, status.Error(codes.Canceled, "stream ended")
 	}
+	g := s.groups[id]
+	if g == nil && (fresh == nil || s.deps.Policies.Set(id) != set) {
+		return nil, nil
+	}
 	if st.employee != "" {
 		// The identity was resolved when the stream opened, before the
 		// catch-up wait. A change to the employee committed since may
@@ -449,7 +453,9 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 		// recheckEmployees did not see it; the store, which is never
 		// behind the dispatcher, does. Checked under s.mu, which
 		// recheckEmployees takes to find the streams to check: a change
-		// committed after this read finds st registered.
+		// committed after this read finds st registered. (After the
+		// return above, so that a stream whose caller must encode first
+		// reads the record once.)
 		e, err := s.deps.Store.FindEmployee(st.employee)
 		if err != nil {
 			return nil, fmt.Errorf("read employee %q: %w", st.employee, err)
@@ -458,11 +464,7 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 			return nil, why
 		}
 	}
-	g := s.groups[id]
 	if g == nil {
-		if fresh == nil || s.deps.Policies.Set(id) != set {
-			return nil, nil
-		}
 		g = &group{id: id, snap: fresh, streams: map[*stream]struct{}{}}
 		s.groups[id] = g
 	}

@@ -8,13 +8,14 @@
 // it tells the listeners, so a listener that reacts to a change always reads
 // a set that includes it, and nothing later: the index takes each batch's
 // policies in the state the change carries, not from the store, which may
-// be further along, so every set it gives existed at one Raft index. Sets
-// are computed once per identity and cached
-// until a change touches that identity's scope. An employee that no policy
-// names has exactly its team's set, so it is handed the team's *Set: with
-// thousands of sidecars, one per employee, a change is hashed and encoded
-// once per team rather than once per employee, and the cache holds one
-// entry per team instead of one per connected employee.
+// be further along, so every set it gives existed at one Raft index.
+//
+// Sets are computed once per identity and cached until a change touches
+// that identity's scope. An employee that no policy names has exactly its
+// team's set, so it is handed the team's *Set: with thousands of sidecars,
+// one per employee, a change is hashed and encoded once per team rather than
+// once per employee, and the cache holds one entry per team instead of one
+// per connected employee.
 package policyset
 
 import (
