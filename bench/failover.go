@@ -8,15 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/policyd/policyd/client"
 )
 
 // failoverNodes is the cluster size of the failover scenario.
@@ -135,7 +132,8 @@ func (c *failoverConfig) run(ctx context.Context, env *runEnv) (err error) {
 		return err
 	}
 	env.logf("starting %d gRPC and %d WebSocket SDK sidecars", cfg.grpc, cfg.ws)
-	fl, err = openSDKFleet(cl, cfg.grpc, cfg.ws)
+	fl, err = openSDKFleet(ctx, cl, sdkFleetSpec{grpc: cfg.grpc, ws: cfg.ws, orgs: 1, grpcScope: "employee",
+		streamsPerConn: 1, startConcurrency: defaultStartConcurrency})
 	if err != nil {
 		return err
 	}
@@ -553,104 +551,6 @@ func lostWrites(acked, stored map[string]uint64) []string {
 	}
 	slices.Sort(lost)
 	return lost
-}
-
-// sdkFleet is a fleet of sidecars run by the client SDK (package client),
-// each with every node in Servers, starting with its own node (sidecar i
-// of a kind on node i mod nodes), so that it fails over as a real one does.
-// Their received versions feed a fleet, so holdWait works as in the
-// propagation scenario.
-type sdkFleet struct {
-	*fleet
-	clients []*client.Client
-	readyAt []atomic.Int64 // per sidecar: the last transition to ready, on the fleet clock
-}
-
-// openSDKFleet starts grpc + ws SDK clients against cl. It returns at once;
-// wait for the initial version with watch and wait.
-func openSDKFleet(cl *cluster, grpcN, wsN int) (*sdkFleet, error) {
-	fctx, cancel := context.WithCancel(context.Background())
-	f := &sdkFleet{fleet: &fleet{base: time.Now(), ctx: fctx, cancel: cancel,
-		http: &http.Client{Transport: &http.Transport{Proxy: nil}}}}
-	for i := range grpcN {
-		f.cars = append(f.cars, &sidecar{idx: len(f.cars), kind: kindGRPC, node: i % len(cl.nodes), id: sidecarID(kindGRPC, i)})
-	}
-	for i := range wsN {
-		f.cars = append(f.cars, &sidecar{idx: len(f.cars), kind: kindWS, node: i % len(cl.nodes), id: sidecarID(kindWS, i)})
-	}
-	f.readyAt = make([]atomic.Int64, len(f.cars))
-	for _, c := range f.cars {
-		var servers []string
-		for j := range cl.nodes {
-			nd := cl.nodes[(c.node+j)%len(cl.nodes)]
-			if c.kind == kindGRPC {
-				servers = append(servers, nd.grpcAddr)
-			} else {
-				servers = append(servers, nd.httpAddr)
-			}
-		}
-		cfg := client.Config{Servers: servers, ClientAddress: c.id,
-			OnUpdate: func(u client.Update) { c.received(u.Version, f.since()) },
-			OnStateChange: func(_, to client.State) {
-				if to == client.StateReady {
-					f.readyAt[c.idx].Store(int64(f.since()))
-				}
-			},
-		}
-		if c.kind == kindGRPC {
-			cfg.Transport = client.TransportGRPC
-			cfg.Scope = client.Scope{Org: orgName(0), Team: teamName, Employee: c.id}
-		} else {
-			cfg.Transport = client.TransportWS
-			cfg.Employee = c.id
-		}
-		sdk, err := client.New(cfg, nil)
-		if err != nil {
-			f.close()
-			return nil, fmt.Errorf("sidecar %s: %w", c.id, err)
-		}
-		f.clients = append(f.clients, sdk)
-		f.wg.Go(func() {
-			if err := sdk.Run(f.ctx); err != nil {
-				f.fail(c, err)
-			}
-		})
-	}
-	return f, nil
-}
-
-// connectedTo returns the sidecars whose current connection is to nd.
-func (f *sdkFleet) connectedTo(nd *node) []int {
-	var out []int
-	for i, sdk := range f.clients {
-		if host := serverHost(sdk.Stats().Server); host == nd.grpcAddr || host == nd.httpAddr {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
-// serverHost is the host:port of an SDK server entry: host:port, or a URL.
-func serverHost(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Host != "" {
-		return u.Host
-	}
-	return s
-}
-
-// readyAfter returns the latest, over sidecars idxs, of their first
-// transition to ready after t (t itself when idxs is empty). A sidecar
-// that has not become ready since counts as now.
-func (f *sdkFleet) readyAfter(idxs []int, t time.Duration) time.Duration {
-	last := t
-	for _, i := range idxs {
-		at := time.Duration(f.readyAt[i].Load())
-		if at <= t {
-			at = f.since()
-		}
-		last = max(last, at)
-	}
-	return last
 }
 
 // failoverRoundFigure is one kill's result, printed as one JSON line.

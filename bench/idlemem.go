@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +43,9 @@ type idleMemoryConfig struct {
 	sidecarFlags
 	settleTimeout time.Duration
 	gcWait        time.Duration
+	// profileDir, when set, receives the measured node's heap profile
+	// and goroutine dump at each reading.
+	profileDir string
 }
 
 // idleMemoryScenario measures what idle sidecars cost one node: its RSS
@@ -66,6 +70,8 @@ func idleMemoryScenario() scenario {
 			})
 			fs.DurationVar(&c.settleTimeout, "settle-timeout", time.Minute,
 				"how long to wait for two readings 1s apart within 2% (heap in use and RSS)")
+			fs.StringVar(&c.profileDir, "profile", "", "write the measured node's heap profile (GET /debug/pprof/heap) and goroutine\n"+
+				"stacks (debug=1) at each reading to this directory as node1-<phase>.heap and .goroutines")
 			fs.DurationVar(&c.gcWait, "gc-wait", 150*time.Second,
 				"before settling, wait up to this long for the node to finish a GC cycle after the\nphase's connections were set up, so that setup garbage is not counted (Go forces a\nGC every 2 minutes); 0 to skip")
 			return c
@@ -257,7 +263,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 	}
 	probe := &memProbe{nd: nd, client: client, logf: env.logf}
 
-	measure := func(what string) (memPhase, error) {
+	measure := func(what, tag string) (memPhase, error) {
 		s, err := probe.sample(ctx)
 		if err != nil {
 			return memPhase{}, err
@@ -275,6 +281,15 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 		}
 		env.logf("%s: RSS %s, heap in use %s, stacks %s, %d goroutines (post-GC %v)", what,
 			kib(ph.RSS), kib(ph.HeapInuse), kib(ph.StackInuse), ph.Goroutines, ph.postGC)
+		if cfg.profileDir != "" {
+			base := filepath.Join(cfg.profileDir, nd.id+"-"+tag)
+			if err := errors.Join(
+				fetchProfile(ctx, client, "http://"+nd.httpAddr+"/debug/pprof/heap", base+".heap"),
+				fetchProfile(ctx, client, "http://"+nd.httpAddr+"/debug/pprof/goroutine?debug=1", base+".goroutines"),
+			); err != nil {
+				return memPhase{}, err
+			}
+		}
 		return ph, cl.checkAlive()
 	}
 	open := func(spec fleetSpec, what string) error {
@@ -300,7 +315,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 		return nil
 	}
 
-	base, err := measure("before any sidecar")
+	base, err := measure("before any sidecar", "base")
 	if err != nil {
 		return err
 	}
@@ -309,7 +324,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 		if err := open(fleetSpec{grpc: cfg.streams}, "gRPC streams"); err != nil {
 			return err
 		}
-		after, err := measure(fmt.Sprintf("after %d gRPC streams", cfg.streams))
+		after, err := measure(fmt.Sprintf("after %d gRPC streams", cfg.streams), "grpc")
 		if err != nil {
 			return err
 		}
@@ -322,7 +337,7 @@ func (c *idleMemoryConfig) run(ctx context.Context, env *runEnv) (err error) {
 		if err := open(fleetSpec{ws: cfg.ws}, "WebSocket connections"); err != nil {
 			return err
 		}
-		after, err := measure(fmt.Sprintf("after %d more WebSocket connections", cfg.ws))
+		after, err := measure(fmt.Sprintf("after %d more WebSocket connections", cfg.ws), "ws")
 		if err != nil {
 			return err
 		}

@@ -50,12 +50,15 @@ type propagationConfig struct {
 	timeout   time.Duration
 	grpcScope string
 	grpcHead  bool
+	// sdk runs every sidecar through the client SDK (sdkFleet) instead of
+	// the lighter simulated ones (fleet).
+	sdk bool
 	// policySize pads every policy's body to this many bytes (0: compact,
 	// about 150 bytes).
 	policySize int
 	connOut    string
 	// profileDir, when set, receives CPU profiles of every node and of
-	// bench itself (the simulated sidecars share the CPUs), taken over
+	// bench itself (the sidecars share the CPUs), taken over
 	// the first profileFor of the writes.
 	profileDir string
 	profileFor time.Duration
@@ -90,9 +93,14 @@ func propagationScenario() scenario {
 			fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long a write may take to reach every sidecar; the rest count as missing")
 			fs.StringVar(&c.grpcScope, "grpc-scope", "employee",
 				"scope a gRPC stream asks for: employee (its own identity, like a real sidecar: one\nserver-side snapshot per stream), team or org (all streams of an org share one)")
+			fs.BoolVar(&c.sdk, "sdk", true,
+				"run every sidecar through the client SDK, as a real one: every message decoded in full and\n"+
+					"compiled, gRPC sidecars sharing -streams-per-conn connections (client.Config.GRPCConn);\n"+
+					"false: lighter simulated sidecars (gRPC ones decode every response, WebSocket ones read only\n"+
+					"type and digest), which leave more of the shared CPUs to the nodes")
 			fs.BoolVar(&c.grpcHead, "grpc-head", false,
-				"gRPC sidecars read only version_info and nonce of a response, as WebSocket sidecars read\n"+
-					"only type and digest, instead of decoding every policy (a lighter load generator)")
+				"with -sdk=false: gRPC sidecars read only version_info and nonce of a response, as WebSocket\n"+
+					"sidecars read only type and digest, instead of decoding every policy (a lighter load generator)")
 			fs.IntVar(&c.policySize, "policy-size", 0, "pad every policy's JSON body to this many bytes (0: compact, about 150 bytes; the\nwrites scenario uses 4096)")
 			fs.StringVar(&c.connOut, "conn-out", "", "write every sidecar's latency for every write to this CSV file")
 			fs.StringVar(&c.profileDir, "cpu-profile", "", "write CPU profiles of every policyd node (GET /debug/pprof/profile) and of bench\n"+
@@ -122,6 +130,9 @@ func (c *propagationConfig) validate() error {
 	}
 	if c.profileDir != "" && c.profileFor < time.Second {
 		errs = append(errs, fmt.Errorf("-cpu-profile-for must be at least 1s, got %v", c.profileFor))
+	}
+	if c.sdk && c.grpcHead {
+		errs = append(errs, errors.New("-grpc-head needs -sdk=false: the SDK decodes every message"))
 	}
 	if !slices.Contains([]string{"employee", "team", "org"}, c.grpcScope) {
 		errs = append(errs, fmt.Errorf("-grpc-scope must be employee, team or org, got %q", c.grpcScope))
@@ -180,17 +191,10 @@ func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 		}
 	}
 
-	env.logf("opening %d gRPC streams (%d per connection, scope %s) and %d WebSocket connections over %d node(s)",
-		cfg.streams, cfg.streamsPerConn, cfg.grpcScope, cfg.ws, cfg.nodes)
-	grpcAddrs := make([]string, cfg.nodes)
-	for i, nd := range cl.nodes {
-		grpcAddrs[i] = nd.grpcAddr
-	}
+	env.logf("opening %d gRPC streams (%d per connection, scope %s) and %d WebSocket connections over %d node(s), %s sidecars",
+		cfg.streams, cfg.streamsPerConn, cfg.grpcScope, cfg.ws, cfg.nodes, cfg.sidecarKind())
 	openStart := time.Now()
-	fl, err = openFleet(ctx, fleetSpec{grpc: cfg.streams, ws: cfg.ws, grpcAddrs: grpcAddrs, httpAddrs: addrs,
-		nodes: cfg.nodes, orgs: cfg.orgs, grpcScope: cfg.grpcScope, grpcHead: cfg.grpcHead, streamsPerConn: cfg.streamsPerConn,
-		dialConcurrency: cfg.dialConcurrency})
-	if err != nil {
+	if fl, err = openPropagationFleet(ctx, cl, cfg); err != nil {
 		return fmt.Errorf("open sidecars: %w", err)
 	}
 	w := fl.watch(initial)
@@ -273,6 +277,34 @@ func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 	env.logf("note: the %d node(s) and this load generator share the machine's %d CPU(s); "+
 		"the latencies include the generator's own scheduling delay", cfg.nodes, runtime.NumCPU())
 	return nil
+}
+
+// sidecarKind names the sidecars of a run in its figures.
+func (c *propagationConfig) sidecarKind() string {
+	if c.sdk {
+		return "sdk"
+	}
+	return "simulated"
+}
+
+// openPropagationFleet opens the run's sidecars: SDK clients (-sdk) or
+// simulated ones.
+func openPropagationFleet(ctx context.Context, cl *cluster, cfg propagationConfig) (*fleet, error) {
+	if cfg.sdk {
+		sf, err := openSDKFleet(ctx, cl, sdkFleetSpec{grpc: cfg.streams, ws: cfg.ws, orgs: cfg.orgs, grpcScope: cfg.grpcScope,
+			streamsPerConn: cfg.streamsPerConn, startConcurrency: cfg.dialConcurrency})
+		if err != nil {
+			return nil, err
+		}
+		return sf.fleet, nil
+	}
+	grpcAddrs := make([]string, len(cl.nodes))
+	for i, nd := range cl.nodes {
+		grpcAddrs[i] = nd.grpcAddr
+	}
+	return openFleet(ctx, fleetSpec{grpc: cfg.streams, ws: cfg.ws, grpcAddrs: grpcAddrs, httpAddrs: cl.httpAddrs(),
+		nodes: cfg.nodes, orgs: cfg.orgs, grpcScope: cfg.grpcScope, grpcHead: cfg.grpcHead, streamsPerConn: cfg.streamsPerConn,
+		dialConcurrency: cfg.dialConcurrency})
 }
 
 // propagateOne sends write i and waits for every sidecar of its org to
@@ -470,8 +502,10 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 
 // propagationFigure is one transport's result, printed as one JSON line.
 type propagationFigure struct {
-	Scenario       string `json:"scenario"`
-	Transport      string `json:"transport"`
+	Scenario  string `json:"scenario"`
+	Transport string `json:"transport"`
+	// Sidecars is sdk (client SDK) or simulated (-sdk=false).
+	Sidecars       string `json:"sidecars"`
 	Nodes          int    `json:"nodes"`
 	Conns          int    `json:"conns"`
 	Orgs           int    `json:"orgs"`
@@ -555,7 +589,7 @@ func propagationFigureFor(cfg propagationConfig, k sidecarKind, n int, results [
 	}
 	s, conn, put, send := summarize(all), summarize(pooled), summarize(puts), summarize(fromSend)
 	f := &propagationFigure{
-		Scenario: "propagation", Transport: k.String(), Nodes: cfg.nodes, Conns: n, Orgs: cfg.orgs,
+		Scenario: "propagation", Transport: k.String(), Sidecars: cfg.sidecarKind(), Nodes: cfg.nodes, Conns: n, Orgs: cfg.orgs,
 		PoliciesPerOrg: cfg.policies, PolicySize: cfg.policySize, IntervalMs: ms(cfg.interval), Writes: len(results), Complete: s.count,
 		P50Ms: ms(s.p50), P90Ms: ms(s.p90), P99Ms: ms(s.p99), MaxMs: ms(s.max), MeanMs: ms(s.mean),
 		ConnSamples: conn.count, ConnP50Ms: ms(conn.p50), ConnP99Ms: ms(conn.p99),
@@ -576,7 +610,7 @@ func propagationFigureFor(cfg propagationConfig, k sidecarKind, n int, results [
 }
 
 func (f *propagationFigure) columns() []string {
-	return []string{"scenario", "transport", "nodes", "conns", "orgs", "writes", "complete",
+	return []string{"scenario", "transport", "sidecars", "nodes", "conns", "orgs", "writes", "complete",
 		"p50 ms", "p99 ms", "max ms", "conn p50", "conn p99", "server p50/p99", "missing", "conn errs", "target", "met", "cpus", "cpu-s gen/nodes/avail"}
 }
 
@@ -590,7 +624,7 @@ func (f *propagationFigure) row() []string {
 	if f.ServerSamples > 0 {
 		server = "≤" + f.ServerP50Ms + "/≤" + f.ServerP99Ms
 	}
-	return []string{f.Scenario, f.Transport, strconv.Itoa(f.Nodes), strconv.Itoa(f.Conns), strconv.Itoa(f.Orgs),
+	return []string{f.Scenario, f.Transport, f.Sidecars, strconv.Itoa(f.Nodes), strconv.Itoa(f.Conns), strconv.Itoa(f.Orgs),
 		strconv.Itoa(f.Writes), strconv.Itoa(f.Complete), num(f.P50Ms), num(f.P99Ms), num(f.MaxMs),
 		num(f.ConnP50Ms), num(f.ConnP99Ms), server, strconv.Itoa(f.Missing), strconv.FormatInt(f.ConnErrors, 10),
 		f.Target, met, strconv.Itoa(f.CPUs) + " shared",

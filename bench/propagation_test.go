@@ -266,6 +266,8 @@ func TestPropagationConfigValidate(t *testing.T) {
 		func(c *propagationConfig) { c.nodes = 1 },
 		func(c *propagationConfig) { c.interval = 0 },
 		func(c *propagationConfig) { c.grpcScope = "org" },
+		func(c *propagationConfig) { c.sdk = true },
+		func(c *propagationConfig) { c.grpcHead = true },
 	} {
 		c := good
 		ok(&c)
@@ -285,6 +287,7 @@ func TestPropagationConfigValidate(t *testing.T) {
 		"bad scope":          func(c *propagationConfig) { c.grpcScope = "node" },
 		"no streams/conn":    func(c *propagationConfig) { c.streamsPerConn = 0 },
 		"no dials in flight": func(c *propagationConfig) { c.dialConcurrency = 0 },
+		"sdk with grpc-head": func(c *propagationConfig) { c.sdk, c.grpcHead = true, true },
 	} {
 		c := good
 		mutate(&c)

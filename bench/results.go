@@ -148,7 +148,7 @@ func (f *failoverFigure) targets() []targetResult {
 
 func (f *propagationFigure) targets() []targetResult {
 	return []targetResult{{
-		Target:   fmt.Sprintf("propagation %s (measured: %d conns on %d node(s)): %s", f.Transport, f.Conns, f.Nodes, f.Target),
+		Target:   fmt.Sprintf("propagation %s (measured: %d %s conns on %d node(s)): %s", f.Transport, f.Conns, f.Sidecars, f.Nodes, f.Target),
 		Measured: fmt.Sprintf("p99 %g ms, %d of %d writes complete", f.P99Ms, f.Complete, f.Writes),
 		Met:      f.TargetMet,
 	}}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
@@ -87,6 +89,17 @@ type Config struct {
 	// MaxMessageBytes bounds one received snapshot (gRPC) or message (ws).
 	// Default 64 MiB.
 	MaxMessageBytes int
+	// GRPCConn, when set, is the connection a TransportGRPC client opens
+	// its discovery stream and health checks on, instead of dialing a
+	// Servers entry itself: an agent that serves many identities (one
+	// Client each) can multiplex their streams on one connection per node,
+	// as grpc-go multiplexes streams. The caller owns the connection and
+	// closes it after Run has returned; its target and credentials are its
+	// own, so TLS must be nil. Failover is then the connection's (give it
+	// a resolver with several nodes) and a stream that ends is reopened on
+	// it. Servers may be empty (the connection's target names the node in
+	// Stats and logs) or hold that one name.
+	GRPCConn *grpc.ClientConn
 	// RetryUnauthorized treats an authentication refusal when connecting
 	// (gRPC PermissionDenied/Unauthenticated, WebSocket 401/403) as an
 	// ordinary connection failure: back off and retry, instead of revoking.
@@ -140,6 +153,18 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Transport != TransportGRPC && cfg.Transport != TransportWS {
 		errs = append(errs, fmt.Errorf("transport %q: want %q or %q", cfg.Transport, TransportGRPC, TransportWS))
+	}
+	if cfg.GRPCConn != nil {
+		switch {
+		case cfg.Transport != TransportGRPC:
+			errs = append(errs, fmt.Errorf("grpc conn: set for transport %q", cfg.Transport))
+		case cfg.TLS != nil:
+			errs = append(errs, errors.New("grpc conn: TLS must be nil; the connection's own credentials are used"))
+		case len(cfg.Servers) > 1:
+			errs = append(errs, fmt.Errorf("grpc conn: servers must name the connection's one node, got %d entries", len(cfg.Servers)))
+		case len(cfg.Servers) == 0:
+			cfg.Servers = []string{cfg.GRPCConn.Target()}
+		}
 	}
 	if len(cfg.Servers) == 0 {
 		errs = append(errs, errors.New("servers: at least one node address is required"))

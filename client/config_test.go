@@ -1,12 +1,21 @@
 package client
 
 import (
+	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 func TestConfigValidation(t *testing.T) {
+	conn, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
 	tests := []struct {
 		name    string
 		cfg     Config
@@ -24,6 +33,11 @@ func TestConfigValidation(t *testing.T) {
 		{"negative grace", Config{Servers: []string{"a:1"}, Grace: -time.Second}, "grace"},
 		{"backoff max below min", Config{Servers: []string{"a:1"}, BackoffMin: time.Second, BackoffMax: time.Millisecond}, "backoff max"},
 		{"negative message size", Config{Servers: []string{"a:1"}, MaxMessageBytes: -1}, "max message bytes"},
+		{"grpc conn without servers", Config{GRPCConn: conn}, ""},
+		{"grpc conn naming its node", Config{GRPCConn: conn, Servers: []string{"n1"}}, ""},
+		{"grpc conn with two servers", Config{GRPCConn: conn, Servers: []string{"n1", "n2"}}, "one node"},
+		{"grpc conn with TLS", Config{GRPCConn: conn, TLS: &tls.Config{MinVersion: tls.VersionTLS12}}, "TLS must be nil"},
+		{"grpc conn over ws", Config{GRPCConn: conn, Transport: TransportWS, Employee: "e", Servers: []string{"a:1"}}, "transport \"ws\""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

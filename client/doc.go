@@ -73,6 +73,13 @@
 // "unchanged" (gRPC) or replays nothing (WebSocket). To spread a fleet of
 // sidecars over the nodes, shuffle Servers per sidecar.
 //
+// An agent that serves many identities, one Client each, can give them one
+// shared connection (Config.GRPCConn) so that their discovery streams are
+// multiplexed on it, as grpc-go multiplexes streams, instead of one TCP
+// connection per identity. Failing over is then the connection's: a
+// resolver with several nodes moves it, and each stream is reopened on it
+// with the same backoff.
+//
 // # ToolPolicy semantics (IsBlocked)
 //
 // Only policies of kind "ToolPolicy" take part; other kinds are kept (and

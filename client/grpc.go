@@ -33,23 +33,18 @@ type grpcTransport struct{ c *Client }
 
 func (g *grpcTransport) session(ctx context.Context, server string) (synced bool, err error) {
 	c := g.c
-	creds := insecure.NewCredentials()
-	if c.cfg.TLS != nil {
-		creds = credentials.NewTLS(c.cfg.TLS.Clone())
-	}
-	conn, err := grpc.NewClient(server,
-		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes)),
-	)
+	conn, err := g.conn(server)
 	if err != nil {
-		return false, fmt.Errorf("grpc client for %s: %w", server, err)
+		return false, err
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
 	defer func() {
 		cancel(nil)
 		wg.Wait()
-		_ = conn.Close()
+		if conn != c.cfg.GRPCConn {
+			_ = conn.Close()
+		}
 	}()
 	token, err := c.token(ctx)
 	if err != nil {
@@ -59,7 +54,7 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 		sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+token)
 	}
 	api := discoveryv1.NewPolicyDiscoveryServiceClient(conn)
-	stream, err := api.StreamPolicies(sctx)
+	stream, err := api.StreamPolicies(sctx, grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes))
 	if err != nil {
 		return false, classifyGRPC(sctx, err)
 	}
@@ -93,6 +88,24 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 			c.synced()
 		}
 	}
+}
+
+// conn returns the connection to server: Config.GRPCConn when set (the
+// caller's, never closed here), else a new one the session closes.
+func (g *grpcTransport) conn(server string) (*grpc.ClientConn, error) {
+	c := g.c
+	if c.cfg.GRPCConn != nil {
+		return c.cfg.GRPCConn, nil
+	}
+	creds := insecure.NewCredentials()
+	if c.cfg.TLS != nil {
+		creds = credentials.NewTLS(c.cfg.TLS.Clone())
+	}
+	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("grpc client for %s: %w", server, err)
+	}
+	return conn, nil
 }
 
 // answer applies a response and returns its ACK or NACK (without the

@@ -8,12 +8,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -207,6 +210,12 @@ func serveDiscovery(t *testing.T, f *fakeDiscovery, addr string) *grpcNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveDiscoveryOn(t, f, ln)
+}
+
+// serveDiscoveryOn serves f on ln until the test ends.
+func serveDiscoveryOn(t *testing.T, f *fakeDiscovery, ln net.Listener) *grpcNode {
+	t.Helper()
 	s := grpc.NewServer()
 	discoveryv1.RegisterPolicyDiscoveryServiceServer(s, f)
 	done := make(chan struct{})
@@ -546,5 +555,79 @@ func TestGRPCSameVersionResentIsNotReapplied(t *testing.T) {
 	}
 	if st := c.Stats(); st.FullSyncs != 2 {
 		t.Fatalf("full syncs %d, want 2", st.FullSyncs)
+	}
+}
+
+// countingListener counts the connections it accepts.
+type countingListener struct {
+	net.Listener
+	accepted atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// TestGRPCSharedConn: clients given one GRPCConn open their streams and
+// health checks on it (the node accepts one connection), reopen an ended
+// stream on it, and leave it open when Run returns.
+func TestGRPCSharedConn(t *testing.T) {
+	f := newFakeDiscovery("v1", tp("a", "Bash", "deny", "x"))
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &countingListener{Listener: inner}
+	n := serveDiscoveryOn(t, f, ln)
+	cc, err := grpc.NewClient(n.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+
+	var clients []*running
+	for i := range 3 {
+		c := runClient(t, Config{GRPCConn: cc, ClientAddress: "sc-" + strconv.Itoa(i), HealthInterval: 10 * time.Millisecond})
+		c.waitState(t, StateReady)
+		clients = append(clients, c)
+	}
+	if got := clients[0].Stats().Server; got != cc.Target() {
+		t.Fatalf("Stats().Server = %q, want the connection's target %q", got, cc.Target())
+	}
+	f.publish("v2", tp("a", "Bash", "deny", "y"))
+	f.endStreams(status.Error(codes.Unavailable, "bye"))
+	for _, c := range clients {
+		waitFor(t, "v2 and a reopened stream", func() error {
+			if v := c.Version(); v != "v2" {
+				return fmt.Errorf("version %q", v)
+			}
+			if st := c.Stats(); st.Connects < 2 {
+				return fmt.Errorf("%d connects", st.Connects)
+			}
+			return nil
+		})
+	}
+	waitFor(t, "health checks", func() error {
+		if _, h := f.counts(); h < 3 {
+			return fmt.Errorf("%d health checks", h)
+		}
+		return nil
+	})
+	if got := ln.accepted.Load(); got != 1 {
+		t.Fatalf("the node accepted %d connections, want 1 shared by every client", got)
+	}
+
+	clients[0].cancel()
+	if err := clients[0].wait(t); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	late := runClient(t, Config{GRPCConn: cc, ClientAddress: "sc-late"})
+	late.waitState(t, StateReady)
+	if s := cc.GetState(); s == connectivity.Shutdown {
+		t.Fatal("the shared connection was closed when a client's Run returned")
 	}
 }
