@@ -659,7 +659,10 @@ func (f *fleet) wait(ctx context.Context, w *holdWait, timeout time.Duration) (c
 	return true, err
 }
 
-// close ends every sidecar's connection and waits for its receiver.
+// close ends every sidecar's connection and waits for its receiver. The
+// gRPC connections are closed last: every stream on them ends with the
+// fleet's context, and an SDK sidecar's shared connection (GRPCConn) must
+// outlive its Run.
 func (f *fleet) close() {
 	f.closing.Store(true)
 	f.cancel()
@@ -668,10 +671,10 @@ func (f *fleet) close() {
 		_ = ws.CloseNow()
 	}
 	f.wsMu.Unlock()
+	f.wg.Wait()
 	for _, cc := range f.conns {
 		_ = cc.Close()
 	}
-	f.wg.Wait()
 	f.http.CloseIdleConnections()
 }
 
