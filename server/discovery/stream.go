@@ -80,30 +80,37 @@ type stream struct {
 	// the writer uses it, re-armed for each send rather than allocated.
 	stuck *time.Timer
 
-	wake   chan struct{} // the writer has a pending response
-	killed chan error    // the stream must end with this status
+	// gs is the stream's gRPC side, set before anything can be offered.
+	gs      grpc.ServerStream
+	sendErr chan error // a failed send, for the handler
+	killed  chan error // the stream must end with this status
 	// dead is set by kill: a stream ended for a revocation or an identity
 	// change must not send anything more, not even a response queued
 	// before the kill, because that could carry another scope's policies.
 	dead atomic.Bool
 
-	mu           sync.Mutex
-	pending      *response
-	sent         []string // nonces sent, oldest first
-	latestNonce  string
-	versionSent  string
-	state        string
-	versionAcked string
-	nackMessage  string
-	nackVersion  string
+	mu      sync.Mutex
+	pending *response
+	// writing: a writer goroutine is running (drain). closed: the handler
+	// has returned, so nothing may be sent any more.
+	writing, closed bool
+	sent            []string // nonces sent, oldest first
+	latestNonce     string
+	versionSent     string
+	state           string
+	versionAcked    string
+	nackMessage     string
+	nackVersion     string
 }
 
 // StreamPolicies serves one sidecar. The handler goroutine supervises; one
-// goroutine receives and handles requests, one writes responses. The
-// handler returning is what ends the stream (and unblocks the other two),
-// so every reason to end it — the client leaving, a protocol error, a send
-// stuck on a client that does not read, inactivity, revocation, shutdown —
-// arrives here.
+// goroutine receives and handles requests, and a writer goroutine runs
+// only while a response is waiting to be sent (drain), as the feed's write
+// tasks do: an idle stream, which is most of them most of the time, costs
+// two goroutines and their stacks instead of three. The handler returning
+// is what ends the stream (and unblocks the others), so every reason to
+// end it — the client leaving, a protocol error, a send stuck on a client
+// that does not read, inactivity, revocation, shutdown — arrives here.
 func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscoveryRequest, discoveryv1.PolicyDiscoveryResponse]) error {
 	ctx := gs.Context()
 	who, err := s.authenticate(ctx)
@@ -119,7 +126,8 @@ func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyD
 		employee:    who.employee,
 		tokenScope:  who.identity,
 		connectedAt: s.now(),
-		wake:        make(chan struct{}, 1),
+		gs:          gs,
+		sendErr:     make(chan error, 1),
 		killed:      make(chan error, 1),
 	}
 	st.lastActive.Store(st.connectedAt.UnixNano())
@@ -127,13 +135,10 @@ func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyD
 		st.peerAddr = p.Addr.String()
 	}
 	defer s.unregister(st)
+	defer st.close()
 
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- st.receive(gs) }()
-	sendErr := make(chan error, 1)
-	done := make(chan struct{})
-	defer close(done)
-	go func() { sendErr <- st.write(gs, done) }()
 
 	// A client must send its first request promptly; until then the stream
 	// is in no tracker, so the inactivity flush cannot see it.
@@ -154,7 +159,7 @@ func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyD
 				return nil
 			}
 			return statusOf(err)
-		case err := <-sendErr:
+		case err := <-st.sendErr:
 			return statusOf(err)
 		case err := <-st.killed:
 			return err
@@ -184,27 +189,38 @@ func (st *stream) receive(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscover
 	}
 }
 
-// write sends pending responses until done is closed or a send fails.
-func (st *stream) write(gs grpc.ServerStream, done <-chan struct{}) error {
-	defer func() {
-		if st.stuck != nil {
-			st.stuck.Stop()
-		}
-	}()
+// drain is the writer: it sends the pending response until there is none
+// or the handler has returned, then ends. At most one runs at a time
+// (writing), so sends on the stream never overlap. A failed send leaves
+// writing set, so that no other writer starts on a stream that is ending,
+// and tells the handler.
+func (st *stream) drain() {
 	for {
-		select {
-		case <-done:
-			return nil
-		case <-st.wake:
+		st.mu.Lock()
+		r := st.pending
+		st.pending = nil
+		if r == nil || st.closed {
+			st.writing = false
+			st.mu.Unlock()
+			return
 		}
-		r := st.take()
-		if r == nil || st.dead.Load() {
+		st.mu.Unlock()
+		if st.dead.Load() {
 			continue
 		}
-		if err := st.send(gs, r); err != nil {
-			return err
+		if err := st.send(st.gs, r); err != nil {
+			st.sendErr <- err
+			return
 		}
 	}
+}
+
+// close marks the stream's handler as returned: a writer still sending
+// finds out after its send, and no new one starts.
+func (st *stream) close() {
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
 }
 
 func (st *stream) send(gs grpc.ServerStream, r *response) error {
@@ -254,27 +270,22 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	return nil
 }
 
-// offer makes r the stream's next response, replacing any not yet sent:
-// only the newest matters.
+// offer makes r the stream's next response, replacing any not yet sent
+// (only the newest matters), and starts a writer unless one is running.
 func (st *stream) offer(r *response) {
 	if st.dead.Load() {
 		return
 	}
 	st.mu.Lock()
 	st.pending = r
-	st.mu.Unlock()
-	select {
-	case st.wake <- struct{}{}:
-	default:
+	start := !st.writing && !st.closed
+	if start {
+		st.writing = true
 	}
-}
-
-func (st *stream) take() *response {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	r := st.pending
-	st.pending = nil
-	return r
+	st.mu.Unlock()
+	if start {
+		go st.drain()
+	}
 }
 
 // kill ends the stream with err (the first reason wins).
