@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,6 +97,7 @@ type registerHarness struct {
 	client        discoveryv1.PolicyDiscoveryServiceClient
 	token         string
 	authenticated chan struct{}
+	authOnce      sync.Once
 	release       chan struct{}
 }
 
@@ -151,7 +153,7 @@ func newRegisterHarness(t *testing.T) *registerHarness {
 		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
 		Registry: prometheus.NewRegistry(),
 		CaughtUp: func(ctx context.Context) error {
-			close(h.authenticated)
+			h.authOnce.Do(func() { close(h.authenticated) }) // the first stream's
 			select {
 			case <-h.release:
 				return nil

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +98,109 @@ func TestIdleStreamHasNoWriter(t *testing.T) {
 
 	cancel()
 	waitGoroutines(t, 0)
+}
+
+// TestWritersUnderChurn: pushes arriving while the sidecars do not read
+// (so that sends block on flow control and every change arrives during a
+// send), on streams of which some end part way, never overlap two sends
+// on a stream, never lose the newest version (each remaining stream ends
+// up holding it once its sidecar reads again) and leave no writer behind
+// (goleak checks the ended ones; the count checks the rest). Run with
+// -race.
+func TestWritersUnderChurn(t *testing.T) {
+	const streams, changes = 12, 60
+	// Each response carries a 3 KB policy: the 64 KiB stream window fills
+	// after about 20 unread ones.
+	pad := strings.Repeat("x", 3000)
+	h := newRegisterHarness(t)
+	close(h.release)
+	resume := make(chan struct{})
+	type sidecar struct {
+		cancel context.CancelFunc
+		last   chan string // every version received, newest last
+		done   chan struct{}
+	}
+	var cars []*sidecar
+	for i := range streams {
+		ctx, cancel := context.WithCancel(context.Background())
+		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		addr := "sidecar-" + string(rune('a'+i))
+		if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: addr}); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		c := &sidecar{cancel: cancel, last: make(chan string, changes+2), done: make(chan struct{})}
+		go func() {
+			defer close(c.done)
+			for n := 0; ; n++ {
+				if n == 1 { // after the snapshot: stop reading until resumed
+					select {
+					case <-resume:
+					case <-ctx.Done():
+						return
+					}
+				}
+				resp, err := gs.Recv()
+				if err != nil {
+					return
+				}
+				c.last <- resp.GetVersionInfo()
+				if gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: addr,
+					VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}) != nil {
+					return
+				}
+			}
+		}()
+		cars = append(cars, c)
+	}
+	t.Cleanup(func() {
+		for _, c := range cars {
+			c.cancel()
+			<-c.done
+		}
+	})
+	for _, c := range cars { // every stream registered and served
+		select {
+		case <-c.last:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream got no snapshot")
+		}
+	}
+
+	for i := range changes {
+		h.apply(t, uint64(2+i), func(b *store.Batch, m store.Meta) error {
+			p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
+				`"spec":{"tool_name":"Bash","action":"deny","reason":"change ` + strconv.Itoa(i) + ` ` + pad + `"}}`))
+			if err != nil {
+				return err
+			}
+			_, _, err = b.PutPolicy(m, p, nil)
+			return err
+		})
+		if i == changes/2 { // a third of the streams leave mid-push
+			for _, c := range cars[:streams/3] {
+				c.cancel()
+			}
+		}
+	}
+	close(resume)
+	want := h.index.Set(policy.Identity{Org: "o1", Team: "t1", Employee: "e1"}).Version
+	for _, c := range cars[streams/3:] {
+		deadline := time.After(10 * time.Second)
+		for got := ""; got != want; {
+			select {
+			case got = <-c.last:
+			case <-deadline:
+				t.Fatalf("a stream's last version is %q, want the newest %q", got, want)
+			}
+		}
+	}
+	for _, c := range cars[:streams/3] {
+		<-c.done
+	}
+	waitGoroutines(t, 2*(streams-streams/3))
 }
