@@ -103,6 +103,12 @@ type registerHarness struct {
 
 func newRegisterHarness(t *testing.T) *registerHarness {
 	t.Helper()
+	return newRegisterHarnessWith(t, config.Default().Discovery)
+}
+
+// newRegisterHarnessWith is newRegisterHarness with the service's config.
+func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness {
+	t.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "state.db"), logger)
@@ -149,7 +155,7 @@ func newRegisterHarness(t *testing.T) *registerHarness {
 		t.Fatal(err)
 	}
 
-	h.svc, err = New(config.Default().Discovery, logger, Deps{
+	h.svc, err = New(cfg, logger, Deps{
 		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
 		Registry: prometheus.NewRegistry(),
 		CaughtUp: func(ctx context.Context) error {
@@ -176,7 +182,11 @@ func newRegisterHarness(t *testing.T) *registerHarness {
 		h.svc.CloseAll()
 		srv.Stop()
 	})
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Fixed flow-control windows: grpc-go's BDP estimation would grow
+	// them, so that a sidecar that stops reading might not block the
+	// node's sends, which the writer tests count on.
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	if err != nil {
 		t.Fatal(err)
 	}

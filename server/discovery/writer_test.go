@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
 )
@@ -101,12 +104,12 @@ func TestIdleStreamHasNoWriter(t *testing.T) {
 }
 
 // TestWritersUnderChurn: pushes arriving while the sidecars do not read
-// (so that sends block on flow control and every change arrives during a
-// send), on streams of which some end part way, never overlap two sends
+// (so that sends block on flow control and the last changes arrive during
+// a send), on streams of which some end part way, never overlap two sends
 // on a stream, never lose the newest version (each remaining stream ends
-// up holding it once its sidecar reads again) and leave no writer behind
-// (goleak checks the ended ones; the count checks the rest). Run with
-// -race.
+// up holding it once its sidecar reads again, without ACKing) and leave no
+// writer behind (goleak checks the ended ones; the count checks the
+// rest). Run with -race.
 func TestWritersUnderChurn(t *testing.T) {
 	const streams, changes = 12, 60
 	// Each response carries a 3 KB policy: the 64 KiB stream window fills
@@ -149,6 +152,12 @@ func TestWritersUnderChurn(t *testing.T) {
 					return
 				}
 				c.last <- resp.GetVersionInfo()
+				if n > 0 {
+					// No ACK after the snapshot: an ACK of a superseded
+					// nonce makes the node resend its newest set, which
+					// would hide a writer that left a response behind.
+					continue
+				}
 				if gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: addr,
 					VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}) != nil {
 					return
@@ -203,4 +212,126 @@ func TestWritersUnderChurn(t *testing.T) {
 		<-c.done
 	}
 	waitGoroutines(t, 2*(streams-streams/3))
+}
+
+// TestStreamEnds: every way a stream ends from outside its handler, which
+// is blocked receiving, reaches the client with its status: a send stuck
+// on a client that stopped reading, no first request, the inactivity
+// flush, and a shutdown while the client has half-closed (it still gets
+// pushes until then).
+func TestStreamEnds(t *testing.T) {
+	pad := strings.Repeat("x", 3000)
+	change := func(h *registerHarness, t *testing.T, i int) {
+		h.apply(t, uint64(2+i), func(b *store.Batch, m store.Meta) error {
+			p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
+				`"spec":{"tool_name":"Bash","action":"deny","reason":"change ` + strconv.Itoa(i) + ` ` + pad + `"}}`))
+			if err != nil {
+				return err
+			}
+			_, _, err = b.PutPolicy(m, p, nil)
+			return err
+		})
+	}
+	tests := []struct {
+		name string
+		cfg  func(*config.Discovery)
+		run  bool // the inactivity flush runs
+		// drive does what the sidecar does after opening the stream.
+		drive func(t *testing.T, h *registerHarness, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient)
+		want  codes.Code
+	}{
+		{"send stuck on a client that does not read", func(c *config.Discovery) { c.SendTimeout = 200 * time.Millisecond }, false,
+			func(t *testing.T, h *registerHarness, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {
+				openAndAck(t, gs)
+				for i := range 60 { // 3 KB each: the 64 KiB window fills
+					change(h, t, i)
+				}
+				// Reading now would unblock the send: wait for the kill.
+				deadline := time.Now().Add(10 * time.Second)
+				for h.registered() > 0 && time.Now().Before(deadline) {
+					time.Sleep(5 * time.Millisecond) // poll interval
+				}
+			}, codes.ResourceExhausted},
+		{"no first request", func(c *config.Discovery) { c.MaxClientInactive = 200 * time.Millisecond }, false,
+			func(*testing.T, *registerHarness, discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {}, codes.DeadlineExceeded},
+		{"inactivity flush", func(c *config.Discovery) {
+			c.MaxClientInactive, c.FlushInterval = 300*time.Millisecond, 50*time.Millisecond
+		}, true, func(t *testing.T, _ *registerHarness, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {
+			openAndAck(t, gs)
+		}, codes.DeadlineExceeded},
+		{"shutdown after a half-close", func(*config.Discovery) {}, false,
+			func(t *testing.T, h *registerHarness, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {
+				first := openAndAck(t, gs)
+				if err := gs.CloseSend(); err != nil {
+					t.Fatal(err)
+				}
+				change(h, t, 0)
+				resp, err := gs.Recv()
+				if err != nil {
+					t.Fatalf("push after the half-close: %v", err)
+				}
+				if resp.GetVersionInfo() == first.GetVersionInfo() {
+					t.Fatal("push after the half-close carries the old version")
+				}
+				h.svc.CloseAll()
+			}, codes.Unavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Default().Discovery
+			tt.cfg(&cfg)
+			h := newRegisterHarnessWith(t, cfg)
+			close(h.release)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if tt.run {
+				runCtx, stop := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() { defer close(done); h.svc.Run(runCtx) }()
+				defer func() { stop(); <-done }()
+			}
+			gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.drive(t, h, gs)
+			for {
+				if _, err = gs.Recv(); err != nil {
+					break
+				}
+			}
+			if got := status.Code(err); got != tt.want {
+				t.Fatalf("stream ended with %v, want %v", err, tt.want)
+			}
+			left := 0
+			if tt.run {
+				left = 1 // Service.Run
+			}
+			waitGoroutines(t, left)
+		})
+	}
+}
+
+// openAndAck sends the first request, reads the snapshot and ACKs it.
+func openAndAck(t *testing.T, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) *discoveryv1.PolicyDiscoveryResponse {
+	t.Helper()
+	if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-1"}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := gs.Recv()
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-1",
+		VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+		t.Fatalf("ACK: %v", err)
+	}
+	return resp
+}
+
+// registered is how many streams the service holds.
+func (h *registerHarness) registered() int {
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	return len(h.svc.streams)
 }
