@@ -1,9 +1,7 @@
 package discovery
 
 import (
-	"bytes"
 	"context"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,37 +14,19 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
-
-// discoveryGoroutines counts the goroutines running code of this package.
-func discoveryGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("policyd/server/discovery.(*")) {
-			count++
-		}
-	}
-	return count
-}
 
 // waitGoroutines polls until the package runs want goroutines.
 func waitGoroutines(t *testing.T, want int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	got := discoveryGoroutines()
+	const here = "policyd/server/discovery.(*"
+	got := servertest.Goroutines(here)
 	for got != want && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond) // poll interval
-		got = discoveryGoroutines()
+		got = servertest.Goroutines(here)
 	}
 	if got != want {
 		t.Fatalf("%d goroutines in the discovery package, want %d", got, want)
@@ -84,15 +64,7 @@ func TestIdleStreamHasNoWriter(t *testing.T) {
 	first := recvAck("snapshot")
 	waitGoroutines(t, 2)
 
-	h.apply(t, 2, func(b *store.Batch, m store.Meta) error {
-		p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
-			`"spec":{"tool_name":"Bash","action":"deny","reason":"changed"}}`))
-		if err != nil {
-			return err
-		}
-		_, _, err = b.PutPolicy(m, p, nil)
-		return err
-	})
+	h.changeTeamPolicy(t, 2, "changed")
 	pushed := recvAck("push")
 	if pushed.GetVersionInfo() == first.GetVersionInfo() {
 		t.Fatalf("push carries version %q, the snapshot's", pushed.GetVersionInfo())
@@ -181,15 +153,7 @@ func TestWritersUnderChurn(t *testing.T) {
 	}
 
 	for i := range changes {
-		h.apply(t, uint64(2+i), func(b *store.Batch, m store.Meta) error {
-			p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
-				`"spec":{"tool_name":"Bash","action":"deny","reason":"change ` + strconv.Itoa(i) + ` ` + pad + `"}}`))
-			if err != nil {
-				return err
-			}
-			_, _, err = b.PutPolicy(m, p, nil)
-			return err
-		})
+		h.changeTeamPolicy(t, uint64(2+i), "change "+strconv.Itoa(i)+" "+pad)
 		if i == changes/2 { // a third of the streams leave mid-push
 			for _, c := range cars[:streams/3] {
 				c.cancel()
@@ -222,15 +186,7 @@ func TestWritersUnderChurn(t *testing.T) {
 func TestStreamEnds(t *testing.T) {
 	pad := strings.Repeat("x", 3000)
 	change := func(h *registerHarness, t *testing.T, i int) {
-		h.apply(t, uint64(2+i), func(b *store.Batch, m store.Meta) error {
-			p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
-				`"spec":{"tool_name":"Bash","action":"deny","reason":"change ` + strconv.Itoa(i) + ` ` + pad + `"}}`))
-			if err != nil {
-				return err
-			}
-			_, _, err = b.PutPolicy(m, p, nil)
-			return err
-		})
+		h.changeTeamPolicy(t, uint64(2+i), "change "+strconv.Itoa(i)+" "+pad)
 	}
 	tests := []struct {
 		name string
@@ -334,4 +290,18 @@ func (h *registerHarness) registered() int {
 	h.svc.mu.Lock()
 	defer h.svc.mu.Unlock()
 	return len(h.svc.streams)
+}
+
+// changeTeamPolicy commits batch index: team t1's policy p-t1 with reason.
+func (h *registerHarness) changeTeamPolicy(t *testing.T, index uint64, reason string) {
+	t.Helper()
+	h.apply(t, index, func(b *store.Batch, m store.Meta) error {
+		p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
+			`"spec":{"tool_name":"Bash","action":"deny","reason":"` + reason + `"}}`))
+		if err != nil {
+			return err
+		}
+		_, _, err = b.PutPolicy(m, p, nil)
+		return err
+	})
 }
