@@ -249,6 +249,15 @@ func (c *cluster) httpAddrs() []string {
 	return addrs
 }
 
+// grpcAddrs returns every node's gRPC address, in node order.
+func (c *cluster) grpcAddrs() []string {
+	addrs := make([]string, len(c.nodes))
+	for i, nd := range c.nodes {
+		addrs[i] = nd.grpcAddr
+	}
+	return addrs
+}
+
 // checkAlive returns an error naming every node whose process has exited.
 func (c *cluster) checkAlive() error {
 	var errs []error

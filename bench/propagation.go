@@ -298,11 +298,7 @@ func openPropagationFleet(ctx context.Context, cl *cluster, cfg propagationConfi
 		}
 		return sf.fleet, nil
 	}
-	grpcAddrs := make([]string, len(cl.nodes))
-	for i, nd := range cl.nodes {
-		grpcAddrs[i] = nd.grpcAddr
-	}
-	return openFleet(ctx, fleetSpec{grpc: cfg.streams, ws: cfg.ws, grpcAddrs: grpcAddrs, httpAddrs: cl.httpAddrs(),
+	return openFleet(ctx, fleetSpec{grpc: cfg.streams, ws: cfg.ws, grpcAddrs: cl.grpcAddrs(), httpAddrs: cl.httpAddrs(),
 		nodes: cfg.nodes, orgs: cfg.orgs, grpcScope: cfg.grpcScope, grpcHead: cfg.grpcHead, streamsPerConn: cfg.streamsPerConn,
 		dialConcurrency: cfg.dialConcurrency})
 }

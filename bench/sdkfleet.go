@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"net/url"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/policyd/policyd/client"
 )
@@ -74,10 +72,15 @@ func openSDKFleet(ctx context.Context, cl *cluster, spec sdkFleetSpec) (*sdkFlee
 	f.readyAt = make([]atomic.Int64, len(f.cars))
 	f.clients = make([]*client.Client, len(f.cars))
 
-	conns, err := f.sharedConns(cl, spec.streamsPerConn)
-	if err != nil {
-		f.close()
-		return nil, err
+	// With one stream per connection each sidecar dials its nodes itself
+	// (conns stays nil) and fails over between them.
+	conns := make([]*grpc.ClientConn, len(f.cars))
+	if spec.streamsPerConn > 1 {
+		var err error
+		if conns, err = f.sharedConns(cl.grpcAddrs(), spec.streamsPerConn); err != nil {
+			f.close()
+			return nil, err
+		}
 	}
 	sem := make(chan struct{}, spec.startConcurrency)
 	for _, c := range f.cars {
@@ -114,37 +117,6 @@ func openSDKFleet(ctx context.Context, cl *cluster, spec sdkFleetSpec) (*sdkFlee
 		})
 	}
 	return f, nil
-}
-
-// sharedConns returns, per sidecar, the connection it shares with the
-// other gRPC sidecars of its node, or nil when it dials itself
-// (streamsPerConn 1, and every WebSocket sidecar).
-func (f *sdkFleet) sharedConns(cl *cluster, streamsPerConn int) ([]*grpc.ClientConn, error) {
-	out := make([]*grpc.ClientConn, len(f.cars))
-	if streamsPerConn <= 1 {
-		return out, nil
-	}
-	current := make([]*grpc.ClientConn, len(cl.nodes))
-	perNode := make([]int, len(cl.nodes))
-	for _, c := range f.cars {
-		if c.kind != kindGRPC {
-			continue
-		}
-		if perNode[c.node]%streamsPerConn == 0 {
-			addr := cl.nodes[c.node].grpcAddr
-			cc, err := grpc.NewClient(addr,
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithInitialConnWindowSize(int32(min(streamsPerConn*streamWindow, math.MaxInt32))))
-			if err != nil {
-				return nil, fmt.Errorf("grpc client for %s: %w", addr, err)
-			}
-			f.conns = append(f.conns, cc)
-			current[c.node] = cc
-		}
-		perNode[c.node]++
-		out[c.idx] = current[c.node]
-	}
-	return out, nil
 }
 
 // sdkConfig is sidecar c's SDK configuration: every node in Servers, its

@@ -351,24 +351,10 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 		f.cars = append(f.cars, &sidecar{idx: len(f.cars), kind: kindWS, node: i % spec.nodes, org: i % spec.orgs, id: sidecarID(kindWS, i)})
 	}
 
-	// One ClientConn per streamsPerConn streams of a node.
-	clients := make([]*grpc.ClientConn, len(f.cars))
-	current := make([]*grpc.ClientConn, spec.nodes)
-	perNode := make([]int, spec.nodes)
-	for _, c := range f.cars {
-		if c.kind != kindGRPC {
-			continue
-		}
-		if perNode[c.node]%spec.streamsPerConn == 0 {
-			cc, err := f.dialGRPC(spec.grpcAddrs[c.node], spec.streamsPerConn)
-			if err != nil {
-				f.close()
-				return nil, err
-			}
-			current[c.node] = cc
-		}
-		perNode[c.node]++
-		clients[c.idx] = current[c.node]
+	clients, err := f.sharedConns(spec.grpcAddrs, spec.streamsPerConn)
+	if err != nil {
+		f.close()
+		return nil, err
 	}
 
 	sem := make(chan struct{}, spec.dialConcurrency)
@@ -393,6 +379,30 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// sharedConns dials one ClientConn per streamsPerConn gRPC sidecars of a
+// node (addrs[node]) and returns, per sidecar, the one it uses (nil for a
+// WebSocket sidecar).
+func (f *fleet) sharedConns(addrs []string, streamsPerConn int) ([]*grpc.ClientConn, error) {
+	out := make([]*grpc.ClientConn, len(f.cars))
+	current := make([]*grpc.ClientConn, len(addrs))
+	perNode := make([]int, len(addrs))
+	for _, c := range f.cars {
+		if c.kind != kindGRPC {
+			continue
+		}
+		if perNode[c.node]%streamsPerConn == 0 {
+			cc, err := f.dialGRPC(addrs[c.node], streamsPerConn)
+			if err != nil {
+				return nil, err
+			}
+			current[c.node] = cc
+		}
+		perNode[c.node]++
+		out[c.idx] = current[c.node]
+	}
+	return out, nil
 }
 
 // dialGRPC creates a ClientConn for streams streams to addr.
