@@ -9,10 +9,12 @@
 //     set, every stream of that scope is sent the new snapshot at once; the
 //     seed's request-driven design stalls a client that has ACKed and then
 //     stays quiet.
-//   - One snapshot per (scope, version), encoded once. Its nonce is shared by
-//     every stream of the scope: "<node>.<incarnation>-<sequence>", unique
-//     across nodes and restarts, so a nonce a stream never saw (another
-//     node's, or from before a restart) is recognisably unknown.
+//   - One snapshot per set, encoded once. Its nonce is shared by every
+//     stream of the scope, and by every scope with the same set (each
+//     employee of a team that no policy names has its team's):
+//     "<node>.<incarnation>-<sequence>", unique across nodes and restarts,
+//     so a nonce a stream never saw (another node's, or from before a
+//     restart) is recognisably unknown.
 //   - Request table: nonce "" → the current snapshot, or `unchanged` when the
 //     client's version_info is already current; the latest nonce sent on this
 //     stream → ACK (version matches) or NACK (error_detail set), nothing sent;
@@ -119,14 +121,29 @@ type Service struct {
 	streams map[*stream]struct{}
 	groups  map[policy.Identity]*group
 	byAddr  map[string]map[*stream]struct{}
+	// bySet is the snapshot of every set that a group holds, and how many
+	// groups hold it. Every employee of a team that no policy names has
+	// the team's set; without this, each such employee's first stream
+	// encoded a copy of it, and the node kept one copy per employee until
+	// the next change: 3 KiB per idle sidecar with 10 small policies, and
+	// the whole set per sidecar with large ones.
+	bySet map[*policyset.Set]*setSnapshot
 }
 
 // group is every stream serving one scope, and that scope's current
 // snapshot.
 type group struct {
 	id      policy.Identity
+	set     *policyset.Set // the set snap was encoded from
 	snap    *snapshot
 	streams map[*stream]struct{}
+}
+
+// setSnapshot is bySet's entry: a snapshot of the set and the number of
+// groups whose set it is.
+type setSnapshot struct {
+	snap   *snapshot
+	groups int
 }
 
 // New builds the service.
@@ -144,6 +161,7 @@ func New(cfg config.Discovery, logger *slog.Logger, deps Deps) (*Service, error)
 		streams:     map[*stream]struct{}{},
 		groups:      map[policy.Identity]*group{},
 		byAddr:      map[string]map[*stream]struct{}{},
+		bySet:       map[*policyset.Set]*setSnapshot{},
 	}
 	s.closed, s.markClose = context.WithCancel(context.Background())
 	m, err := newMetrics(deps.NodeID, deps.Registry)
@@ -270,7 +288,7 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 			s.mu.Unlock()
 			continue
 		}
-		g.snap = snap
+		s.holdLocked(g, set, snap)
 		for st := range g.streams {
 			offers = append(offers, offer{st, r})
 		}
@@ -407,18 +425,23 @@ func (s *Service) Clients() []*clusterv1.ClientInfo {
 // register adds st, serving scope id, and returns the scope's current
 // snapshot.
 func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
-	// The first stream of a scope needs that scope's snapshot. It is encoded
-	// before taking the lock, so that a storm of reconnecting sidecars, each
+	// The first stream of a scope needs that scope's snapshot: another
+	// scope's of the same set if there is one, else one encoded before
+	// taking the lock, so that a storm of reconnecting sidecars, each
 	// with its own scope, does not serialise on encoding; see registerLocked
-	// for why a snapshot encoded outside the lock is still current.
-	var set *policyset.Set
+	// for why a snapshot encoded outside the lock is still current. The
+	// set too is computed outside the lock; registerLocked finds it cached.
+	set := s.deps.Policies.Set(id)
 	var fresh *snapshot
 	for {
 		g, err := s.registerLocked(st, id, set, fresh)
 		if g != nil || err != nil {
 			return g, err
 		}
-		set = s.deps.Policies.Set(id)
+		if cur := s.deps.Policies.Set(id); cur != set {
+			set, fresh = cur, nil // changed meanwhile: look for a shared one again
+			continue
+		}
 		if fresh, err = s.newSnapshot(set, time.Time{}); err != nil {
 			return nil, err
 		}
@@ -426,11 +449,12 @@ func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
 }
 
 // registerLocked adds st to scope id's group. When the group does not exist
-// yet it is created with fresh, provided fresh was encoded from set and set
-// is still the index's current set for id (the index returns the same *Set
-// until a change invalidates it, and the dispatcher invalidates before it
-// pushes, so a stale set is detected here or the group is refreshed by the
-// push that follows). Otherwise it returns nil and the caller encodes.
+// yet it is created with set's snapshot, provided set is still the index's
+// current set for id (the index returns the same *Set until a change
+// invalidates it, and the dispatcher invalidates before it pushes, so a
+// stale set is detected here or the group is refreshed by the push that
+// follows): the one another group holds (bySet), else fresh, encoded from
+// set. Otherwise it returns nil and the caller encodes.
 func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot) (*snapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -443,8 +467,15 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 		return nil, status.Error(codes.Canceled, "stream ended")
 	}
 	g := s.groups[id]
-	if g == nil && (fresh == nil || s.deps.Policies.Set(id) != set) {
-		return nil, nil
+	if g == nil {
+		if s.deps.Policies.Set(id) != set {
+			return nil, nil
+		}
+		if e := s.bySet[set]; e != nil {
+			fresh = e.snap
+		} else if fresh == nil {
+			return nil, nil
+		}
 	}
 	if st.employee != "" {
 		// The identity was resolved when the stream opened, before the
@@ -465,7 +496,8 @@ func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.
 		}
 	}
 	if g == nil {
-		g = &group{id: id, snap: fresh, streams: map[*stream]struct{}{}}
+		g = &group{id: id, streams: map[*stream]struct{}{}}
+		s.holdLocked(g, set, fresh)
 		s.groups[id] = g
 	}
 	g.streams[st] = struct{}{}
@@ -499,12 +531,39 @@ func (s *Service) unregister(st *stream) {
 	if g := s.groups[st.scope]; g != nil {
 		delete(g.streams, st)
 		if len(g.streams) == 0 {
+			s.releaseLocked(g)
 			delete(s.groups, st.scope)
 			s.metrics.streams.DeleteLabelValues(st.scope.String())
 			return
 		}
 	}
 	s.metrics.streams.WithLabelValues(st.scope.String()).Dec()
+}
+
+// holdLocked makes snap, encoded from set, g's snapshot, and the one that
+// groups created for set from now on share.
+func (s *Service) holdLocked(g *group, set *policyset.Set, snap *snapshot) {
+	if g.set != nil {
+		s.releaseLocked(g)
+	}
+	g.set, g.snap = set, snap
+	e := s.bySet[set]
+	if e == nil {
+		e = &setSnapshot{}
+		s.bySet[set] = e
+	}
+	e.snap = snap
+	e.groups++
+}
+
+// releaseLocked drops g's hold on its set's snapshot.
+func (s *Service) releaseLocked(g *group) {
+	if e := s.bySet[g.set]; e != nil {
+		if e.groups--; e.groups == 0 {
+			delete(s.bySet, g.set)
+		}
+	}
+	g.set = nil
 }
 
 // current is the snapshot a stream of scope id should hold now.

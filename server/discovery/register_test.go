@@ -140,20 +140,14 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 	h.sub.Next() // the index has read the store past these
 
 	secret := filepath.Join(dir, "jwt.secret")
-	const key = "register-test-secret-of-32-bytes!"
-	if err := os.WriteFile(secret, []byte(key), 0o600); err != nil {
+	if err := os.WriteFile(secret, []byte(registerKey), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	verifier, err := auth.NewJWTVerifier(config.JWT{HMACSecretFile: secret, Issuer: "test", Leeway: time.Second}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.token, err = jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
-		"sub": "e1", "org": "o1", "iss": "test", "exp": time.Now().Add(time.Hour).Unix(),
-	}).SignedString([]byte(key))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h.token = tokenFor(t, "e1")
 
 	h.svc, err = New(cfg, logger, Deps{
 		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
@@ -193,6 +187,21 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 	t.Cleanup(func() { _ = cc.Close() })
 	h.client = discoveryv1.NewPolicyDiscoveryServiceClient(cc)
 	return h
+}
+
+// registerKey signs the harness's tokens (HS256).
+const registerKey = "register-test-secret-of-32-bytes!"
+
+// tokenFor is a token of employee e of org o1 that the harness accepts.
+func tokenFor(t *testing.T, e string) string {
+	t.Helper()
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"sub": e, "org": "o1", "iss": "test", "exp": time.Now().Add(time.Hour).Unix(),
+	}).SignedString([]byte(registerKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
 
 // apply commits batch index with fn and dispatches its changes as the

@@ -113,11 +113,25 @@ type stream struct {
 // that does not read, inactivity, revocation, shutdown — arrives here.
 func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyDiscoveryRequest, discoveryv1.PolicyDiscoveryResponse]) error {
 	ctx := gs.Context()
-	who, err := s.authenticate(ctx)
-	if err != nil {
-		return statusOf(err)
-	}
-	if err := s.caughtUp(ctx); err != nil {
+	// Set-up runs on a goroutine of its own. Verifying the token's
+	// signature and reading the store need a deep stack, and a goroutine
+	// keeps a stack it grew: the GC halves a stack only while less than a
+	// quarter of it is in use, and this handler then waits for the
+	// stream's whole life about 3 KiB deep. Run here, set-up left every
+	// idle stream with an 8 KiB handler stack instead of 4 KiB (bench
+	// idle-memory: 22.4 → 18.6 KiB of stacks per stream with a
+	// connection each).
+	var who caller
+	setUp := make(chan error, 1)
+	go func() {
+		var err error
+		if who, err = s.authenticate(ctx); err != nil {
+			setUp <- statusOf(err)
+			return
+		}
+		setUp <- s.caughtUp(ctx)
+	}()
+	if err := <-setUp; err != nil {
 		return err
 	}
 	st := &stream{
