@@ -157,8 +157,8 @@ func (f *propagationFigure) targets() []targetResult {
 func (f *idleMemFigure) targets() []targetResult {
 	return []targetResult{{
 		Target: fmt.Sprintf("idle memory per %s connection ≤ %d KiB", f.Transport, f.TargetBytes>>10),
-		Measured: fmt.Sprintf("RSS %.1f KiB, heap+stack %.1f KiB (%d conns)", float64(f.RSSPerConn)/1024,
-			float64(f.HeapInusePerConn+f.StackPerConn)/1024, f.Conns),
+		Measured: fmt.Sprintf("RSS %.1f KiB, heap+stack %.1f KiB (%d conns, %d per TCP connection)", float64(f.RSSPerConn)/1024,
+			float64(f.HeapInusePerConn+f.StackPerConn)/1024, f.Conns, max(f.StreamsPerConn, 1)),
 		Met: f.TargetMetRSS,
 	}}
 }

@@ -37,19 +37,20 @@ type suiteStep struct {
 // same with 10,000 of each on one node (issue 7's propagation target; it
 // needs an open-files limit of about 10,500 for bench and for the node),
 // first with SDK sidecars and then with simulated ones, idle-memory with
-// 1,000 of each on one node, and failover. It is sized to finish in well
+// 1,000 of each on one node (100 gRPC streams per connection) and again
+// with 1,000 gRPC streams that have a connection each, and failover. It is sized to finish in well
 // under 10 minutes on a 2-core machine (about 4 minutes).
 // A failing step does not stop the others; the run fails at the end.
 func suiteScenario() scenario {
 	return scenario{
 		name:    "suite",
-		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also simulated), idle-memory, failover",
+		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also simulated), idle-memory (100 and 1 stream per connection), failover",
 		setup: func(fs *flag.FlagSet) runner {
 			c := &suiteConfig{}
 			fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time of each writes run (policyd and etcd, 100 and 1 writer)")
 			fs.IntVar(&c.rounds, "rounds", 3, "failover rounds")
 			fs.StringVar(&c.etcdBin, "etcd-bin", "", "etcd binary; empty: the one hack/kube-bins.sh builds")
-			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-simulated, idle-memory, failover)")
+			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-simulated, idle-memory, idle-memory-conn, failover)")
 			return c
 		},
 	}
@@ -95,6 +96,10 @@ func (c *suiteConfig) all() []suiteStep {
 		// does when the load generator leaves it more of the shared CPUs.
 		{"propagation-10k-simulated", "propagation", []string{"-streams", "10000", "-ws", "10000", "-nodes", "1", "-writes", "20", "-sdk=false"}},
 		{"idle-memory", "idle-memory", []string{"-streams", "1000", "-ws", "1000"}},
+		// Real sidecars have a connection each, which costs the node
+		// grpc-go's per-connection goroutines and buffers on top of the
+		// stream's: the harder case for the 48 KB target.
+		{"idle-memory-conn", "idle-memory", []string{"-streams", "1000", "-ws", "0", "-streams-per-conn", "1"}},
 		{"failover", "failover", []string{"-rounds", strconv.Itoa(c.rounds), "-writers", "20", "-grpc", "200", "-ws", "200"}},
 	}
 }
