@@ -830,7 +830,8 @@ func TestDiscoveryBadInput(t *testing.T) {
 // TestDiscoveryTeammatesShareSnapshot: employees that no policy names get
 // their team's set, and a push encodes it once for all of them (one nonce);
 // a policy that names one of them gives that one a set of its own, and only
-// that one.
+// that one. When that policy goes, its set is the team's again and it is
+// sent the snapshot its teammates hold, not a copy.
 func TestDiscoveryTeammatesShareSnapshot(t *testing.T) {
 	n, a := singleNode(t, nil)
 	cc := dialGRPC(t, n.GRPCAddr())
@@ -867,7 +868,7 @@ func TestDiscoveryTeammatesShareSnapshot(t *testing.T) {
 		{"team policy changes again", "/v1/policies/team", string(scopedPolicy("team", sec, "3")),
 			map[string][]string{"carol": {"own", "team"}, "dave": {"team"}}, false},
 		{"carol's policy goes", "/v1/policies/own", "",
-			map[string][]string{"carol": {"team"}, "dave": {"team"}}, false},
+			map[string][]string{"carol": {"team"}, "dave": {"team"}}, true},
 		{"shared again", "/v1/policies/team", string(scopedPolicy("team", sec, "4")),
 			map[string][]string{"carol": {"team"}, "dave": {"team"}}, true},
 	}

@@ -265,6 +265,13 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		set := s.deps.Policies.Set(g.id)
 		s.mu.Lock()
 		unchanged := s.groups[g.id] != g || g.snap.version == set.Version
+		var shared *snapshot
+		if e := s.bySet[set]; e != nil {
+			// A scope whose first stream opened after the index took
+			// the change in, and before this push, already holds the
+			// new set's snapshot.
+			shared = e.snap
+		}
 		s.mu.Unlock()
 		if unchanged {
 			continue // emptied meanwhile, or the change left this scope's set as it was
@@ -274,12 +281,15 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		// The response is immutable, so every stream is offered the same.
 		r := encoded[set]
 		if r == nil {
-			snap, err := s.newSnapshot(set, c.At)
-			if err != nil {
-				s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
-				continue
+			snap := shared
+			if snap == nil {
+				var err error
+				if snap, err = s.newSnapshot(set); err != nil {
+					s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
+					continue
+				}
 			}
-			r = &response{snap: snap, push: true}
+			r = &response{snap: snap, push: true, at: c.At}
 			encoded[set] = r
 		}
 		snap := r.snap
@@ -442,7 +452,7 @@ func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
 			set, fresh = cur, nil // changed meanwhile: look for a shared one again
 			continue
 		}
-		if fresh, err = s.newSnapshot(set, time.Time{}); err != nil {
+		if fresh, err = s.newSnapshot(set); err != nil {
 			return nil, err
 		}
 	}

@@ -95,6 +95,7 @@ type registerHarness struct {
 	index         *policyset.Index
 	svc           *Service
 	client        discoveryv1.PolicyDiscoveryServiceClient
+	reg           *prometheus.Registry
 	token         string
 	authenticated chan struct{}
 	authOnce      sync.Once
@@ -116,7 +117,8 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	h := &registerHarness{st: st, sub: st.SubscribeWithData(), authenticated: make(chan struct{}), release: make(chan struct{})}
+	h := &registerHarness{st: st, sub: st.SubscribeWithData(), reg: prometheus.NewRegistry(),
+		authenticated: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(h.sub.Close)
 	h.apply(t, 1, func(b *store.Batch, m store.Meta) error {
 		if _, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusActive}, nil); err != nil {
@@ -151,7 +153,7 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 
 	h.svc, err = New(cfg, logger, Deps{
 		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
-		Registry: prometheus.NewRegistry(),
+		Registry: h.reg,
 		CaughtUp: func(ctx context.Context) error {
 			h.authOnce.Do(func() { close(h.authenticated) }) // the first stream's
 			select {
@@ -208,17 +210,28 @@ func tokenFor(t *testing.T, e string) string {
 // node does: the policy index first, then the service.
 func (h *registerHarness) apply(t *testing.T, index uint64, fn func(b *store.Batch, m store.Meta) error) {
 	t.Helper()
+	for _, c := range h.commit(t, index, fn) {
+		h.svc.OnChange(c)
+	}
+}
+
+// commit commits batch index with fn and has the policy index take its
+// changes in, but not yet the service: what a stream opening in between
+// sees.
+func (h *registerHarness) commit(t *testing.T, index uint64, fn func(b *store.Batch, m store.Meta) error) []store.Change {
+	t.Helper()
 	m := store.Meta{Index: index, ProcessedAt: time.Unix(int64(index), 0), OriginatedAt: time.Unix(int64(index), 0)}
 	if err := h.st.ApplyBatch(index, func(b *store.Batch) error { return fn(b, m) }); err != nil {
 		t.Fatalf("apply batch %d: %v", index, err)
 	}
 	if h.svc == nil {
-		return // setting up: the index reads the store when it is built
+		return nil // setting up: the index reads the store when it is built
 	}
-	for _, c := range h.sub.Next() {
+	changes := h.sub.Next()
+	for _, c := range changes {
 		if err := h.index.Update(c); err != nil {
 			t.Fatalf("index update: %v", err)
 		}
-		h.svc.OnChange(c)
 	}
+	return changes
 }

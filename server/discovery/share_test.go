@@ -10,6 +10,7 @@ import (
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -134,4 +135,58 @@ func (h *registerHarness) setHolders() []int {
 	}
 	slices.Sort(n)
 	return n
+}
+
+// TestPushSharesRegisteredSnapshot: a scope whose first stream opens after
+// the policy index has taken a change in, and before the service pushes it,
+// encodes the new set's snapshot itself. The push then sends that one to
+// the other scopes of the set instead of encoding a second copy, and its
+// latency is still measured.
+func TestPushSharesRegisteredSnapshot(t *testing.T) {
+	h := newRegisterHarness(t)
+	close(h.release)
+	h.apply(t, 2, func(b *store.Batch, m store.Meta) error {
+		_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e2", Org: "o1", Team: "t1", Status: policy.StatusActive}, nil)
+		return err
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	open := func(e string) (discoveryv1.PolicyDiscoveryService_StreamPoliciesClient, *discoveryv1.PolicyDiscoveryResponse) {
+		t.Helper()
+		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokenFor(t, e)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-" + e}); err != nil {
+			t.Fatalf("%s: send the first request: %v", e, err)
+		}
+		return gs, recvFrom(t, e, gs)
+	}
+	gs1, before := open("e1")
+
+	changes := h.commit(t, 3, teamPolicy("changed"))
+	_, registered := open("e2") // the index has the change, the service not yet
+	if registered.GetVersionInfo() == before.GetVersionInfo() {
+		t.Fatalf("e2 opened after the index took the change in and got the old version %q", registered.GetVersionInfo())
+	}
+	for _, c := range changes {
+		h.svc.OnChange(c)
+	}
+	pushed := recvFrom(t, "e1", gs1)
+	if pushed.GetVersionInfo() != registered.GetVersionInfo() || pushed.GetNonce() != registered.GetNonce() {
+		t.Errorf("push to e1: version %q nonce %q; e2's snapshot of the same set: %q %q; want the same response",
+			pushed.GetVersionInfo(), pushed.GetNonce(), registered.GetVersionInfo(), registered.GetNonce())
+	}
+	if got, want := h.setHolders(), []int{2}; !slices.Equal(got, want) {
+		t.Errorf("groups per shared snapshot: %v, want %v", got, want)
+	}
+	// Observed once the send has returned, which may be after e1 read it.
+	const latency = "policyd_discovery_push_latency_seconds"
+	deadline := time.Now().Add(10 * time.Second)
+	for servertest.Metric(t, h.reg, latency) < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
+	if n := servertest.Metric(t, h.reg, latency); n != 1 {
+		t.Errorf("push latency observed %v times, want 1 (e1's push)", n)
+	}
 }

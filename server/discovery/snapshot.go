@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc/encoding"
 	protoenc "google.golang.org/grpc/encoding/proto"
@@ -20,11 +19,7 @@ import (
 type snapshot struct {
 	version string
 	nonce   string
-	// at is when the change that produced it was committed locally (zero
-	// for a snapshot built for a new scope); push latency is measured from
-	// it.
-	at   time.Time
-	full encoded
+	full    encoded
 
 	unchangedOnce sync.Once
 	unchanged     encoded
@@ -34,11 +29,10 @@ type snapshot struct {
 // passes it through untouched.
 type encoded []byte
 
-func (s *Service) newSnapshot(set *policyset.Set, at time.Time) (*snapshot, error) {
+func (s *Service) newSnapshot(set *policyset.Set) (*snapshot, error) {
 	snap := &snapshot{
 		version: set.Version,
 		nonce:   s.noncePrefix + "-" + strconv.FormatUint(s.nonceSeq.Add(1), 10),
-		at:      at,
 	}
 	resp := &discoveryv1.PolicyDiscoveryResponse{
 		VersionInfo: set.Version,

@@ -49,6 +49,10 @@ type response struct {
 	// push marks a response caused by a committed change (its latency is
 	// measured), as opposed to an answer to a request.
 	push bool
+	// at is when that change was committed locally; push latency is
+	// measured from it. On the response, not the snapshot: a push may
+	// send a snapshot that a new scope's stream had encoded before it.
+	at time.Time
 }
 
 // caller is who opened a stream: the employee (jwt mode) and its identity.
@@ -277,8 +281,8 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	sent.Inc()
 	if r.push {
 		s.metrics.pushes.Inc()
-		if !r.snap.at.IsZero() {
-			s.metrics.pushLatency.Observe(time.Since(r.snap.at).Seconds())
+		if !r.at.IsZero() {
+			s.metrics.pushLatency.Observe(time.Since(r.at).Seconds())
 		}
 	}
 	return nil

@@ -295,7 +295,12 @@ func (h *registerHarness) registered() int {
 // changeTeamPolicy commits batch index: team t1's policy p-t1 with reason.
 func (h *registerHarness) changeTeamPolicy(t *testing.T, index uint64, reason string) {
 	t.Helper()
-	h.apply(t, index, func(b *store.Batch, m store.Meta) error {
+	h.apply(t, index, teamPolicy(reason))
+}
+
+// teamPolicy puts team t1's policy p-t1 with reason.
+func teamPolicy(reason string) func(b *store.Batch, m store.Meta) error {
+	return func(b *store.Batch, m store.Meta) error {
 		p, err := policy.DecodePolicy([]byte(`{"name":"p-t1","kind":"ToolPolicy","scope":{"org":"o1","team":"t1"},` +
 			`"spec":{"tool_name":"Bash","action":"deny","reason":"` + reason + `"}}`))
 		if err != nil {
@@ -303,5 +308,5 @@ func (h *registerHarness) changeTeamPolicy(t *testing.T, index uint64, reason st
 		}
 		_, _, err = b.PutPolicy(m, p, nil)
 		return err
-	})
+	}
 }
