@@ -267,9 +267,11 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		unchanged := s.groups[g.id] != g || g.snap.version == set.Version
 		var shared *snapshot
 		if e := s.bySet[set]; e != nil {
-			// A scope whose first stream opened after the index took
-			// the change in, and before this push, already holds the
-			// new set's snapshot.
+			// Another scope holds this set's snapshot already: one
+			// whose first stream opened after the index took the change
+			// in and before this push, or one whose set this change
+			// left alone (a teammate, when an employee's own policy
+			// goes).
 			shared = e.snap
 		}
 		s.mu.Unlock()
@@ -553,9 +555,7 @@ func (s *Service) unregister(st *stream) {
 // holdLocked makes snap, encoded from set, g's snapshot, and the one that
 // groups created for set from now on share.
 func (s *Service) holdLocked(g *group, set *policyset.Set, snap *snapshot) {
-	if g.set != nil {
-		s.releaseLocked(g)
-	}
+	s.releaseLocked(g)
 	g.set, g.snap = set, snap
 	e := s.bySet[set]
 	if e == nil {
@@ -566,7 +566,7 @@ func (s *Service) holdLocked(g *group, set *policyset.Set, snap *snapshot) {
 	e.groups++
 }
 
-// releaseLocked drops g's hold on its set's snapshot.
+// releaseLocked drops g's hold on its set's snapshot, if it has one.
 func (s *Service) releaseLocked(g *group) {
 	if e := s.bySet[g.set]; e != nil {
 		if e.groups--; e.groups == 0 {

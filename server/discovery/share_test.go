@@ -48,15 +48,9 @@ func TestScopesShareSnapshot(t *testing.T) {
 	streams := map[string]discoveryv1.PolicyDiscoveryService_StreamPoliciesClient{}
 	open := func(e string) *discoveryv1.PolicyDiscoveryResponse {
 		t.Helper()
-		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokenFor(t, e)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-" + e}); err != nil {
-			t.Fatalf("%s: send the first request: %v", e, err)
-		}
+		gs, resp := h.openAs(ctx, t, e)
 		streams[e] = gs
-		return recvFrom(t, e, gs)
+		return resp
 	}
 	// check: the employees in shared got one response (nonce and version),
 	// and those in own got another.
@@ -114,6 +108,20 @@ func TestScopesShareSnapshot(t *testing.T) {
 	}
 }
 
+// openAs opens a stream with employee e's token, sends its first request
+// and receives the first response.
+func (h *registerHarness) openAs(ctx context.Context, t *testing.T, e string) (discoveryv1.PolicyDiscoveryService_StreamPoliciesClient, *discoveryv1.PolicyDiscoveryResponse) {
+	t.Helper()
+	gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokenFor(t, e)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-" + e}); err != nil {
+		t.Fatalf("%s: send the first request: %v", e, err)
+	}
+	return gs, recvFrom(t, e, gs)
+}
+
 // recvFrom receives one response from employee e's stream.
 func recvFrom(t *testing.T, e string, gs discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) *discoveryv1.PolicyDiscoveryResponse {
 	t.Helper()
@@ -151,21 +159,10 @@ func TestPushSharesRegisteredSnapshot(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	open := func(e string) (discoveryv1.PolicyDiscoveryService_StreamPoliciesClient, *discoveryv1.PolicyDiscoveryResponse) {
-		t.Helper()
-		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tokenFor(t, e)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gs.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: "sidecar-" + e}); err != nil {
-			t.Fatalf("%s: send the first request: %v", e, err)
-		}
-		return gs, recvFrom(t, e, gs)
-	}
-	gs1, before := open("e1")
+	gs1, before := h.openAs(ctx, t, "e1")
 
 	changes := h.commit(t, 3, teamPolicy("changed"))
-	_, registered := open("e2") // the index has the change, the service not yet
+	_, registered := h.openAs(ctx, t, "e2") // the index has the change, the service not yet
 	if registered.GetVersionInfo() == before.GetVersionInfo() {
 		t.Fatalf("e2 opened after the index took the change in and got the old version %q", registered.GetVersionInfo())
 	}
