@@ -252,10 +252,6 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		}
 	}
 	s.mu.Unlock()
-	// Scopes with the same set (every employee of a team that no policy
-	// names shares its team's) share one snapshot: encoded once per set
-	// in this change, not once per scope.
-	encoded := map[*policyset.Set]*response{}
 	type offer struct {
 		st *stream
 		r  *response
@@ -265,36 +261,32 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		set := s.deps.Policies.Set(g.id)
 		s.mu.Lock()
 		unchanged := s.groups[g.id] != g || g.snap.version == set.Version
-		var shared *snapshot
+		// Scopes with the same set (every employee of a team that no
+		// policy names has its team's) share one snapshot, encoded once:
+		// the set's is held already if this push has reached another of
+		// them, if a scope's first stream opened after the index took the
+		// change in, or if this change left a scope with the set alone (a
+		// teammate, when an employee's own policy goes).
+		var snap *snapshot
 		if e := s.bySet[set]; e != nil {
-			// Another scope holds this set's snapshot already: one
-			// whose first stream opened after the index took the change
-			// in and before this push, or one whose set this change
-			// left alone (a teammate, when an employee's own policy
-			// goes).
-			shared = e.snap
+			snap = e.snap
 		}
 		s.mu.Unlock()
 		if unchanged {
 			continue // emptied meanwhile, or the change left this scope's set as it was
 		}
-		// Encoded outside the lock: only this goroutine replaces an
-		// existing group's snapshot, so nothing can race it in between.
-		// The response is immutable, so every stream is offered the same.
-		r := encoded[set]
-		if r == nil {
-			snap := shared
-			if snap == nil {
-				var err error
-				if snap, err = s.newSnapshot(set); err != nil {
-					s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
-					continue
-				}
+		if snap == nil {
+			// Encoded outside the lock: only this goroutine replaces an
+			// existing group's snapshot, so nothing can race it in
+			// between.
+			var err error
+			if snap, err = s.newSnapshot(set); err != nil {
+				s.logger.Error("encode snapshot", "scope", g.id.String(), "err", err)
+				continue
 			}
-			r = &response{snap: snap, push: true, at: c.At}
-			encoded[set] = r
 		}
-		snap := r.snap
+		// Immutable, so every stream of the group is offered the same.
+		r := &response{snap: snap, push: true, at: c.At}
 		s.mu.Lock()
 		if s.groups[g.id] != g {
 			s.mu.Unlock()

@@ -96,12 +96,8 @@ func TestScopesShareSnapshot(t *testing.T) {
 	}
 
 	cancel()
-	deadline := time.Now().Add(10 * time.Second)
-	for h.registered() > 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // poll interval
-	}
-	if n := h.registered(); n != 0 {
-		t.Fatalf("%d streams still registered after the clients left", n)
+	if !servertest.Poll(10*time.Second, func() bool { return h.registered() == 0 }) {
+		t.Fatalf("%d streams still registered after the clients left", h.registered())
 	}
 	if got := h.setHolders(); len(got) != 0 {
 		t.Errorf("shared snapshots left after every stream ended: %v groups", got)
@@ -179,10 +175,7 @@ func TestPushSharesRegisteredSnapshot(t *testing.T) {
 	}
 	// Observed once the send has returned, which may be after e1 read it.
 	const latency = "policyd_discovery_push_latency_seconds"
-	deadline := time.Now().Add(10 * time.Second)
-	for servertest.Metric(t, h.reg, latency) < 1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // poll interval
-	}
+	servertest.Poll(10*time.Second, func() bool { return servertest.Metric(t, h.reg, latency) >= 1 })
 	if n := servertest.Metric(t, h.reg, latency); n != 1 {
 		t.Errorf("push latency observed %v times, want 1 (e1's push)", n)
 	}

@@ -21,14 +21,9 @@ import (
 // waitGoroutines polls until the package runs want goroutines.
 func waitGoroutines(t *testing.T, want int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	const here = "policyd/server/discovery.(*"
-	got := servertest.Goroutines(here)
-	for got != want && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // poll interval
-		got = servertest.Goroutines(here)
-	}
-	if got != want {
+	var got int
+	if !servertest.Poll(10*time.Second, func() bool { got = servertest.Goroutines(here); return got == want }) {
 		t.Fatalf("%d goroutines in the discovery package, want %d", got, want)
 	}
 }
@@ -203,10 +198,7 @@ func TestStreamEnds(t *testing.T) {
 					change(h, t, i)
 				}
 				// Reading now would unblock the send: wait for the kill.
-				deadline := time.Now().Add(10 * time.Second)
-				for h.registered() > 0 && time.Now().Before(deadline) {
-					time.Sleep(5 * time.Millisecond) // poll interval
-				}
+				servertest.Poll(10*time.Second, func() bool { return h.registered() == 0 })
 			}, codes.ResourceExhausted},
 		{"no first request", func(c *config.Discovery) { c.MaxClientInactive = 200 * time.Millisecond }, false,
 			func(*testing.T, *registerHarness, discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {}, codes.DeadlineExceeded},

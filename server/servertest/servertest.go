@@ -57,6 +57,20 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Poll calls cond every 5 ms until it holds or timeout has passed, and
+// reports whether it held: tests wait for what happens elsewhere with it,
+// never with a fixed sleep.
+func Poll(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
+	return true
+}
+
 // Goroutines counts the goroutines whose stack mentions any of funcs (e.g.
 // "server/feed.(*conn)."): how tests show that idle connections cost no
 // goroutine.
