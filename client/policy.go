@@ -2,7 +2,6 @@ package client
 
 import (
 	"encoding/json"
-	"maps"
 	"slices"
 	"strings"
 
@@ -42,18 +41,21 @@ type Update struct {
 	Server string
 }
 
+// fromDiscovery takes p's labels and spec without copying them: a received
+// response belongs to the SDK alone, so nothing else can change them.
 func fromDiscovery(p *discoveryv1.Policy) Policy {
 	out := Policy{
 		Name:     p.GetName(),
 		Kind:     p.GetKind(),
+		Labels:   p.GetLabels(),
 		Spec:     json.RawMessage(p.GetSpec()),
 		Revision: p.GetRevision(),
 	}
+	if len(out.Labels) == 0 {
+		out.Labels = nil
+	}
 	if s := p.GetScope(); s != nil {
 		out.Scope = Scope{Org: s.GetOrg(), Team: s.GetTeam(), Employee: s.GetEmployee()}
-	}
-	if len(p.GetLabels()) > 0 {
-		out.Labels = maps.Clone(p.GetLabels())
 	}
 	return out
 }

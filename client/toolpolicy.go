@@ -55,25 +55,51 @@ type toolRules struct {
 type ruleSet struct {
 	byTool   map[string]*toolRules // tool-specific rules merged with the wildcard ones
 	wildcard toolRules             // for tools no policy names
-	byName   map[string]*rule
+	// rules is every ToolPolicy's rule, allow rules included, in the set's
+	// order (by name): the next compile reuses them by walking both sets
+	// side by side, without a map to build or hash into on every update.
+	rules []*rule
 }
 
-var emptyRules = &ruleSet{byTool: map[string]*toolRules{}, byName: map[string]*rule{}}
+var emptyRules = &ruleSet{byTool: map[string]*toolRules{}}
 
 // compileRules compiles the ToolPolicies of set (sorted by name), reusing
-// the compiled form from prev for policies whose spec has not changed.
+// the compiled form from prev for policies whose spec has not changed. When
+// nothing changed it returns prev itself. A set out of order is still
+// compiled right; it only reuses less.
 func compileRules(set []Policy, prev *ruleSet) (*ruleSet, error) {
-	rs := &ruleSet{byTool: map[string]*toolRules{}, byName: map[string]*rule{}}
-	var specific []*rule
+	var old []*rule
+	if prev != nil {
+		old = prev.rules
+	}
+	same := prev != nil
+	rules := make([]*rule, 0, len(set))
 	for _, p := range set {
 		if p.Kind != KindToolPolicy {
 			continue
 		}
-		r, err := compileRule(p, prev)
+		// Equality first: names are usually the same, and often the
+		// same string, which compares without reading it.
+		for len(old) > 0 && old[0].name != p.Name && old[0].name < p.Name {
+			old, same = old[1:], false // a policy that went
+		}
+		if len(old) > 0 && old[0].name == p.Name && bytes.Equal(old[0].spec, p.Spec) {
+			rules = append(rules, old[0])
+			old = old[1:]
+			continue
+		}
+		r, err := compileRule(p)
 		if err != nil {
 			return nil, err
 		}
-		rs.byName[r.name] = r
+		rules, same = append(rules, r), false
+	}
+	if same && len(old) == 0 {
+		return prev, nil
+	}
+	rs := &ruleSet{byTool: map[string]*toolRules{}, rules: rules}
+	var specific []*rule
+	for _, r := range rules {
 		if r.action == ActionAllow {
 			continue
 		}
@@ -113,12 +139,7 @@ func mergeByName(a, b []*rule) []*rule {
 	return out
 }
 
-func compileRule(p Policy, prev *ruleSet) (*rule, error) {
-	if prev != nil {
-		if r := prev.byName[p.Name]; r != nil && bytes.Equal(r.spec, p.Spec) {
-			return r, nil
-		}
-	}
+func compileRule(p Policy) (*rule, error) {
 	var s toolSpec
 	if err := json.Unmarshal(p.Spec, &s); err != nil {
 		return nil, fmt.Errorf("policy %s: ToolPolicy spec: %w", p.Name, err)

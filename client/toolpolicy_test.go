@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -129,24 +131,93 @@ func TestInvalidToolPolicyRejectsTheSet(t *testing.T) {
 }
 
 // TestRulesCompiledOncePerSpec: applying a set reuses the compiled rules of
-// unchanged policies and recompiles changed ones.
+// unchanged policies, recompiles changed ones, returns the previous rules
+// when nothing a rule is made of changed, and decides exactly as a compile
+// from scratch.
 func TestRulesCompiledOncePerSpec(t *testing.T) {
-	a, b := tp("a", "Bash", "deny", "a", "x"), tp("b", "Write", "deny", "b", "y")
-	rs1, err := compileRules([]Policy{a, b}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b, c := tp("a", "Bash", "deny", "a", "x"), tp("b", "Write", "deny", "b", "y"), tp("c", "*", "audit", "c")
 	b2 := tp("b", "Write", "deny", "b2", "y")
-	rs2, err := compileRules([]Policy{a, b2}, rs1)
-	if err != nil {
-		t.Fatal(err)
+	cfg := Policy{Name: "bb", Kind: "Config", Spec: json.RawMessage(`{}`)}
+	cfg2 := Policy{Name: "bb", Kind: "Config", Spec: json.RawMessage(`{"x":1}`)}
+	tests := []struct {
+		name       string
+		prev, next []Policy
+		reused     []string // rules that must be the previous compile's
+		recompiled []string // rules that must be new
+		samePrev   bool     // the previous rules themselves come back
+	}{
+		{name: "unchanged", prev: []Policy{a, b}, next: []Policy{a, b}, reused: []string{"a", "b"}, samePrev: true},
+		{name: "one spec changed", prev: []Policy{a, b}, next: []Policy{a, b2}, reused: []string{"a"}, recompiled: []string{"b"}},
+		{name: "first removed", prev: []Policy{a, b, c}, next: []Policy{b, c}, reused: []string{"b", "c"}},
+		{name: "middle added", prev: []Policy{a, c}, next: []Policy{a, b, c}, reused: []string{"a", "c"}, recompiled: []string{"b"}},
+		{name: "last removed", prev: []Policy{a, b, c}, next: []Policy{a, b}, reused: []string{"a", "b"}},
+		{name: "only another kind changed", prev: []Policy{a, cfg, b}, next: []Policy{a, cfg2, b}, reused: []string{"a", "b"}, samePrev: true},
+		{name: "out of order", prev: []Policy{a, b, c}, next: []Policy{c, b2, a}, reused: []string{"c"}, recompiled: []string{"b"}},
 	}
-	if rs2.byName["a"] != rs1.byName["a"] {
-		t.Error("unchanged policy a was recompiled")
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rs1, err := compileRules(tc.prev, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs2, err := compileRules(tc.next, rs1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (rs2 == rs1) != tc.samePrev {
+				t.Errorf("previous rules returned: %v, want %v", rs2 == rs1, tc.samePrev)
+			}
+			for _, n := range tc.reused {
+				if r := ruleNamed(rs2, n); r == nil || r != ruleNamed(rs1, n) {
+					t.Errorf("unchanged policy %s was not reused", n)
+				}
+			}
+			for _, n := range tc.recompiled {
+				if r := ruleNamed(rs2, n); r == nil || r == ruleNamed(rs1, n) {
+					t.Errorf("policy %s was not compiled anew", n)
+				}
+			}
+			fresh, err := compileRules(tc.next, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := describeRules(rs2), describeRules(fresh); got != want {
+				t.Errorf("rules after reuse:\n%s\nfrom scratch:\n%s", got, want)
+			}
+		})
 	}
-	if rs2.byName["b"] == rs1.byName["b"] || rs2.byName["b"].reason != "b2" {
-		t.Error("changed policy b was not recompiled")
+}
+
+// describeRules renders what a rule set decides with: per tool, the deny
+// and audit rules in order, with their reasons.
+func describeRules(rs *ruleSet) string {
+	var sb strings.Builder
+	line := func(tool string, tr *toolRules) {
+		sb.WriteString(tool + ":")
+		for _, r := range tr.deny {
+			sb.WriteString(" deny " + r.name + "=" + r.reason)
+		}
+		for _, r := range tr.audit {
+			sb.WriteString(" audit " + r.name + "=" + r.reason)
+		}
+		sb.WriteString("\n")
 	}
+	tools := slices.Sorted(maps.Keys(rs.byTool))
+	for _, tool := range tools {
+		line(tool, rs.byTool[tool])
+	}
+	line("(any other)", &rs.wildcard)
+	return sb.String()
+}
+
+// ruleNamed is the rule compiled for the policy named name, or nil.
+func ruleNamed(rs *ruleSet, name string) *rule {
+	for _, r := range rs.rules {
+		if r.name == name {
+			return r
+		}
+	}
+	return nil
 }
 
 func TestShouldBlockAllWhileConnecting(t *testing.T) {

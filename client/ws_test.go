@@ -369,3 +369,31 @@ func TestWSPongTimeout(t *testing.T) {
 		t.Fatalf("transitions %v", got)
 	}
 }
+
+// TestWSMessageLimitAndReadBuffer: a message over MaxMessageBytes ends the
+// connection (the client reconnects with since and keeps its set), and the
+// set in force owns its bytes: the session's read buffer, reused for every
+// message, is overwritten by later ones without changing a held spec.
+func TestWSMessageLimitAndReadBuffer(t *testing.T) {
+	ff := newFeed(t)
+	r := runClient(t, Config{Servers: []string{ff.addr()}, Transport: TransportWS, Employee: "alice", MaxMessageBytes: 4096})
+	fc := ff.next(t)
+	a := feedPolicy("a", "Bash", "deny", strings.Repeat("a", 300))
+	fc.send(t, map[string]any{"type": "init", "version": 10, "digest": "d10", "policies": []any{a}})
+	fc.send(t, map[string]any{"type": "upsert", "version": 11, "digest": "d11", "policy": feedPolicy("b", "Read", "deny", strings.Repeat("z", 200))})
+	fc.send(t, map[string]any{"type": "upsert", "version": 12, "digest": "d12", "policy": feedPolicy("c", "Read", "deny", strings.Repeat("y", 5000))})
+	fc2 := ff.next(t)
+	if got := fc2.query.Get("since"); got != "11" {
+		t.Fatalf("since = %q after the oversize message, want 11", got)
+	}
+	r.waitState(t, StateReady)
+	if diff := cmp.Diff([]string{"a", "b"}, names(r.Policies())); diff != "" {
+		t.Fatalf("set after the oversize message (-want +got):\n%s", diff)
+	}
+	if got := r.Policies()[0].Spec; string(got) != string(a.Spec) {
+		t.Fatalf("held spec of a changed by later reads:\n got %s\nwant %s", got, a.Spec)
+	}
+	if reason, blocked := r.IsBlocked("Bash", nil); !blocked || reason != strings.Repeat("a", 300) {
+		t.Fatalf("IsBlocked(Bash) = (%.20q, %v), want a's reason", reason, blocked)
+	}
+}
