@@ -98,7 +98,10 @@ type Config struct {
 	// own, so TLS must be nil. Failover is then the connection's (give it
 	// a resolver with several nodes) and a stream that ends is reopened on
 	// it. Servers may be empty (the connection's target names the node in
-	// Stats and logs) or hold that one name.
+	// Stats and logs) or hold that one name. The connections the SDK dials
+	// itself have fixed 1 MiB flow-control windows (grpc.WithStaticStreamWindowSize
+	// and WithStaticConnWindowSize), which spare a PING exchange per
+	// response; give such a connection the same.
 	GRPCConn *grpc.ClientConn
 	// RetryUnauthorized treats an authentication refusal when connecting
 	// (gRPC PermissionDenied/Unauthenticated, WebSocket 401/403) as an

@@ -101,12 +101,20 @@ func (g *grpcTransport) conn(server string) (*grpc.ClientConn, error) {
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS.Clone())
 	}
-	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(creds))
+	// Fixed flow-control windows: grpc-go's dynamic ones answer every
+	// response received with a bandwidth-probing PING, a write on each side
+	// per change for a sidecar that holds one small stream. A stream's
+	// window takes a set of a few hundred policies in one go.
+	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(creds),
+		grpc.WithStaticStreamWindowSize(grpcWindow), grpc.WithStaticConnWindowSize(grpcWindow))
 	if err != nil {
 		return nil, fmt.Errorf("grpc client for %s: %w", server, err)
 	}
 	return conn, nil
 }
+
+// grpcWindow is the SDK's HTTP/2 stream and connection window.
+const grpcWindow = 1 << 20
 
 // answer applies a response and returns its ACK or NACK (without the
 // fields every request carries).

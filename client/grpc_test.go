@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // fakeDiscovery is a minimal PolicyDiscoveryService: it sends the full set
@@ -629,5 +630,36 @@ func TestGRPCSharedConn(t *testing.T) {
 	late.waitState(t, StateReady)
 	if s := cc.GetState(); s == connectivity.Shutdown {
 		t.Fatal("the shared connection was closed when a client's Run returned")
+	}
+}
+
+// TestGRPCNoFlowControlPings: the SDK's own connections have fixed
+// flow-control windows, so receiving a response sends the node no
+// bandwidth-probing PING (grpc-go's dynamic windows send one per burst of
+// data received: a write on each side per change).
+func TestGRPCNoFlowControlPings(t *testing.T) {
+	f := newFakeDiscovery("v1", tp("a", "Bash", "deny", "from v1"))
+	var rec servertest.H2Recorder
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := serveDiscoveryOn(t, f, rec.Listener(inner))
+	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1"})
+	c.waitState(t, StateReady)
+	for i := 2; i <= 4; i++ {
+		v := "v" + strconv.Itoa(i)
+		f.publish(v, tp("a", "Bash", "deny", "from "+v))
+		// The ACK follows any PING the response caused on the wire, so
+		// once the node has it, the PING has been read too.
+		waitFor(t, "the ACK of "+v, func() error {
+			if reqs := f.reqs(); len(reqs) < i+1 || reqs[i].GetVersionInfo() != v {
+				return fmt.Errorf("%d requests", len(reqs))
+			}
+			return nil
+		})
+	}
+	if got := rec.Pings(t); got != 0 {
+		t.Fatalf("the client sent %d PING frames for 4 responses, want 0", got)
 	}
 }

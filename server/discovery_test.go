@@ -25,6 +25,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // The tests in this file speak the discovery protocol by hand over real gRPC
@@ -887,5 +888,38 @@ func TestDiscoveryTeammatesShareSnapshot(t *testing.T) {
 		if same := last["carol"].GetNonce() == last["dave"].GetNonce(); same != step.sameNonce {
 			t.Errorf("%s: nonces %q and %q, shared = %v, want %v", step.name, last["carol"].GetNonce(), last["dave"].GetNonce(), same, step.sameNonce)
 		}
+	}
+}
+
+// TestDiscoveryNoFlowControlPings: the node's gRPC server has fixed
+// flow-control windows, so a sidecar's ACKs, data the node receives, cost
+// no bandwidth-probing PING from the node (grpc-go's dynamic windows send
+// one per burst of data received: a write on each side per change).
+func TestDiscoveryNoFlowControlPings(t *testing.T) {
+	n, a := singleNode(t, nil)
+	var rec servertest.H2Recorder
+	// The client's windows are fixed too, so that its own PINGs do not
+	// hide the node's in the exchange.
+	cc, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(rec.Dial), grpc.WithStaticStreamWindowSize(1<<20), grpc.WithStaticConnWindowSize(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	s := openStream(t, cc, "c-pings", policy.Scope{})
+	s.ack(s.next())
+	for i := range 3 {
+		a.put("/v1/policies/g.a", scopedPolicy("g.a", policy.Scope{}, fmt.Sprint("v", i)))
+		s.ack(s.next())
+	}
+	// The node writes a PING that an ACK causes before it answers a later
+	// request: once this answer is in, every such PING has been read.
+	ctx, cancel := context.WithTimeout(context.Background(), recvTimeout)
+	defer cancel()
+	if _, err := discoveryv1.NewPolicyDiscoveryServiceClient(cc).HealthCheck(ctx, &discoveryv1.HealthCheckRequest{ClientAddress: "c-pings"}); err != nil {
+		t.Fatalf("health check: %v", err)
+	}
+	if got := rec.Pings(t); got != 0 {
+		t.Fatalf("the node sent %d PING frames for 4 ACKs, want 0", got)
 	}
 }

@@ -315,7 +315,8 @@ func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	if cc, ok := p.conns[addr]; ok {
 		return clusterv1.NewClusterClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+		grpc.WithStaticStreamWindowSize(grpcStreamWindow), grpc.WithStaticConnWindowSize(grpcConnWindow))
 	if err != nil {
 		return nil, fmt.Errorf("dial peer %s: %w", addr, err)
 	}

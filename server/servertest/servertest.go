@@ -1,5 +1,6 @@
 // Package servertest holds what tests outside package server need to run a
-// policyd node (server.New) on loopback. It is for tests only: _test.go files
+// policyd node (server.New) on loopback, and what they need to observe one
+// (metrics, goroutines, HTTP/2 frames). It is for tests only: _test.go files
 // import it, the policyd binary never does.
 package servertest
 
