@@ -140,7 +140,8 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 }
 
 // maxKeptReadBuffer is the largest read buffer a session keeps between
-// messages; one grown past it by a large init goes back to the GC.
+// messages: one that a large init grew past it is let go with that
+// message, not held while the feed is idle.
 const maxKeptReadBuffer = 64 << 10
 
 // readMessage reads the next message into buf and returns its bytes, valid
@@ -148,9 +149,6 @@ const maxKeptReadBuffer = 64 << 10
 // buffer for every message, which in a fleet of busy sidecars cost a tenth
 // of its CPU in allocation and collection; the decoder copies what it keeps.
 func readMessage(conn *websocket.Conn, buf *bytes.Buffer) (websocket.MessageType, []byte, error) {
-	if buf.Cap() > maxKeptReadBuffer {
-		*buf = bytes.Buffer{}
-	}
 	buf.Reset()
 	typ, r, err := conn.Reader(context.Background())
 	if err != nil {
@@ -159,7 +157,11 @@ func readMessage(conn *websocket.Conn, buf *bytes.Buffer) (websocket.MessageType
 	if _, err := buf.ReadFrom(r); err != nil {
 		return 0, nil, err
 	}
-	return typ, buf.Bytes(), nil
+	data := buf.Bytes()
+	if buf.Cap() > maxKeptReadBuffer {
+		*buf = bytes.Buffer{} // data alone holds the large array now
+	}
+	return typ, data, nil
 }
 
 // decodeFeedMessage decodes one text frame of the feed.

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -395,5 +396,60 @@ func TestWSMessageLimitAndReadBuffer(t *testing.T) {
 	}
 	if reason, blocked := r.IsBlocked("Bash", nil); !blocked || reason != strings.Repeat("a", 300) {
 		t.Fatalf("IsBlocked(Bash) = (%.20q, %v), want a's reason", reason, blocked)
+	}
+}
+
+// TestReadMessageBuffer: a session reads every message into one buffer,
+// and lets go of one a message larger than maxKeptReadBuffer grew, while
+// what it returned for that message stays whole.
+func TestReadMessageBuffer(t *testing.T) {
+	ff := newFeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, "ws://"+ff.addr()+feedv1.Path, nil) //nolint:bodyclose // Dial owns the body
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.CloseNow() })
+	conn.SetReadLimit(1 << 20)
+	fc := ff.next(t)
+	var buf bytes.Buffer
+	var kept *byte // the array of the buffer kept between messages
+	tests := []struct {
+		name    string
+		size    int
+		reuse   bool // read into the array kept from the message before
+		keepBuf bool // the buffer is kept for the next message
+	}{
+		{name: "first small", size: 300, keepBuf: true},
+		{name: "second small reuses it", size: 200, reuse: true, keepBuf: true},
+		{name: "large is let go", size: maxKeptReadBuffer + 1, keepBuf: false},
+		{name: "small after large", size: 100, keepBuf: true},
+		{name: "and is reused again", size: 100, reuse: true, keepBuf: true},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := bytes.Repeat([]byte{'a' + byte(i)}, tc.size)
+			if err := fc.c.Write(ctx, websocket.MessageText, msg); err != nil {
+				t.Fatal(err)
+			}
+			typ, data, err := readMessage(conn, &buf)
+			if err != nil || typ != websocket.MessageText {
+				t.Fatalf("readMessage: type %v, err %v", typ, err)
+			}
+			if !bytes.Equal(data, msg) {
+				t.Fatalf("read %d bytes %.10q…, want %d of %q", len(data), data, len(msg), msg[0])
+			}
+			if got := kept != nil && &data[0] == kept; got != tc.reuse {
+				t.Errorf("read into the kept array: %v, want %v", got, tc.reuse)
+			}
+			if got := buf.Cap() > 0; got != tc.keepBuf {
+				t.Errorf("buffer kept (cap %d): %v, want %v", buf.Cap(), got, tc.keepBuf)
+			}
+			kept = nil
+			if buf.Cap() > 0 {
+				kept = &buf.Bytes()[:1][0]
+			}
+		})
 	}
 }

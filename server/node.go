@@ -419,7 +419,10 @@ const maxGRPCMessage = 4 << 20
 // every response the reverse: about one extra write per stream per change
 // on each side (bench propagation, 1,000 gRPC sidecars with a connection
 // each). A stream's window takes a forwarded policy of the largest size the
-// REST API accepts (1 MiB) in one go; a connection's, four.
+// REST API accepts (1 MiB) in one go; a connection's, four. A window is what
+// a client may send before the node reads it: these stay below the 16 MiB
+// the dynamic windows could grow to, so a client that sends faster than the
+// node reads can make it hold no more than before.
 const (
 	grpcStreamWindow = maxGRPCMessage / 4
 	grpcConnWindow   = maxGRPCMessage
