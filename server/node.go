@@ -424,8 +424,8 @@ const maxGRPCMessage = 4 << 20
 // the dynamic windows could grow to, so a client that sends faster than the
 // node reads can make it hold no more than before.
 const (
-	grpcStreamWindow = maxGRPCMessage / 4
-	grpcConnWindow   = maxGRPCMessage
+	grpcStreamWindow = adminapi.MaxBodyBytes
+	grpcConnWindow   = 4 * grpcStreamWindow
 )
 
 // handshakeTimeout bounds how long a new connection may take to say what it
