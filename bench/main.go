@@ -54,6 +54,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -108,15 +109,22 @@ type commonFlags struct {
 	nodeEnv      envList
 }
 
-// envList is a repeatable -node-env flag: POLICYD_KEY=value settings.
+// envList is a repeatable -node-env flag: POLICYD_KEY=value settings, or
+// one of the Go runtime's own variables (runtimeEnv), so that a runtime
+// setting such as GOGC can be tried on the nodes alone: setting it in
+// bench's environment would change the load generator as well.
 type envList []string
+
+// runtimeEnv are the Go runtime variables -node-env accepts.
+var runtimeEnv = []string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG", "GOTRACEBACK"}
 
 func (e *envList) String() string { return strings.Join(*e, " ") }
 
 func (e *envList) Set(v string) error {
 	k, _, ok := strings.Cut(v, "=")
-	if !ok || !strings.HasPrefix(k, "POLICYD_") || k == "POLICYD_" {
-		return fmt.Errorf("want POLICYD_KEY=value, got %q", v)
+	policyd := strings.HasPrefix(k, "POLICYD_") && k != "POLICYD_"
+	if !ok || !policyd && !slices.Contains(runtimeEnv, k) {
+		return fmt.Errorf("want POLICYD_KEY=value or one of %s=value, got %q", strings.Join(runtimeEnv, ", "), v)
 	}
 	*e = append(*e, v)
 	return nil
@@ -129,7 +137,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.results, "results", "", "write every figure, the targets they carry and the machine (CPU, Go, git commit)\nto this JSON file (make bench: bench/results/latest.json)")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready")
 	fs.StringVar(&c.nodeLogLevel, "node-log-level", "warn", "log.level of the policyd nodes (debug|info|warn|error)")
-	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file (repeatable),\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms")
+	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file, or a Go runtime\nvariable for the policyd nodes alone, not bench or etcd (GOGC, GOMEMLIMIT, GOMAXPROCS, GODEBUG, GOTRACEBACK); repeatable,\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms -node-env GOGC=200")
 }
 
 func main() {
