@@ -15,7 +15,12 @@
 // open on, so the server does not flush the stream as inactive; two health
 // checks in a row that fail with Unavailable or DeadlineExceeded end the
 // stream and the client fails over (a dead TCP connection is detected that
-// way).
+// way). A snapshot carries the whole set, but the client decodes only the
+// policies whose encoding differs from the previous response's and keeps
+// the others as it holds them (nodes encode an unchanged policy with the same
+// bytes every time), so an update costs about what changed, also after a
+// reconnect to another node. The price is the last response's bytes, kept
+// for the comparison.
 //
 // TransportWS follows the WebSocket feed of api/feed/v1: init replaces the
 // whole set, upsert and delete change one policy, ping is answered with pong

@@ -29,7 +29,14 @@ const healthFailuresToReconnect = 2
 var errStreamEnded = errors.New("stream closed by the server")
 
 // grpcTransport speaks the discovery protocol.
-type grpcTransport struct{ c *Client }
+type grpcTransport struct {
+	c *Client
+	// held is the last response's policies, decoded, which the next
+	// response reuses where its bytes are the same (see decodeResponse).
+	// It outlives a session: a full snapshot after a reconnect, to this
+	// node or another, is then mostly reused.
+	held []rawPolicy
+}
 
 func (g *grpcTransport) session(ctx context.Context, server string) (synced bool, err error) {
 	c := g.c
@@ -54,7 +61,7 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 		sctx = metadata.AppendToOutgoingContext(sctx, "authorization", "Bearer "+token)
 	}
 	api := discoveryv1.NewPolicyDiscoveryServiceClient(conn)
-	stream, err := api.StreamPolicies(sctx, grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes))
+	stream, err := api.StreamPolicies(sctx, grpc.MaxCallRecvMsgSize(c.cfg.MaxMessageBytes), grpc.ForceCodecV2(newRawCodec()))
 	if err != nil {
 		return false, classifyGRPC(sctx, err)
 	}
@@ -73,13 +80,21 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 		g.healthLoop(sctx, api, cancel)
 	}()
 
+	var raw rawResponse
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		if err := stream.RecvMsg(&raw); err != nil {
 			return synced, classifyGRPC(sctx, err)
 		}
+		resp, err := decodeResponse(raw, g.held)
+		if err != nil {
+			// What grpc-go reports for a message its codec cannot decode.
+			return synced, status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
+		}
+		if !resp.unchanged {
+			g.held = resp.policies
+		}
 		req := g.answer(resp, server)
-		req.ClientAddress, req.ResponseNonce, req.Scope = c.cfg.ClientAddress, resp.GetNonce(), scope
+		req.ClientAddress, req.ResponseNonce, req.Scope = c.cfg.ClientAddress, resp.nonce, scope
 		if err := stream.Send(req); err != nil {
 			return synced, classifyGRPC(sctx, sendErr(stream, err))
 		}
@@ -118,32 +133,32 @@ const grpcWindow = 1 << 20
 
 // answer applies a response and returns its ACK or NACK (without the
 // fields every request carries).
-func (g *grpcTransport) answer(resp *discoveryv1.PolicyDiscoveryResponse, server string) *discoveryv1.PolicyDiscoveryRequest {
+func (g *grpcTransport) answer(resp *response, server string) *discoveryv1.PolicyDiscoveryRequest {
 	c := g.c
 	_, held, _, has := c.snapshot()
 	nack := func(err error) *discoveryv1.PolicyDiscoveryRequest {
 		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held, ErrorDetail: &discoveryv1.ErrorDetail{Message: err.Error()}}
 	}
-	if resp.GetUnchanged() {
+	if resp.unchanged {
 		c.count(func(s *Stats) { s.Unchanged++ })
-		if !has || resp.GetVersionInfo() != held {
+		if !has || resp.version != held {
 			c.count(func(s *Stats) { s.Rejected++ })
-			return nack(fmt.Errorf("unchanged answer for version %q, but this client holds %q", resp.GetVersionInfo(), held))
+			return nack(fmt.Errorf("unchanged answer for version %q, but this client holds %q", resp.version, held))
 		}
 		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held}
 	}
 	c.count(func(s *Stats) { s.FullSyncs++ })
-	if has && resp.GetVersionInfo() == held {
+	if has && resp.version == held {
 		return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: held} // same content, nothing to do
 	}
-	set := make([]Policy, 0, len(resp.GetPolicies()))
-	for _, p := range resp.GetPolicies() {
-		set = append(set, fromDiscovery(p))
+	set := make([]Policy, 0, len(resp.policies))
+	for _, p := range resp.policies {
+		set = append(set, p.p)
 	}
-	if err := c.install(sortByName(set), resp.GetVersionInfo(), 0, true, server); err != nil {
+	if err := c.install(sortByName(set), resp.version, 0, true, server); err != nil {
 		return nack(err)
 	}
-	return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: resp.GetVersionInfo()}
+	return &discoveryv1.PolicyDiscoveryRequest{VersionInfo: resp.version}
 }
 
 // healthLoop refreshes the stream's last-active time on its node, and ends

@@ -2,14 +2,17 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/policyd/policyd/client"
 )
@@ -217,5 +220,62 @@ func TestSDKWebSocketFailoverWithSince(t *testing.T) {
 	}
 	if !s.ShouldBlockAll() || s.State() != client.StateRevoked {
 		t.Fatalf("after revocation: state %s, block all %v", s.State(), s.ShouldBlockAll())
+	}
+}
+
+// TestSDKGRPCDecodesOnlyChangedPolicies: a discovery response carries the
+// whole set, but the SDK keeps the policies whose bytes did not change as
+// it holds them (the same labels map and spec), and decodes the changed
+// one. That needs the node to encode an unchanged policy with the same
+// bytes in every snapshot, labels included, whatever Go's map order.
+func TestSDKGRPCDecodesOnlyChangedPolicies(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	s := startSDK(t, client.Config{Servers: []string{c.nodes[0].GRPCAddr()}, Scope: client.Scope{Org: "acme"}, ClientAddress: "e2e-reuse"})
+	a := apiFor(t, c.nodes[0])
+	labels := map[string]string{}
+	for i := range 8 {
+		labels[fmt.Sprintf("label-%d", i)] = fmt.Sprint(i)
+	}
+	put := func(name, reason string) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{
+			"name": name, "kind": "ToolPolicy", "scope": map[string]string{"org": "acme"}, "labels": labels,
+			"spec": map[string]any{"tool_name": "Bash", "action": "deny", "reason": reason},
+		})
+		if r := a.do(http.MethodPut, "/v1/policies/"+name, body, nil); r.status != http.StatusOK {
+			t.Fatalf("PUT %s: %d %s", name, r.status, r.body)
+		}
+	}
+	// identity is where a held policy's labels and spec live.
+	type identity struct{ labels, spec unsafe.Pointer }
+	held := func() map[string]identity {
+		out := map[string]identity{}
+		for _, p := range s.Policies() {
+			out[p.Name] = identity{reflect.ValueOf(p.Labels).UnsafePointer(), unsafe.Pointer(unsafe.SliceData(p.Spec))}
+		}
+		return out
+	}
+	put("acme.a", "stays")
+	put("acme.b", "changes 0")
+	s.hasPolicy(t, "acme.a")
+	s.hasPolicy(t, "acme.b")
+	before := held()
+	for i := 1; i <= 3; i++ {
+		version := s.Version()
+		put("acme.b", fmt.Sprintf("changes %d", i))
+		waitFor(t, 10*time.Second, "the SDK to take the change", func() error {
+			if v := s.Version(); v == version {
+				return fmt.Errorf("still at version %s", v)
+			}
+			return nil
+		})
+		now := held()
+		if now["acme.a"] != before["acme.a"] {
+			t.Fatalf("change %d: the unchanged policy was decoded again", i)
+		}
+		if now["acme.b"] == before["acme.b"] {
+			t.Fatalf("change %d: the changed policy was not decoded", i)
+		}
+		before = now
 	}
 }

@@ -1,16 +1,22 @@
 package discovery
 
 import (
+	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/store"
 )
 
 // The protocol itself is tested end to end, over real gRPC against real
@@ -124,4 +130,58 @@ func FuzzRequestChecks(f *testing.F) {
 		}
 		_ = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
 	})
+}
+
+// TestSnapshotEncodingIsStable: a policy that did not change has the same
+// bytes in every snapshot, labels included (Go randomises map order, so a
+// plain proto.Marshal would not give that). The SDK decodes only the
+// policies whose bytes it has not seen before.
+func TestSnapshotEncodingIsStable(t *testing.T) {
+	labels := map[string]string{}
+	for i := range 16 {
+		labels["label-"+strconv.Itoa(i)] = strconv.Itoa(i)
+	}
+	p := func(name, reason string) store.RawPolicy {
+		return store.RawPolicy{Policy: &policy.Policy{Name: name, Kind: "ToolPolicy", Scope: policy.Scope{Org: "o"},
+			Labels: labels, Spec: []byte(`{"tool_name":"Bash","action":"deny","reason":"` + reason + `"}`), Revision: 7}}
+	}
+	s := &Service{}
+	policiesOf := func(version string, set ...store.RawPolicy) [][]byte {
+		t.Helper()
+		snap, err := s.newSnapshot(&policyset.Set{Version: version, Policies: set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var raws [][]byte
+		for b := []byte(snap.full); len(b) > 0; {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				t.Fatalf("snapshot %s: bad tag", version)
+			}
+			m := protowire.ConsumeFieldValue(num, typ, b[n:])
+			if m < 0 {
+				t.Fatalf("snapshot %s: bad field %d", version, num)
+			}
+			if num == 2 {
+				v, _ := protowire.ConsumeBytes(b[n:])
+				raws = append(raws, v)
+			}
+			b = b[n+m:]
+		}
+		return raws
+	}
+	first := policiesOf("v1", p("a", "x"), p("b", "x"))
+	for i := range 20 {
+		v := "v" + strconv.Itoa(i+2)
+		got := policiesOf(v, p("a", "x"), p("b", "changed "+v))
+		if len(got) != 2 {
+			t.Fatalf("snapshot %s has %d policies, want 2", v, len(got))
+		}
+		if !bytes.Equal(got[0], first[0]) {
+			t.Fatalf("snapshot %s: unchanged policy a encoded differently", v)
+		}
+		if bytes.Equal(got[1], first[1]) {
+			t.Fatalf("snapshot %s: changed policy b encoded as before", v)
+		}
+	}
 }

@@ -50,7 +50,11 @@ func (s *Service) newSnapshot(set *policyset.Set) (*snapshot, error) {
 			Revision: p.Revision,
 		})
 	}
-	b, err := proto.Marshal(resp)
+	// Deterministic: map keys (labels) in order, so that a policy that did
+	// not change has the same bytes in every snapshot, on every node. The
+	// SDK decodes only the policies whose bytes it has not seen (client's
+	// decodeResponse); a snapshot is encoded once, so the sort is cheap.
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot %s: %w", set.Version, err)
 	}
