@@ -137,7 +137,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.results, "results", "", "write every figure, the targets they carry and the machine (CPU, Go, git commit)\nto this JSON file (make bench: bench/results/latest.json)")
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready")
 	fs.StringVar(&c.nodeLogLevel, "node-log-level", "warn", "log.level of the policyd nodes (debug|info|warn|error)")
-	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file, or a Go runtime\nvariable for the policyd nodes alone, not bench or etcd (GOGC, GOMEMLIMIT, GOMAXPROCS, GODEBUG, GOTRACEBACK); repeatable,\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms -node-env GOGC=200")
+	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file, or a Go runtime\nvariable for the policyd nodes alone, not bench or etcd ("+strings.Join(runtimeEnv, ", ")+"); repeatable,\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms -node-env GOGC=200")
 }
 
 func main() {
