@@ -85,13 +85,10 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 		if err := stream.RecvMsg(&raw); err != nil {
 			return synced, classifyGRPC(sctx, err)
 		}
-		resp, err := decodeResponse(raw, g.held)
+		resp, err := g.decode(raw)
 		if err != nil {
 			// What grpc-go reports for a message its codec cannot decode.
 			return synced, status.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", err)
-		}
-		if !resp.unchanged {
-			g.held = resp.policies
 		}
 		req := g.answer(resp, server)
 		req.ClientAddress, req.ResponseNonce, req.Scope = c.cfg.ClientAddress, resp.nonce, scope
@@ -130,6 +127,20 @@ func (g *grpcTransport) conn(server string) (*grpc.ClientConn, error) {
 
 // grpcWindow is the SDK's HTTP/2 stream and connection window.
 const grpcWindow = 1 << 20
+
+// decode decodes a response received, reusing the policies held from the
+// previous one, and holds its policies for the next (an "unchanged" answer
+// carries none and leaves them).
+func (g *grpcTransport) decode(raw rawResponse) (*response, error) {
+	resp, err := decodeResponse(raw, g.held)
+	if err != nil {
+		return nil, err
+	}
+	if !resp.unchanged {
+		g.held = resp.policies
+	}
+	return resp, nil
+}
 
 // answer applies a response and returns its ACK or NACK (without the
 // fields every request carries).

@@ -33,16 +33,13 @@ func encodeResponse(t testing.TB, version string, set ...Policy) []byte {
 	return b
 }
 
-// wantResponse is what proto.Unmarshal makes of b, in the decoder's terms;
-// nil if it refuses b.
+// wantResponse is what proto.Unmarshal makes of b (decodeWhole is no
+// more than that), nil if it refuses b: the reference the split and reuse
+// must agree with.
 func wantResponse(b []byte) *response {
-	var m discoveryv1.PolicyDiscoveryResponse
-	if err := proto.Unmarshal(b, &m); err != nil {
+	r, err := decodeWhole(b)
+	if err != nil {
 		return nil
-	}
-	r := &response{version: m.GetVersionInfo(), nonce: m.GetNonce(), unchanged: m.GetUnchanged()}
-	for _, p := range m.GetPolicies() {
-		r.policies = append(r.policies, rawPolicy{p: fromDiscovery(p)})
 	}
 	return r
 }

@@ -5,9 +5,6 @@ import (
 	"strconv"
 	"testing"
 
-	"google.golang.org/protobuf/proto"
-
-	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
@@ -39,22 +36,15 @@ func BenchmarkGRPCUpdate(b *testing.B) {
 	g := &grpcTransport{c: c}
 	var wire [2][]byte
 	for k := range wire {
-		resp := &discoveryv1.PolicyDiscoveryResponse{VersionInfo: "v" + strconv.Itoa(k), Nonce: "n"}
-		for _, p := range benchSet(10, 3, k) {
-			resp.Policies = append(resp.Policies, toProto(p))
-		}
-		if wire[k], err = (proto.MarshalOptions{Deterministic: true}).Marshal(resp); err != nil {
-			b.Fatal(err)
-		}
+		wire[k] = encodeResponse(b, "v"+strconv.Itoa(k), benchSet(10, 3, k)...)
 	}
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		resp, err := decodeResponse(wire[i%2], g.held)
+		resp, err := g.decode(wire[i%2])
 		if err != nil {
 			b.Fatal(err)
 		}
-		g.held = resp.policies
 		if req := g.answer(resp, "n1"); req.GetErrorDetail() != nil {
 			b.Fatal(req.GetErrorDetail().GetMessage())
 		}
