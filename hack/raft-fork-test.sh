@@ -36,20 +36,63 @@ show_output() {
 	grep -oE "\"Output\":\"$1\"" "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
 }
 
-status=0
-go test -race -count=1 -timeout 15m -skip "$skip" -json . >"$out" || status=$?
-# Top-level tests that failed (subtests have a / in their name).
-mapfile -t failed < <(grep -o '"Action":"fail","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u)
+# full_run runs the whole suite, skipping the tests that match the regexp
+# $1, into $out; it sets status to go test's exit status and adds the
+# top-level tests that failed (subtests have a / in their name) to failed.
+full_run() {
+	status=0
+	go test -race -count=1 -timeout 15m -skip "$1" -json . >"$out" || status=$?
+	local t
+	for t in $(grep -o '"Action":"fail","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u); do
+		failed+=("$t")
+	done
+}
+
+# unfinished prints the top-level tests in $out that started and never
+# ended: what was running when the test binary died.
+unfinished() {
+	comm -23 \
+		<(grep -o '"Action":"run","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u) \
+		<(grep -oE '"Action":"(pass|fail|skip)","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u)
+}
+
+failed=()
+full_run "$skip"
+# A panic or a timeout kills the test binary in the middle of a test (the
+# suite has no parallel tests) and leaves the rest unrun. Upstream's
+# cluster.Close panics when a shutdown hangs, which its in-memory transport
+# can cause (hashicorp/raft#312; once in CI on 2026-11-26). The test that
+# was running then counts as failed, to be retried on its own below, and
+# the suite runs once more without it, so that the rest is still checked.
+mapfile -t died < <(unfinished)
+if ((${#died[@]} > 1)); then
+	show_output '[^"]*'
+	printf 'FAIL: hashicorp/raft fork: the test binary died during %s\n' "${died[*]}" >&2
+	exit 1
+fi
+if ((${#died[@]} == 1)); then
+	show_output '[^"]*'
+	printf 'hashicorp/raft fork: the test binary died during %s; running the suite again without it\n' "${died[0]}" >&2
+	full_run "$skip|^${died[0]}\$"
+	failed+=("${died[0]}")
+	mapfile -t again < <(unfinished)
+	if ((${#again[@]} > 0)); then
+		show_output '[^"]*'
+		printf 'FAIL: hashicorp/raft fork: the test binary died again, during %s\n' "${again[*]}" >&2
+		exit 1
+	fi
+	status=1
+fi
+if ((status != 0 && ${#failed[@]} == 0)); then
+	# A build failure, or a test binary that failed outside any test.
+	show_output '[^"]*'
+	printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
+	exit 1
+fi
 
 if ((status == 0)); then
 	printf 'hashicorp/raft fork: upstream suite passed (RAFT_STAGE_LOGS=%s)\n' "${RAFT_STAGE_LOGS:-1}"
 	exit 0
-fi
-if ((${#failed[@]} == 0)); then
-	# A build failure, panic or timeout: no test to retry.
-	show_output '[^"]*'
-	printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
-	exit 1
 fi
 printf 'hashicorp/raft fork: failed in the full run: %s\n' "${failed[*]}" >&2
 if ((${#failed[@]} > max_flaky)); then
