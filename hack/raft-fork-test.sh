@@ -14,6 +14,9 @@
 # CI and then passed 10 of 10 on its own; TestRaft_FollowerRemovalNoElection
 # likewise). More than max_flaky failures in the full run fail it outright,
 # as that is not timing.
+# A test during which the test binary dies (a panic, a timeout) counts as
+# failed too, and the suite runs once more without it so that the tests after
+# it still run.
 #
 # Environment:
 #	RAFT_STAGE_LOGS  0 runs upstream's unpatched leader path instead
@@ -36,24 +39,25 @@ show_output() {
 	grep -oE "\"Output\":\"$1\"" "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
 }
 
+# top_tests prints the top-level tests in $out (subtests have a / in their
+# name) with an action that matches the extended regexp $1.
+top_tests() {
+	grep -oE "\"Action\":\"($1)\",\"Package\":\"[^\"]*\",\"Test\":\"[^\"/]*\"" "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u
+}
+
 # full_run runs the whole suite, skipping the tests that match the regexp
-# $1, into $out; it sets status to go test's exit status and adds the
-# top-level tests that failed (subtests have a / in their name) to failed.
+# $1, into $out; it sets status to go test's exit status and adds the tests
+# that failed to failed.
 full_run() {
 	status=0
 	go test -race -count=1 -timeout 15m -skip "$1" -json . >"$out" || status=$?
-	local t
-	for t in $(grep -o '"Action":"fail","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u); do
-		failed+=("$t")
-	done
+	mapfile -t -O "${#failed[@]}" failed < <(top_tests fail)
 }
 
-# unfinished prints the top-level tests in $out that started and never
-# ended: what was running when the test binary died.
+# unfinished prints the tests in $out that started and never ended: what
+# was running when the test binary died.
 unfinished() {
-	comm -23 \
-		<(grep -o '"Action":"run","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u) \
-		<(grep -oE '"Action":"(pass|fail|skip)","Package":"[^"]*","Test":"[^"/]*"' "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u)
+	comm -23 <(top_tests run) <(top_tests 'pass|fail|skip')
 }
 
 failed=()
