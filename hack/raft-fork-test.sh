@@ -35,8 +35,9 @@ trap 'rm -f "$out"' EXIT
 
 # show_output prints the last 40 lines of test output in $out that match
 # the extended regexp $1 (inside a JSON string), unescaped enough to read.
+# Finding none is not an error: the script goes on after some of its calls.
 show_output() {
-	grep -oE "\"Output\":\"$1\"" "$out" | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
+	{ grep -oE "\"Output\":\"$1\"" "$out" || true; } | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
 }
 
 # top_tests prints the top-level tests in $out (subtests have a / in their
@@ -45,19 +46,25 @@ top_tests() {
 	grep -oE "\"Action\":\"($1)\",\"Package\":\"[^\"]*\",\"Test\":\"[^\"/]*\"" "$out" | sed 's/.*"Test":"\([^"]*\)"/\1/' | sort -u
 }
 
-# full_run runs the whole suite, skipping the tests that match the regexp
-# $1, into $out; it sets status to go test's exit status and adds the tests
-# that failed to failed.
-full_run() {
-	status=0
-	go test -race -count=1 -timeout 15m -skip "$1" -json . >"$out" || status=$?
-	mapfile -t -O "${#failed[@]}" failed < <(top_tests fail)
-}
-
 # unfinished prints the tests in $out that started and never ended: what
 # was running when the test binary died.
 unfinished() {
 	comm -23 <(top_tests run) <(top_tests 'pass|fail|skip')
+}
+
+# full_run runs the whole suite, skipping the tests that match the regexp
+# $1, into $out, and adds the tests that failed to failed. It fails the
+# script if the run failed with no test failed or unfinished: a build
+# failure, or a failure outside any test.
+full_run() {
+	local status=0 before=${#failed[@]}
+	go test -race -count=1 -timeout 15m -skip "$1" -json . >"$out" || status=$?
+	mapfile -t -O "${#failed[@]}" failed < <(top_tests fail)
+	if ((status != 0 && ${#failed[@]} == before)) && [[ -z "$(unfinished)" ]]; then
+		show_output '[^"]*'
+		printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
+		exit 1
+	fi
 }
 
 failed=()
@@ -78,23 +85,16 @@ if ((${#died[@]} == 1)); then
 	show_output '[^"]*'
 	printf 'hashicorp/raft fork: the test binary died during %s; running the suite again without it\n' "${died[0]}" >&2
 	full_run "$skip|^${died[0]}\$"
-	failed+=("${died[0]}")
 	mapfile -t again < <(unfinished)
 	if ((${#again[@]} > 0)); then
 		show_output '[^"]*'
 		printf 'FAIL: hashicorp/raft fork: the test binary died again, during %s\n' "${again[*]}" >&2
 		exit 1
 	fi
-	status=1
-fi
-if ((status != 0 && ${#failed[@]} == 0)); then
-	# A build failure, or a test binary that failed outside any test.
-	show_output '[^"]*'
-	printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
-	exit 1
+	failed+=("${died[0]}")
 fi
 
-if ((status == 0)); then
+if ((${#failed[@]} == 0)); then
 	printf 'hashicorp/raft fork: upstream suite passed (RAFT_STAGE_LOGS=%s)\n' "${RAFT_STAGE_LOGS:-1}"
 	exit 0
 fi
