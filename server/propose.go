@@ -155,6 +155,8 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
 	f := n.raft.Apply(data, n.cfg.Raft.ApplyTimeout)
+	// The waiter ends once raft answers, which it also does at shutdown
+	// (third_party/raft), so a caller that gave up leaves nothing behind.
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
@@ -169,7 +171,10 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return nil, &unavailableError{msg: "raft is overloaded: " + err.Error()}
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return nil, &unavailableError{msg: "node is shutting down"}
+		// Raft answers a queued or appended entry this way when it shuts
+		// down before the entry commits (third_party/raft), so this can
+		// not tell "never queued" from "maybe committed".
+		return nil, fmt.Errorf("%w: node is shutting down", ErrAmbiguous)
 	default:
 		return nil, fmt.Errorf("%w: %w", ErrAmbiguous, err)
 	}

@@ -840,6 +840,10 @@ func (r *Raft) ApplyLog(log Log, timeout time.Duration) ApplyFuture {
 		},
 	}
 	logFuture.init()
+	// policyd: with BatchApplyCh, applyCh is buffered, and a future still
+	// in it when raft shuts down was never answered (hashicorp/raft#498):
+	// its Error blocked for ever. It returns ErrRaftShutdown then.
+	logFuture.ShutdownCh = r.shutdownCh
 
 	select {
 	case <-timer:
@@ -866,6 +870,10 @@ func (r *Raft) Barrier(timeout time.Duration) Future {
 	// Create a log future, no index or term yet
 	logFuture := &logFuture{log: Log{Type: LogBarrier}}
 	logFuture.init()
+	// policyd: with BatchApplyCh, applyCh is buffered, and a future still
+	// in it when raft shuts down was never answered (hashicorp/raft#498):
+	// its Error blocked for ever. It returns ErrRaftShutdown then.
+	logFuture.ShutdownCh = r.shutdownCh
 
 	select {
 	case <-timer:

@@ -1,0 +1,47 @@
+// policyd: not upstream. With BatchApplyCh, a future that is still queued
+// when raft shuts down must be answered (see ApplyLog and README.md).
+
+package raft
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestApplyQueuedAtShutdownResolves applies after Shutdown. ApplyLog picks at
+// random between the closed shutdown channel and the buffered applyCh, which
+// no loop drains any more, so about half of these futures are queued; before
+// the patch their Error never returned.
+func TestApplyQueuedAtShutdownResolves(t *testing.T) {
+	conf := inmemConfig(t)
+	conf.BatchApplyCh = true
+	c := MakeCluster(1, t, conf)
+	defer c.Close()
+	r := c.Leader()
+	if err := r.Shutdown().Error(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	for _, name := range []string{"Apply", "Barrier"} {
+		t.Run(name, func(t *testing.T) {
+			for i := 0; i < 2*conf.MaxAppendEntries; i++ {
+				var f Future
+				if name == "Apply" {
+					f = r.Apply([]byte("x"), 0)
+				} else {
+					f = r.Barrier(0)
+				}
+				done := make(chan error, 1)
+				go func() { done <- f.Error() }()
+				select {
+				case err := <-done:
+					if !errors.Is(err, ErrRaftShutdown) {
+						t.Fatalf("%s %d after shutdown: got %v, want %v", name, i, err, ErrRaftShutdown)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s %d after shutdown: Error did not return", name, i)
+				}
+			}
+		})
+	}
+}
