@@ -155,7 +155,8 @@ func (c *cluster) follower() *Node {
 }
 
 // waitConverged waits until every running node has applied the same index,
-// has the same state digest, and every member has registered its addresses.
+// has the same state digest and serves sidecars the policies as of that
+// index, and every member has registered its addresses.
 func (c *cluster) waitConverged() {
 	c.t.Helper()
 	waitFor(c.t, 20*time.Second, "replicas to converge", func() error {
@@ -164,13 +165,19 @@ func (c *cluster) waitConverged() {
 		if err != nil {
 			return err
 		}
-		for _, n := range nodes[1:] {
+		for _, n := range nodes {
 			d, idx, err := n.store.Digest()
 			if err != nil {
 				return err
 			}
 			if idx != refIdx || d != ref {
 				return fmt.Errorf("%s at %d (%.8s), %s at %d (%.8s)", nodes[0].ID(), refIdx, ref, n.ID(), idx, d)
+			}
+			// The policy index takes in a commit after the store does
+			// (dispatchChanges); a stream opened before then is served
+			// the set as it was.
+			if got := n.policies.Applied(); got < idx {
+				return fmt.Errorf("%s's policy index at %d, its store at %d", n.ID(), got, idx)
 			}
 		}
 		members, err := nodes[0].store.Members()
