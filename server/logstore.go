@@ -24,8 +24,10 @@ const (
 	LogStoreBoltDB = "boltdb"
 	// LogStoreWAL is hashicorp/raft-wal: segment files in raft/wal/. Each
 	// append is one write and one fsync, and truncation after a snapshot
-	// deletes whole segments instead of freeing B-tree pages. HashiCorp
-	// still calls it experimental; Consul offers it as an opt-in backend.
+	// deletes whole segments instead of freeing B-tree pages. Opt-in: the
+	// design names raft-boltdb, and raft-wal's own README still calls it
+	// experimental, although Consul has used it for new data directories
+	// since 1.20 (hashicorp/consul#21992).
 	LogStoreWAL = "wal"
 )
 
