@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -174,15 +175,24 @@ func TestManifestsApply(t *testing.T) {
 			}
 			r = dyn.Resource(mapping.Resource).Namespace(m.obj.GetNamespace())
 		}
-		created, err := r.Create(ctx, m.obj, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict, FieldManager: "manifests-test"})
+		// Server-side apply, as `kubectl apply --server-side` does: it also
+		// succeeds when the test runs again on the same API server (-count).
+		body, err := m.obj.MarshalJSON()
 		if err != nil {
-			t.Fatalf("create %v: %v", m, err)
+			t.Fatalf("encode %v: %v", m, err)
+		}
+		force := true
+		created, err := r.Patch(ctx, m.obj.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
+			FieldValidation: metav1.FieldValidationStrict, FieldManager: "manifests-test", Force: &force,
+		})
+		if err != nil {
+			t.Fatalf("apply %v: %v", m, err)
 		}
 		if w := warn.Take(); len(w) > 0 {
-			t.Errorf("create %v: the API server warned: %q", m, w)
+			t.Errorf("apply %v: the API server warned: %q", m, w)
 		}
 		if created.GetUID() == "" {
-			t.Fatalf("create %v: no uid in the answer", m)
+			t.Fatalf("apply %v: no uid in the answer", m)
 		}
 	}
 	for _, k := range []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
