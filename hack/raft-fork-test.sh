@@ -40,6 +40,14 @@ show_output() {
 	{ grep -oE "\"Output\":\"$1\"" "$out" || true; } | sed 's/^"Output":"//; s/"$//; s/\\n$//; s/\\t/\t/g' | tail -40 >&2
 }
 
+# fail shows the output in $out that matches $1 (see show_output) and
+# fails the script with the message $2.
+fail() {
+	show_output "$1"
+	printf 'FAIL: hashicorp/raft fork: %s\n' "$2" >&2
+	exit 1
+}
+
 # top_tests prints the top-level tests in $out (subtests have a / in their
 # name) with an action that matches the extended regexp $1.
 top_tests() {
@@ -61,9 +69,7 @@ full_run() {
 	go test -race -count=1 -timeout 15m -skip "$1" -json . >"$out" || status=$?
 	mapfile -t -O "${#failed[@]}" failed < <(top_tests fail)
 	if ((status != 0 && ${#failed[@]} == before)) && [[ -z "$(unfinished)" ]]; then
-		show_output '[^"]*'
-		printf 'FAIL: hashicorp/raft fork: the suite failed outside any test\n' >&2
-		exit 1
+		fail '[^"]*' 'the suite failed outside any test'
 	fi
 }
 
@@ -77,9 +83,7 @@ full_run "$skip"
 # the suite runs once more without it, so that the rest is still checked.
 mapfile -t died < <(unfinished)
 if ((${#died[@]} > 1)); then
-	show_output '[^"]*'
-	printf 'FAIL: hashicorp/raft fork: the test binary died during %s\n' "${died[*]}" >&2
-	exit 1
+	fail '[^"]*' "the test binary died during ${died[*]}"
 fi
 if ((${#died[@]} == 1)); then
 	show_output '[^"]*'
@@ -87,9 +91,7 @@ if ((${#died[@]} == 1)); then
 	full_run "$skip|^${died[0]}\$"
 	mapfile -t again < <(unfinished)
 	if ((${#again[@]} > 0)); then
-		show_output '[^"]*'
-		printf 'FAIL: hashicorp/raft fork: the test binary died again, during %s\n' "${again[*]}" >&2
-		exit 1
+		fail '[^"]*' "the test binary died again, during ${again[*]}"
 	fi
 	failed+=("${died[0]}")
 fi
@@ -100,9 +102,7 @@ if ((${#failed[@]} == 0)); then
 fi
 printf 'hashicorp/raft fork: failed in the full run: %s\n' "${failed[*]}" >&2
 if ((${#failed[@]} > max_flaky)); then
-	show_output '[^"]*_test.go:[0-9]+:[^"]*'
-	printf 'FAIL: hashicorp/raft fork: %d tests failed (more than %d is not timing)\n' "${#failed[@]}" "$max_flaky" >&2
-	exit 1
+	fail '[^"]*_test.go:[0-9]+:[^"]*' "${#failed[@]} tests failed (more than $max_flaky is not timing)"
 fi
 for t in "${failed[@]}"; do
 	printf 'hashicorp/raft fork: running %s again on its own, 3 times\n' "$t" >&2

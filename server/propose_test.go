@@ -1,16 +1,15 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"time"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/server/servertest"
 )
 
 // TestApplyAtRaftShutdownEnds proposes on a leader whose raft has shut down
@@ -38,23 +37,9 @@ func TestApplyAtRaftShutdownEnds(t *testing.T) {
 		}
 	}
 	waitFor(t, 5*time.Second, "apply waiters to end", func() error {
-		if k := goroutinesIn("server.(*Node).applyLocal.func"); k > 0 {
+		if k := servertest.Goroutines("server.(*Node).applyLocal.func"); k > 0 {
 			return fmt.Errorf("%d still waiting for raft", k)
 		}
 		return nil
 	})
-}
-
-// goroutinesIn counts goroutines whose stack mentions fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		k := runtime.Stack(buf, true)
-		if k < len(buf) {
-			buf = buf[:k]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return bytes.Count(buf, []byte(fn))
 }
