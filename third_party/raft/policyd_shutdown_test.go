@@ -14,16 +14,19 @@ import (
 // no loop drains any more, so about half of these futures are queued; before
 // the patch their Error never returned.
 func TestApplyQueuedAtShutdownResolves(t *testing.T) {
-	conf := inmemConfig(t)
-	conf.BatchApplyCh = true
-	c := MakeCluster(1, t, conf)
-	defer c.Close()
-	r := c.Leader()
-	if err := r.Shutdown().Error(); err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
 	for _, name := range []string{"Apply", "Barrier"} {
 		t.Run(name, func(t *testing.T) {
+			// A cluster each: the first subtest leaves applyCh full, and
+			// a full channel would make every later call take the
+			// shutdown branch.
+			conf := inmemConfig(t)
+			conf.BatchApplyCh = true
+			c := MakeCluster(1, t, conf)
+			defer c.Close()
+			r := c.Leader()
+			if err := r.Shutdown().Error(); err != nil {
+				t.Fatalf("shutdown: %v", err)
+			}
 			for i := 0; i < 2*conf.MaxAppendEntries; i++ {
 				var f Future
 				if name == "Apply" {
