@@ -170,12 +170,10 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 		return nil, ErrNotLeader // rejected before it was appended
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return nil, &unavailableError{msg: "raft is overloaded: " + err.Error()}
-	case errors.Is(err, raft.ErrRaftShutdown):
-		// Raft answers a queued or appended entry this way when it shuts
-		// down before the entry commits (third_party/raft), so this can
-		// not tell "never queued" from "maybe committed".
-		return nil, fmt.Errorf("%w: node is shutting down", ErrAmbiguous)
 	default:
+		// Leadership lost, or raft shut down, which answers a queued or
+		// appended entry too (third_party/raft): "never queued" and "maybe
+		// committed" look the same from here.
 		return nil, fmt.Errorf("%w: %w", ErrAmbiguous, err)
 	}
 	res, ok := f.Response().(*commandv1.Result)

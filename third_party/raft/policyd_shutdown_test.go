@@ -14,8 +14,15 @@ import (
 // no loop drains any more, so about half of these futures are queued; before
 // the patch their Error never returned.
 func TestApplyQueuedAtShutdownResolves(t *testing.T) {
-	for _, name := range []string{"Apply", "Barrier"} {
-		t.Run(name, func(t *testing.T) {
+	tests := []struct {
+		name string
+		call func(r *Raft) Future
+	}{
+		{"Apply", func(r *Raft) Future { return r.Apply([]byte("x"), 0) }},
+		{"Barrier", func(r *Raft) Future { return r.Barrier(0) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
 			// A cluster each: the first subtest leaves applyCh full, and
 			// a full channel would make every later call take the
 			// shutdown branch.
@@ -28,21 +35,16 @@ func TestApplyQueuedAtShutdownResolves(t *testing.T) {
 				t.Fatalf("shutdown: %v", err)
 			}
 			for i := 0; i < 2*conf.MaxAppendEntries; i++ {
-				var f Future
-				if name == "Apply" {
-					f = r.Apply([]byte("x"), 0)
-				} else {
-					f = r.Barrier(0)
-				}
+				f := tc.call(r)
 				done := make(chan error, 1)
 				go func() { done <- f.Error() }()
 				select {
 				case err := <-done:
 					if !errors.Is(err, ErrRaftShutdown) {
-						t.Fatalf("%s %d after shutdown: got %v, want %v", name, i, err, ErrRaftShutdown)
+						t.Fatalf("%s %d after shutdown: got %v, want %v", tc.name, i, err, ErrRaftShutdown)
 					}
 				case <-time.After(5 * time.Second):
-					t.Fatalf("%s %d after shutdown: Error did not return", name, i)
+					t.Fatalf("%s %d after shutdown: Error did not return", tc.name, i)
 				}
 			}
 		})
