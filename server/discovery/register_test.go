@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,12 +95,40 @@ type registerHarness struct {
 	sub           *store.Subscription
 	index         *policyset.Index
 	svc           *Service
+	addr          string
 	client        discoveryv1.PolicyDiscoveryServiceClient
 	reg           *prometheus.Registry
 	token         string
 	authenticated chan struct{}
 	authOnce      sync.Once
 	release       chan struct{}
+	// serverWrites counts the writes on the server's connections, a
+	// syscall each.
+	serverWrites atomic.Int64
+}
+
+// countingListener counts the writes on the connections it accepts.
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, l.writes}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
 }
 
 func newRegisterHarness(t *testing.T) *registerHarness {
@@ -173,22 +202,29 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(lis) }()
+	go func() { _ = srv.Serve(countingListener{lis, &h.serverWrites}) }()
 	t.Cleanup(func() {
 		h.svc.CloseAll()
 		srv.Stop()
 	})
+	h.addr = lis.Addr().String()
+	h.client = h.dial(t)
+	return h
+}
+
+// dial opens another client connection to the service.
+func (h *registerHarness) dial(t *testing.T) discoveryv1.PolicyDiscoveryServiceClient {
+	t.Helper()
 	// Fixed flow-control windows: grpc-go's BDP estimation would grow
 	// them, so that a sidecar that stops reading might not block the
 	// node's sends, which the writer tests count on.
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	h.client = discoveryv1.NewPolicyDiscoveryServiceClient(cc)
-	return h
+	return discoveryv1.NewPolicyDiscoveryServiceClient(cc)
 }
 
 // registerKey signs the harness's tokens (HS256).

@@ -233,6 +233,59 @@ func (st *stream) drain() {
 	}
 }
 
+// connHandoff is how long drainConn lets a send go without progress before
+// it hands the streams still waiting to writers of their own. A send
+// blocks only on a client that does not read that stream (its flow-control
+// window is full), and takes microseconds otherwise.
+const connHandoff = 10 * time.Millisecond
+
+// drainConn runs the writers (drain) of streams that share a client
+// connection, each of which the caller has claimed, one after the other.
+// A stream that does not read would hold up the others behind it until
+// its send timeout, so if the sends stop progressing for connHandoff, every
+// stream not yet begun gets a writer goroutine of its own; the check
+// re-arms while they progress, so a node short of CPU keeps them together.
+func drainConn(sts []*stream) {
+	var (
+		next  atomic.Int64 // the next stream to take, by either side
+		mu    sync.Mutex
+		done  bool
+		timer *time.Timer
+		seen  int64 = -1
+	)
+	take := func() *stream {
+		if i := next.Add(1) - 1; i < int64(len(sts)) {
+			return sts[i]
+		}
+		return nil
+	}
+	check := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		if n := next.Load(); n != seen {
+			seen = n
+			timer.Reset(connHandoff)
+			return
+		}
+		for st := take(); st != nil; st = take() {
+			go st.drain()
+		}
+	}
+	mu.Lock()
+	timer = time.AfterFunc(connHandoff, check)
+	mu.Unlock()
+	for st := take(); st != nil; st = take() {
+		st.drain()
+	}
+	mu.Lock()
+	done = true
+	timer.Stop()
+	mu.Unlock()
+}
+
 // close marks the stream's handler as returned: a writer still sending
 // finds out after its send, and no new one starts.
 func (st *stream) close() {
@@ -291,8 +344,16 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 // offer makes r the stream's next response, replacing any not yet sent
 // (only the newest matters), and starts a writer unless one is running.
 func (st *stream) offer(r *response) {
+	if st.claim(r) {
+		go st.drain()
+	}
+}
+
+// claim makes r the stream's next response and reports whether the caller
+// must now run the stream's writer (drain): none was running.
+func (st *stream) claim(r *response) bool {
 	if st.dead.Load() {
-		return
+		return false
 	}
 	st.mu.Lock()
 	st.pending = r
@@ -301,9 +362,7 @@ func (st *stream) offer(r *response) {
 		st.writing = true
 	}
 	st.mu.Unlock()
-	if start {
-		go st.drain()
-	}
+	return start
 }
 
 // kill ends the stream with err (the first reason wins).

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -300,5 +301,129 @@ func teamPolicy(reason string) func(b *store.Batch, m store.Meta) error {
 		}
 		_, _, err = b.PutPolicy(m, p, nil)
 		return err
+	}
+}
+
+// TestPushBatchesStreamsOfAConnection: a push sends to the streams that
+// share a client connection from one goroutine (drainConn), so that
+// grpc-go's connection writer finds their messages queued together and
+// writes them in a few syscalls rather than one each. 64 streams of 1.5 KB
+// messages: 37 writes with a goroutine per stream, 6 now.
+func TestPushBatchesStreamsOfAConnection(t *testing.T) {
+	if raceEnabled {
+		t.Skip("-race randomises the scheduler's hand-off that this measures; hack/test.sh runs it without -race")
+	}
+	const streams = 64
+	h := newRegisterHarness(t)
+	close(h.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var gss []discoveryv1.PolicyDiscoveryService_StreamPoliciesClient
+	for range streams {
+		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		openAndAck(t, gs)
+		gss = append(gss, gs)
+	}
+	// One P, as on a node whose CPUs are busy with other connections:
+	// a goroutine that wakes the connection writer gives it its P as soon
+	// as it ends, so a writer goroutine per stream means a flush per
+	// stream. With more idle Ps the writer falls behind by chance.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	before := h.serverWrites.Load()
+	// Over grpc-go's minBatchSize (1,000 bytes), past which its writer
+	// does not yield once before flushing a lone message.
+	h.changeTeamPolicy(t, 2, "changed "+strings.Repeat("x", 1500))
+	for i, gs := range gss {
+		if _, err := gs.Recv(); err != nil {
+			t.Fatalf("stream %d: push: %v", i, err)
+		}
+	}
+	if w := h.serverWrites.Load() - before; w > streams/4 {
+		t.Errorf("a push to %d streams on one connection took %d writes, want at most %d", streams, w, streams/4)
+	} else {
+		t.Logf("a push to %d streams on one connection took %d writes", streams, w)
+	}
+}
+
+// TestStuckStreamDoesNotHoldUpItsConnection: a push runs the writers of a
+// connection's streams one after the other (drainConn), so a stream whose
+// client stopped reading, and whose send therefore blocks until the send
+// timeout ends it, must not keep the streams queued behind it on the same
+// connection waiting. On each of three connections, fifteen such streams
+// and one that reads, in an order the push does not fix (a map's): each
+// reader must get every change while the others stay stuck. Without the
+// hand-off a reader fails unless it came first on its connection every
+// time: about one chance in 16 per connection.
+func TestStuckStreamDoesNotHoldUpItsConnection(t *testing.T) {
+	const conns, stuck, rounds = 3, 15, 3
+	cfg := config.Default().Discovery
+	cfg.SendTimeout = time.Hour // the stuck streams stay stuck
+	h := newRegisterHarnessWith(t, cfg)
+	close(h.release)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(client discoveryv1.PolicyDiscoveryServiceClient) discoveryv1.PolicyDiscoveryService_StreamPoliciesClient {
+		gs, err := client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		openAndAck(t, gs)
+		return gs
+	}
+	var versions []chan string // each reader's, newest last
+	for range conns {
+		client := h.dial(t)
+		for range stuck {
+			open(client) // and never read again
+		}
+		reader, got := open(client), make(chan string, 100)
+		go func() {
+			defer close(got)
+			for {
+				resp, err := reader.Recv()
+				if err != nil {
+					return
+				}
+				got <- resp.GetVersionInfo()
+			}
+		}()
+		versions = append(versions, got)
+	}
+	id := policy.Identity{Org: "o1", Team: "t1", Employee: "e1"}
+	last := make([]string, conns) // each reader's newest version
+	waitAll := func() {
+		t.Helper()
+		want := h.index.Set(id).Version
+		deadline := time.After(10 * time.Second)
+		for i, ch := range versions {
+			for last[i] != want {
+				select {
+				case v, ok := <-ch:
+					if !ok {
+						t.Fatalf("connection %d: the reading stream ended before version %q", i, want)
+					}
+					last[i] = v
+				case <-deadline:
+					t.Fatalf("connection %d: the reading stream has %q, not version %q", i, last[i], want)
+				}
+			}
+		}
+	}
+	// 3 KB a change: the unread streams' 64 KiB windows fill after about
+	// 20, and their sends then block once grpc-go holds 64 KiB more.
+	pad := strings.Repeat("x", 3000)
+	index := uint64(2)
+	for i := range 60 {
+		h.changeTeamPolicy(t, index, "fill "+strconv.Itoa(i)+" "+pad)
+		index++
+	}
+	waitAll()
+	for i := range rounds {
+		h.changeTeamPolicy(t, index, "round "+strconv.Itoa(i))
+		index++
+		waitAll()
 	}
 }
