@@ -26,7 +26,12 @@
 //     pointer, never a queue. A single send blocked for longer than
 //     discovery.send_timeout (a sidecar that stopped reading) ends the
 //     stream with ResourceExhausted; it reconnects and resumes with its
-//     version.
+//     version. A push runs the writers of streams that share a client
+//     connection (an agent multiplexing its workloads' streams) one after
+//     the other on one goroutine, so that their messages leave in a few
+//     write syscalls; a send that makes no progress between two checks
+//     10 ms apart hands the streams behind it to goroutines of their own,
+//     so a stalled stream holds up its neighbours by 20 ms at most.
 //   - Liveness. Any request or HealthCheck refreshes a stream's last-active
 //     time; every discovery.flush_interval streams idle for longer than
 //     discovery.max_client_inactive are ended with DeadlineExceeded and

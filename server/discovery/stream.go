@@ -233,18 +233,18 @@ func (st *stream) drain() {
 	}
 }
 
-// connHandoff is how long drainConn lets a send go without progress before
-// it hands the streams still waiting to writers of their own. A send
-// blocks only on a client that does not read that stream (its flow-control
-// window is full), and takes microseconds otherwise.
+// connHandoff is how often drainConn checks that its sends progress. A
+// send blocks only on a client that does not read that stream (its
+// flow-control window is full), and takes microseconds otherwise.
 const connHandoff = 10 * time.Millisecond
 
 // drainConn runs the writers (drain) of streams that share a client
 // connection, each of which the caller has claimed, one after the other.
 // A stream that does not read would hold up the others behind it until
-// its send timeout, so if the sends stop progressing for connHandoff, every
-// stream not yet begun gets a writer goroutine of its own; the check
-// re-arms while they progress, so a node short of CPU keeps them together.
+// its send timeout, so if a check finds no stream begun since the one
+// before (10 to 20 ms without progress), every stream not yet begun gets a
+// writer goroutine of its own. The check re-arms while they progress, so a
+// node short of CPU keeps them together.
 func drainConn(sts []*stream) {
 	var (
 		next  atomic.Int64 // the next stream to take, by either side
