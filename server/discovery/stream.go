@@ -248,8 +248,7 @@ const connHandoff = 10 * time.Millisecond
 func drainConn(sts []*stream) {
 	var (
 		next  atomic.Int64 // the next stream to take, by either side
-		mu    sync.Mutex
-		done  bool
+		mu    sync.Mutex   // timer and seen
 		timer *time.Timer
 		seen  int64 = -1
 	)
@@ -262,16 +261,15 @@ func drainConn(sts []*stream) {
 	check := func() {
 		mu.Lock()
 		defer mu.Unlock()
-		if done {
-			return
-		}
-		if n := next.Load(); n != seen {
+		switch n := next.Load(); {
+		case n >= int64(len(sts)): // every stream begun: nothing to hand off
+		case n != seen:
 			seen = n
 			timer.Reset(connHandoff)
-			return
-		}
-		for st := take(); st != nil; st = take() {
-			go st.drain()
+		default:
+			for st := take(); st != nil; st = take() {
+				go st.drain()
+			}
 		}
 	}
 	mu.Lock()
@@ -280,10 +278,7 @@ func drainConn(sts []*stream) {
 	for st := take(); st != nil; st = take() {
 		st.drain()
 	}
-	mu.Lock()
-	done = true
 	timer.Stop()
-	mu.Unlock()
 }
 
 // close marks the stream's handler as returned: a writer still sending
