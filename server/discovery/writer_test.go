@@ -278,6 +278,18 @@ func openAndAck(t *testing.T, gs discoveryv1.PolicyDiscoveryService_StreamPolici
 	return resp
 }
 
+// openAcked opens a stream of employee e1 on client, reads its snapshot and
+// ACKs it.
+func (h *registerHarness) openAcked(ctx context.Context, t *testing.T, client discoveryv1.PolicyDiscoveryServiceClient) discoveryv1.PolicyDiscoveryService_StreamPoliciesClient {
+	t.Helper()
+	gs, err := client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	openAndAck(t, gs)
+	return gs
+}
+
 // registered is how many streams the service holds.
 func (h *registerHarness) registered() int {
 	h.svc.mu.Lock()
@@ -320,12 +332,7 @@ func TestPushBatchesStreamsOfAConnection(t *testing.T) {
 	defer cancel()
 	var gss []discoveryv1.PolicyDiscoveryService_StreamPoliciesClient
 	for range streams {
-		gs, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
-		if err != nil {
-			t.Fatal(err)
-		}
-		openAndAck(t, gs)
-		gss = append(gss, gs)
+		gss = append(gss, h.openAcked(ctx, t, h.client))
 	}
 	// One P, as on a node whose CPUs are busy with other connections:
 	// a goroutine that wakes the connection writer gives it its P as soon
@@ -365,21 +372,13 @@ func TestStuckStreamDoesNotHoldUpItsConnection(t *testing.T) {
 	close(h.release)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	open := func(client discoveryv1.PolicyDiscoveryServiceClient) discoveryv1.PolicyDiscoveryService_StreamPoliciesClient {
-		gs, err := client.StreamPolicies(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+h.token))
-		if err != nil {
-			t.Fatal(err)
-		}
-		openAndAck(t, gs)
-		return gs
-	}
 	var versions []chan string // each reader's, newest last
 	for range conns {
 		client := h.dial(t)
 		for range stuck {
-			open(client) // and never read again
+			h.openAcked(ctx, t, client) // and never read again
 		}
-		reader, got := open(client), make(chan string, 100)
+		reader, got := h.openAcked(ctx, t, client), make(chan string, 100)
 		go func() {
 			defer close(got)
 			for {

@@ -870,10 +870,7 @@ func (r *Raft) Barrier(timeout time.Duration) Future {
 	// Create a log future, no index or term yet
 	logFuture := &logFuture{log: Log{Type: LogBarrier}}
 	logFuture.init()
-	// policyd: with BatchApplyCh, applyCh is buffered, and a future still
-	// in it when raft shuts down was never answered (hashicorp/raft#498):
-	// its Error blocked for ever. It returns ErrRaftShutdown then.
-	logFuture.ShutdownCh = r.shutdownCh
+	logFuture.ShutdownCh = r.shutdownCh // policyd: as in ApplyLog
 
 	select {
 	case <-timer:
