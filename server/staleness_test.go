@@ -110,9 +110,14 @@ func TestIsolatedNodeDropsItsSidecars(t *testing.T) {
 	apiFor(t, c.nodes[others[0]]).putPolicy("acme.deny-curl", "acme", "no curl")
 	for name, s := range sidecars {
 		s.hasPolicy(t, "acme.deny-curl")
-		if s.State() != client.StateReady || s.ShouldBlockAll() {
-			t.Fatalf("%s sidecar after the cluster came back: state %s, blocks all %v", name, s.State(), s.ShouldBlockAll())
-		}
+		// The SDK puts a received set in force a moment before it marks
+		// the sync ready (install, then synced).
+		waitFor(t, 10*time.Second, name+" sidecar to be ready after the cluster came back", func() error {
+			if s.State() != client.StateReady || s.ShouldBlockAll() {
+				return fmt.Errorf("state %s, blocks all %v", s.State(), s.ShouldBlockAll())
+			}
+			return nil
+		})
 		tr, _ := s.counts()
 		t.Logf("%s sidecar transitions: %v", name, tr)
 	}
