@@ -623,7 +623,14 @@ func (n *NetworkTransport) handleConn(connCtx context.Context, conn net.Conn) {
 		}
 
 		if err := n.handleCommand(r, dec, enc); err != nil {
-			if err != io.EOF {
+			switch {
+			case err == io.EOF:
+			case errors.Is(err, ErrTransportShutdown):
+				// policyd: a node stopped on purpose usually has a
+				// heartbeat or entries in flight; as listen does for
+				// Accept, shutting down is not an error.
+				n.logger.Debug("transport shut down with an RPC in flight")
+			default:
 				n.logger.Error("failed to decode incoming command", "error", err)
 			}
 			return
