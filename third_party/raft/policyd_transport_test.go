@@ -4,40 +4,19 @@
 package raft
 
 import (
-	"bytes"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
 
-// lockedBuffer is a log output that the test can read while the
-// transport's goroutines may still write to it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestShutdownWithRPCInFlightIsNotAnError closes a transport while an
 // AppendEntries it received waits for raft's answer, as happens to every
 // follower stopped on purpose: the leader's next heartbeat or entries are
 // usually on their way. Upstream logged that at error level.
 func TestShutdownWithRPCInFlightIsNotAnError(t *testing.T) {
-	var logs lockedBuffer
+	var logs lockedBytesBuffer // upstream's, in raft_test.go
 	trans1, err := NewTCPTransportWithConfig("localhost:0", nil, &NetworkTransportConfig{
 		MaxPool: 2,
 		Timeout: time.Second,
