@@ -49,6 +49,7 @@ type Config struct {
 	GRPC      GRPC      `mapstructure:"grpc"`
 	Raft      Raft      `mapstructure:"raft"`
 	Auth      Auth      `mapstructure:"auth"`
+	Cluster   Cluster   `mapstructure:"cluster"`
 	Policy    Policies  `mapstructure:"policies"`
 	Events    Events    `mapstructure:"events"`
 	Forward   Forwarder `mapstructure:"forward"`
@@ -137,7 +138,7 @@ type HTTP struct {
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
 }
 
-// GRPC is the listener for sidecar discovery and the internal cluster API.
+// GRPC is the sidecar listener: policy discovery (and health, reflection).
 type GRPC struct {
 	Addr      string `mapstructure:"addr"`
 	Advertise string `mapstructure:"advertise"` // empty = addr
@@ -238,7 +239,28 @@ type Auth struct {
 	// unless AllowOpenAdmin is set.
 	AdminTokensFile string `mapstructure:"admin_tokens_file"`
 	AllowOpenAdmin  bool   `mapstructure:"allow_open_admin"`
-	JWT             JWT    `mapstructure:"jwt"`
+	// AllowInsecureSidecars lets grpc.addr or http.addr listen off loopback
+	// with auth.mode none, where anyone who reaches them reads any tenant's
+	// policies.
+	AllowInsecureSidecars bool `mapstructure:"allow_insecure_sidecars"`
+	JWT                   JWT  `mapstructure:"jwt"`
+}
+
+// Cluster configures how nodes authenticate each other on the peer plane
+// (raft.addr: Raft and the node-to-node API).
+type Cluster struct {
+	// SecretFile holds the shared cluster secret, one per line: the first
+	// is used to dial, every one is accepted, so a secret rotates without
+	// downtime. Empty: no secret (raft.tls must authenticate peers).
+	SecretFile string `mapstructure:"secret_file"`
+	// TrustDomain is the SPIFFE trust domain of node certificates: with
+	// raft.tls, a peer's certificate must carry the URI SAN
+	// spiffe://<trust_domain>/node/<node_id>.
+	TrustDomain string `mapstructure:"trust_domain"`
+	// AllowInsecurePeers lets raft.addr listen off loopback with neither
+	// a secret nor mutual TLS, so that anyone who reaches it can join the
+	// cluster and rewrite its state.
+	AllowInsecurePeers bool `mapstructure:"allow_insecure_peers"`
 }
 
 // JWT configures verification of sidecar tokens (auth.mode: jwt). Exactly
@@ -328,6 +350,7 @@ func Default() Config {
 			LogStore:           "boltdb",
 		},
 		Auth:    Auth{Mode: "none", JWT: JWT{Leeway: 30 * time.Second}},
+		Cluster: Cluster{TrustDomain: "policyd"},
 		Events:  Events{Retention: 24 * time.Hour, CleanupInterval: time.Hour},
 		Forward: Forwarder{Timeout: 10 * time.Second},
 		Discovery: Discovery{

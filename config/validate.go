@@ -63,6 +63,7 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	c.validatePlanes(&p)
 	c.validateJWT(&p)
 	c.validateTLS(&p)
 	c.validateReload(&p)
@@ -101,6 +102,40 @@ func (c *Config) Validate() error {
 	c.validateLimits(&p)
 
 	return p.err()
+}
+
+// trustDomainPattern is a SPIFFE trust domain: lowercase letters, digits,
+// dots, hyphens and underscores.
+var trustDomainPattern = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
+
+// validatePlanes refuses a sidecar or peer door that is reachable from
+// other hosts without authentication (DESIGN part 11), unless the opt-out
+// key says so.
+func (c *Config) validatePlanes(p *problems) {
+	if !trustDomainPattern.MatchString(c.Cluster.TrustDomain) {
+		p.add("cluster.trust_domain", "%q must match %s", c.Cluster.TrustDomain, trustDomainPattern)
+	}
+	peerAuth := c.Cluster.SecretFile != "" || c.Raft.TLS.Enabled() && c.Raft.TLS.ClientCAFile != ""
+	if host, _, err := splitHostPort(c.Raft.Addr); err == nil && !isLoopback(host) && !peerAuth && !c.Cluster.AllowInsecurePeers {
+		p.add("cluster.secret_file", "required because raft.addr %q is reachable from other hosts and carries Raft and the "+
+			"node-to-node API; set cluster.secret_file, or raft.tls.cert_file, key_file and client_ca_file with node "+
+			"certificates, or set cluster.allow_insecure_peers: true to let anyone who reaches it join the cluster",
+			c.Raft.Addr)
+	}
+	if c.Auth.Mode != "none" || c.Auth.AllowInsecureSidecars {
+		return
+	}
+	// Client certificates from a CA authenticate sidecars too.
+	for _, l := range []struct {
+		key, addr string
+		tls       TLS
+	}{{"grpc.addr", c.GRPC.Addr, c.GRPC.TLS}, {"http.addr", c.HTTP.Addr, c.HTTP.TLS}} {
+		if host, _, err := splitHostPort(l.addr); err == nil && !isLoopback(host) && l.tls.ClientCAFile == "" {
+			p.add("auth.mode", "none is refused because %s %q is reachable from other hosts and serves sidecars; "+
+				"set auth.mode: jwt, require client certificates with its tls.client_ca_file, or auth.allow_insecure_sidecars: true to serve every tenant's policies to anyone",
+				l.key, l.addr)
+		}
+	}
 }
 
 // validateLimits checks the resource limits (server/limits).

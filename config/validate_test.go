@@ -30,10 +30,23 @@ func TestValidate(t *testing.T) {
 			c.HTTP.Addr, c.GRPC.Addr, c.Raft.Addr = "0.0.0.0:8080", ":9090", "[::]:7000"
 			c.HTTP.Advertise, c.GRPC.Advertise, c.Raft.Advertise = "10.0.0.1:8080", "node1.policyd.svc:9090", "[2001:db8::1]:7000"
 			c.Auth.AdminTokensFile = "/etc/policyd/tokens"
+			c.Auth.Mode, c.Auth.JWT.HMACSecretFile = "jwt", "/etc/policyd/jwt"
+			c.Cluster.SecretFile = "/etc/policyd/cluster-secret"
 		}},
 		{name: "open admin allowed explicitly", mutate: func(c *Config) {
 			c.HTTP.Addr = "10.0.0.1:8080"
-			c.Auth.AllowOpenAdmin = true
+			c.Auth.AllowOpenAdmin, c.Auth.AllowInsecureSidecars = true, true
+		}},
+		{name: "peer plane off loopback with node certificates", mutate: func(c *Config) {
+			c.Raft.Addr = "10.0.0.1:7000"
+			c.Raft.TLS = TLS{CertFile: "/c.pem", KeyFile: "/k.pem", ClientCAFile: "/ca.pem"}
+		}},
+		{name: "peer plane off loopback, opted out", mutate: func(c *Config) {
+			c.Raft.Addr, c.Cluster.AllowInsecurePeers = "10.0.0.1:7000", true
+		}},
+		{name: "sidecar plane off loopback with client certificates", mutate: func(c *Config) {
+			c.GRPC.Addr = "10.0.0.1:9090"
+			c.GRPC.TLS = TLS{CertFile: "/c.pem", KeyFile: "/k.pem", ClientCAFile: "/ca.pem"}
 		}},
 		{name: "election equals heartbeat, lease equals heartbeat", mutate: func(c *Config) {
 			c.Raft.HeartbeatTimeout, c.Raft.ElectionTimeout, c.Raft.LeaderLeaseTimeout = time.Second, time.Second, time.Second
@@ -139,6 +152,18 @@ func TestValidate(t *testing.T) {
 			c.HTTP.Addr = "10.0.0.1:8080"
 			c.HTTP.TLS = TLS{CertFile: "/c.pem", KeyFile: "/k.pem", ClientCAFile: "/ca.pem"}
 		}},
+		{name: "peer plane off loopback without authentication", mutate: func(c *Config) { c.Raft.Addr = "10.0.0.1:7000" },
+			want: []string{`cluster.secret_file: required because raft.addr "10.0.0.1:7000" is reachable from other hosts`, "cluster.allow_insecure_peers"}},
+		{name: "peer plane TLS without client CA is no authentication", mutate: func(c *Config) {
+			c.Raft.Addr = "10.0.0.1:7000"
+			c.Raft.TLS = TLS{CertFile: "/c.pem", KeyFile: "/k.pem"}
+		}, want: []string{"cluster.secret_file: required because raft.addr"}},
+		{name: "sidecar gRPC off loopback without authentication", mutate: func(c *Config) { c.GRPC.Addr = "0.0.0.0:9090"; c.GRPC.Advertise = "10.0.0.1:9090" },
+			want: []string{`auth.mode: none is refused because grpc.addr "0.0.0.0:9090"`, "auth.allow_insecure_sidecars"}},
+		{name: "sidecar feed off loopback without authentication", mutate: func(c *Config) {
+			c.HTTP.Addr, c.Auth.AdminTokensFile = "10.0.0.1:8080", "/t"
+		}, want: []string{`auth.mode: none is refused because http.addr "10.0.0.1:8080"`}},
+		{name: "trust domain", mutate: func(c *Config) { c.Cluster.TrustDomain = "Bad Domain" }, want: []string{`cluster.trust_domain: "Bad Domain" must match`}},
 		{name: "tls cert without key", mutate: func(c *Config) { c.GRPC.TLS.CertFile = "/c.pem" }, want: []string{"grpc.tls: cert_file and key_file must be set together"}},
 		{name: "tls client CA without TLS", mutate: func(c *Config) { c.Raft.TLS.ClientCAFile = "/ca.pem" }, want: []string{"raft.tls.client_ca_file: needs cert_file and key_file"}},
 		{name: "reload selector not key=value", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Selector = true, "app" }, want: []string{`reload.selector: "app" must be key=value`}},
