@@ -11,6 +11,16 @@
 //
 // After each committed batch the store tells its subscribers what changed
 // (see Subscribe). Subscribers never block the writer.
+//
+// Open refuses a damaged file with ErrDamaged and an error naming it: one
+// cut short, with both meta pages invalid, or with pages overwritten, as
+// found by store/boltcheck before bbolt maps the file (bbolt itself would
+// read past the end of its mapping or panic on such a file). It never writes
+// to a file it refuses. The state is a copy of the Raft log applied in
+// order, so the daemon's way out is to move the file aside and start again:
+// the node rebuilds state.db from its Raft snapshot and log. A batch that
+// cannot be written (a full disk) fails with an error naming the file and
+// leaves the applied index where it was.
 package store
 
 import (
@@ -25,6 +35,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +44,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/store/boltcheck"
 )
 
 // Sentinel errors. Business errors (ErrNotFound, ErrConflict) come back as a
@@ -47,6 +59,10 @@ var (
 	ErrForeignDB = errors.New("not a policyd state database")
 	// ErrClosed is returned by operations on a closed store.
 	ErrClosed = errors.New("store closed")
+	// ErrDamaged is returned by Open, Inspect and Restore when the file is
+	// not a whole bbolt database: truncated, or with pages overwritten (see
+	// store/boltcheck).
+	ErrDamaged = boltcheck.ErrDamaged
 )
 
 // schemaMagic marks a state.db as ours. A new schema gets a new value and a
@@ -215,7 +231,16 @@ func markDirty(path string) error {
 	return nil
 }
 
-func openBolt(path string, readOnly, noSync bool) (*bolt.DB, error) {
+// openBolt opens path with bbolt. bbolt trusts its file, so checkFile runs
+// boltcheck first; a fault or panic it still meets while opening, in this
+// goroutine, becomes ErrDamaged instead of ending the process.
+func openBolt(path string, readOnly, noSync bool) (_ *bolt.DB, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("open state db %q: %w: bbolt: %v (the file was left untouched)", path, ErrDamaged, r)
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:  2 * time.Second, // another process holds the lock: fail, don't hang
 		ReadOnly: readOnly,
@@ -230,13 +255,20 @@ func openBolt(path string, readOnly, noSync bool) (*bolt.DB, error) {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("open state db %q: locked by another process", path)
 		}
+		if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+			return nil, fmt.Errorf("open state db %q: %w: %w (the file was left untouched)", path, ErrDamaged, err)
+		}
 		return nil, fmt.Errorf("open state db %q: %w (the file was left untouched)", path, err)
 	}
 	return db, nil
 }
 
-// checkFile verifies, read-only, that path is a policyd state database.
+// checkFile verifies, read-only, that path is a whole bbolt file and a
+// policyd state database.
 func checkFile(path string) error {
+	if err := boltcheck.Check(path); err != nil {
+		return fmt.Errorf("open state db %q: %w (the file was left untouched)", path, err)
+	}
 	db, err := openBolt(path, true, false)
 	if err != nil {
 		return err

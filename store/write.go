@@ -86,7 +86,7 @@ func (s *Store) ApplyBatch(lastIndex uint64, fn func(b *Batch) error) error {
 		return ErrClosed
 	}
 	if err != nil {
-		return fmt.Errorf("apply batch ending at %d: %w", lastIndex, err)
+		return fmt.Errorf("apply batch ending at %d to %s: %w", lastIndex, s.path, err)
 	}
 	s.advance(lastIndex)
 	s.publish(Change{Index: lastIndex, Entities: b.changes, At: time.Now()})
