@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -47,7 +48,8 @@ func serveCommand() *cobra.Command {
 // it loads the configuration again (reload, the same file, environment and
 // flags) and applies its run-time settings; see server.Node.Reload.
 func serve(ctx context.Context, cfg config.Config, reload func() (config.Config, error), logOut io.Writer) error {
-	logger, level := newLogger(cfg.Log, logOut)
+	out := &lastLineWriter{w: logOut}
+	logger, level := newLogger(cfg.Log, out)
 	// client-go logs through klog's process-wide logger; route it to ours so
 	// the reload controller's and the webhook's client messages share the
 	// format and level.
@@ -64,7 +66,7 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 	}
 	node, err := server.New(cfg, logger, reg)
 	if err != nil {
-		return err
+		return lastLine(cfg.Log, out, err)
 	}
 	node.SetLogLevel(level)
 	node.Start()
@@ -73,6 +75,8 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 		case <-ctx.Done():
 		case <-hup:
 			reloadSettings(node, reload, logger)
+		case <-node.Faulted():
+			return lastLine(cfg.Log, out, node.Fault())
 		}
 	}
 	logger.Info("signal received, stopping")
@@ -125,4 +129,49 @@ func bridgeRaftMetrics(reg prometheus.Registerer) (err error) {
 		_, err = gometrics.NewGlobal(mc, sink)
 	})
 	return err
+}
+
+// lastLine ends serve on a damaged data file or a failed write
+// (server.DataError): it logs the error as the process's last line, one
+// ERROR record with the file, what is wrong and the recovery, and returns
+// it marked as reported, so that main exits non-zero without printing it
+// again. Lines other goroutines log after it are dropped: the node is
+// exiting, and the last line says why. Other errors are returned as they
+// are.
+func lastLine(c config.Log, out *lastLineWriter, err error) error {
+	var de *server.DataError
+	if !errors.As(err, &de) {
+		return err
+	}
+	final, _ := newLogger(c, out.seal())
+	msg := "a data file is damaged; the node does not start"
+	if de.Write {
+		msg = "a write to the data directory failed; the node stops"
+	}
+	final.Error(msg, "file", de.Path, "err", de.Err.Error(), "recovery", de.Recovery)
+	return &reportedError{err}
+}
+
+// lastLineWriter passes log records through until seal.
+type lastLineWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	sealed bool
+}
+
+func (l *lastLineWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sealed {
+		return len(p), nil
+	}
+	return l.w.Write(p)
+}
+
+// seal drops every later Write and returns the underlying writer.
+func (l *lastLineWriter) seal() io.Writer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sealed = true
+	return l.w
 }

@@ -171,16 +171,17 @@ func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, forc
 	if err := checkOffline(cfg); err != nil {
 		return err
 	}
-	moved, err := moveStateAside(cfg.DataDir, force)
-	if err != nil {
-		return err
-	}
-
+	// Opened before the state is moved aside: FILE may be the node's own
+	// state.db, the way out for a node alone whose Raft log is damaged.
 	src, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	defer src.Close()
+	moved, err := moveStateAside(cfg.DataDir, force)
+	if err != nil {
+		return err
+	}
 	st, err := store.Open(filepath.Join(cfg.DataDir, stateFile), slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		return err

@@ -32,6 +32,14 @@ func main() {
 	}
 }
 
+// reportedError is a failure the command has already reported (serve logs
+// a damaged or full data directory as its last line): exit code 1, printed
+// once.
+type reportedError struct{ err error }
+
+func (e *reportedError) Error() string { return e.err.Error() }
+func (e *reportedError) Unwrap() error { return e.err }
+
 // usageError marks command-line mistakes (exit code 2).
 type usageError struct{ err error }
 
@@ -70,7 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		},
 	)
 	err := root.ExecuteContext(ctx)
-	if err != nil {
+	if re := (*reportedError)(nil); err != nil && !errors.As(err, &re) {
 		fmt.Fprintln(stderr, "policyd:", err)
 	}
 	return err

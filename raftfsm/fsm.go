@@ -8,7 +8,9 @@
 // entry that does not decode, or an unknown type without the IgnoreUnknown
 // bit, is a bug or a version skew that would diverge replicas, so it panics;
 // a business error (a failed compare-and-set, a missing entity) is returned
-// as the entry's result and changes nothing.
+// as the entry's result and changes nothing. A batch or snapshot the store
+// cannot write (a full disk) goes to the node's fault handler, which ends
+// the node without a panic (SetStoreFault); without one it panics too.
 package raftfsm
 
 import (
@@ -30,6 +32,7 @@ import (
 type FSM struct {
 	st     *store.Store
 	logger *slog.Logger
+	fault  func(error) error // see SetStoreFault
 }
 
 var (
@@ -41,6 +44,13 @@ var (
 func New(st *store.Store, logger *slog.Logger) *FSM {
 	return &FSM{st: st, logger: logger}
 }
+
+// SetStoreFault sets what happens when the store cannot take a batch or a
+// snapshot (a full disk): fault gets the error. A node's handler ends the
+// node and does not return, so that raft neither panics nor acknowledges
+// anything after the failed write; if it returns, ApplyBatch panics and
+// Restore returns the error it gave. Call it before raft starts.
+func (f *FSM) SetStoreFault(fault func(error) error) { f.fault = fault }
 
 // decodeFunc decodes one command type's payload into the function that
 // applies it. Decoding is separate from applying so that it can be fuzzed
@@ -99,6 +109,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	if err != nil {
 		// The state file can't be written. Carrying on would acknowledge
 		// entries that are not stored; stop the node instead.
+		if f.fault != nil {
+			err = f.fault(err)
+		}
 		panic(fmt.Sprintf("raftfsm: %v", err))
 	}
 	return out
@@ -311,6 +324,9 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	if err := f.st.Restore(rc); err != nil {
+		if f.fault != nil {
+			err = f.fault(err)
+		}
 		return fmt.Errorf("raftfsm restore: %w", err)
 	}
 	return nil

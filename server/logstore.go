@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -15,6 +16,9 @@ import (
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/policyd/policyd/store/boltcheck"
 )
 
 // Raft log store kinds (config raft.log_store).
@@ -60,9 +64,111 @@ func ExistingLogStore(raftDir string) (string, error) {
 	return "", nil
 }
 
+// ErrLogDamaged is returned by OpenLogStore when the log on disk cannot be
+// read back whole.
+var ErrLogDamaged = errors.New("raft log damaged")
+
 // OpenLogStore opens the log in raftDir: the kind already there, else kind.
-// It returns the kind it opened.
+// It returns the kind it opened. Before opening, it checks the bbolt file
+// (raft.db, or raft-wal's wal-meta.db) with store/boltcheck, since bbolt
+// would fault or panic on a damaged one; after, it reads every entry and
+// Raft's term and vote back, since hashicorp/raft panics on an entry it
+// cannot read. A log that fails either is refused with ErrLogDamaged and an
+// error naming the file.
 func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, error) {
+	ls, kind, err := openLogStore(raftDir, kind, logger)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := verifyLog(ls); err != nil {
+		_ = ls.Close()
+		return nil, "", fmt.Errorf("raft log %s: %w", LogStorePath(raftDir, kind), err)
+	}
+	return ls, kind, nil
+}
+
+// LogStorePath is the file (boltdb) or directory (wal) of a log store.
+func LogStorePath(raftDir, kind string) string {
+	if kind == LogStoreWAL {
+		return filepath.Join(raftDir, walDir)
+	}
+	return filepath.Join(raftDir, boltLogFile)
+}
+
+// checkBolt refuses a bbolt file that is not whole (store/boltcheck).
+func checkBolt(path string) error {
+	if err := boltcheck.Check(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("open raft log %q: %w: %w", path, ErrLogDamaged, err)
+	}
+	return nil
+}
+
+// guardOpen runs open, turning a panic or memory fault in this goroutine
+// (bbolt on a file checkBolt missed) into ErrLogDamaged.
+func guardOpen[T any](path string, open func() (T, error)) (_ T, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("open raft log %q: %w: %v", path, ErrLogDamaged, r)
+		}
+	}()
+	return open()
+}
+
+// Raft's stable-store keys (hashicorp/raft's keyCurrentTerm and friends).
+var (
+	keyCurrentTerm  = []byte("CurrentTerm")
+	keyLastVoteTerm = []byte("LastVoteTerm")
+	keyLastVoteCand = []byte("LastVoteCand")
+)
+
+// verifyLog reads back Raft's term and vote and every entry in the log, in
+// order, the way Raft reads them when it starts and replays.
+func verifyLog(ls LogStore) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrLogDamaged, r)
+		}
+	}()
+	for _, k := range [][]byte{keyCurrentTerm, keyLastVoteTerm} {
+		if _, err := ls.GetUint64(k); err != nil && !isNotFound(err) {
+			return fmt.Errorf("%w: read %s: %w", ErrLogDamaged, k, err)
+		}
+	}
+	if _, err := ls.Get(keyLastVoteCand); err != nil && !isNotFound(err) {
+		return fmt.Errorf("%w: read %s: %w", ErrLogDamaged, keyLastVoteCand, err)
+	}
+	first, err := ls.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("%w: first index: %w", ErrLogDamaged, err)
+	}
+	last, err := ls.LastIndex()
+	if err != nil {
+		return fmt.Errorf("%w: last index: %w", ErrLogDamaged, err)
+	}
+	if first == 0 && last == 0 {
+		return nil
+	}
+	if first == 0 || first > last {
+		return fmt.Errorf("%w: the log runs from index %d to %d", ErrLogDamaged, first, last)
+	}
+	var l raft.Log
+	for i := first; i <= last; i++ {
+		if err := ls.GetLog(i, &l); err != nil {
+			return fmt.Errorf("%w: entry %d of %d-%d: %w", ErrLogDamaged, i, first, last, err)
+		}
+		if l.Index != i {
+			return fmt.Errorf("%w: entry %d of %d-%d holds index %d", ErrLogDamaged, i, first, last, l.Index)
+		}
+	}
+	return nil
+}
+
+// isNotFound is a stable-store key never written (a node that never
+// voted); raft-wal returns no error for one.
+func isNotFound(err error) bool { return errors.Is(err, raftboltdb.ErrKeyNotFound) }
+
+func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, error) {
 	existing, err := ExistingLogStore(raftDir)
 	if err != nil {
 		return nil, "", err
@@ -78,10 +184,18 @@ func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, "", fmt.Errorf("create raft wal dir %q: %w", dir, err)
 		}
+		if err := checkBolt(filepath.Join(dir, metadb.FileName)); err != nil {
+			return nil, "", err
+		}
 		meta := &metadb.BoltMetaDB{}
-		w, err := wal.Open(dir, wal.WithLogger(logger.Named("wal")), wal.WithMetaStore(meta))
+		w, err := guardOpen(dir, func() (*wal.WAL, error) {
+			return wal.Open(dir, wal.WithLogger(logger.Named("wal")), wal.WithMetaStore(meta))
+		})
 		if err != nil {
 			_ = meta.Close()
+			if errors.Is(err, wal.ErrCorrupt) {
+				err = fmt.Errorf("%w: %w", ErrLogDamaged, err)
+			}
 			return nil, "", fmt.Errorf("open raft wal %q: %w", dir, err)
 		}
 		return &walStore{WAL: w, meta: meta}, kind, nil
@@ -92,12 +206,20 @@ func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 		// log truncation after a snapshot frees many pages, and writing that
 		// list on every commit is most of a commit's pages under write load.
 		// Each append is still fsynced before it counts.
-		ls, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{
-			Timeout:        2 * time.Second, // another process holds the lock: fail, don't hang
-			NoFreelistSync: true,
-			FreelistType:   bbolt.FreelistMapType,
-		}})
+		if err := checkBolt(path); err != nil {
+			return nil, "", err
+		}
+		ls, err := guardOpen(path, func() (*raftboltdb.BoltStore, error) {
+			return raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &bbolt.Options{
+				Timeout:        2 * time.Second, // another process holds the lock: fail, don't hang
+				NoFreelistSync: true,
+				FreelistType:   bbolt.FreelistMapType,
+			}})
+		})
 		if err != nil {
+			if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+				err = fmt.Errorf("%w: %w", ErrLogDamaged, err)
+			}
 			return nil, "", fmt.Errorf("open raft log %q: %w", path, err)
 		}
 		return ls, kind, nil

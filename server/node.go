@@ -30,7 +30,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +76,7 @@ type Node struct {
 	store     *store.Store
 	raft      *raft.Raft
 	logStore  LogStore
+	faults    *faults // failed writes to the data directory (diskfault.go)
 	transport *raft.NetworkTransport
 	validator *policy.Validator
 
@@ -171,8 +171,8 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.jwt: %w", err)
 		}
 	}
-	if n.store, err = store.OpenWithOptions(filepath.Join(cfg.DataDir, "state.db"), logger.With("component", "store"),
-		store.Options{NoSync: !cfg.Raft.StateFsync}); err != nil {
+	n.faults = newFaults(cfg.DataDir)
+	if err = n.openDataFiles(); err != nil {
 		return nil, err
 	}
 	// Subscribe before the index loads, so no commit falls between the two.
@@ -207,8 +207,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	gate := limits.NewGate(cfg.Setup.MaxConcurrent, cfg.Setup.MaxWait, lm)
 	if err = n.setupRaft(); err != nil {
-		return nil, err
+		return nil, n.faults.explain(err)
 	}
+	n.faults.arm()
 
 	n.leaderTasks = []LeaderTask{
 		// Followers forward writes to the leader's registered address, so a
@@ -324,6 +325,11 @@ func (n *Node) goBackground(name string, fn func()) {
 // Close shuts the node down in order and waits for it. It is safe to call
 // more than once; ctx bounds the graceful parts.
 func (n *Node) Close(ctx context.Context) error {
+	if n.faults.parked() {
+		// Raft waits on a failed write that never returns (diskfault.go):
+		// it cannot shut down, and the process exits instead.
+		return n.Fault()
+	}
 	n.closeOnce.Do(func() {
 		n.logger.Info("shutting down")
 		n.health.Shutdown()

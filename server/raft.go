@@ -58,12 +58,7 @@ func (n *Node) setupRaft() error {
 	tr := raft.NewNetworkTransportWithConfig(tc)
 	n.transport = tr
 
-	ls, kind, err := OpenLogStore(raftDir, rc.LogStore, hl)
-	if err != nil {
-		return err
-	}
-	n.logger.Info("raft log store", "kind", kind)
-	n.logStore = ls
+	ls := n.logStore // opened by openDataFiles, before state.db
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, rc.SnapshotRetain, hl.Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("open raft snapshots in %q: %w", raftDir, err)
@@ -101,6 +96,7 @@ func (n *Node) setupRaft() error {
 	}
 
 	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
+	fsm.SetStoreFault(n.storeFault)
 	logs := newLogCache(ls, logCacheEntries, logCacheBytes)
 	r, err := raft.NewRaft(conf, fsm, logs, ls, snaps, tr)
 	if err != nil {
