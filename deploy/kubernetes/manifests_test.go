@@ -1,30 +1,20 @@
 package kubernetes_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -32,8 +22,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/policyd/policyd/admission"
-	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/kubetest"
 )
 
@@ -58,92 +46,18 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// manifest is one YAML document and the file it came from.
-type manifest struct {
-	file string
-	obj  *unstructured.Unstructured
+// applier applies manifests to the API server the way `kubectl apply
+// --server-side` does, with strict field validation, and fails on any
+// warning (deprecated fields, Pod Security violations).
+type applier struct {
+	dyn    dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
+	warn   *kubetest.Warnings
 }
 
-func (m manifest) String() string {
-	return fmt.Sprintf("%s: %s %s", m.file, m.obj.GetKind(), objectName(m.obj))
-}
-
-func objectName(o *unstructured.Unstructured) string {
-	if o.GetNamespace() == "" {
-		return o.GetName()
-	}
-	return o.GetNamespace() + "/" + o.GetName()
-}
-
-// kustomizationResources is the resources list of kustomization.yaml, the
-// order manifests are applied in.
-func kustomizationResources(t *testing.T) []string {
+func newApplier(t *testing.T) (*applier, *rest.Config) {
 	t.Helper()
-	f, err := os.Open("kustomization.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var k struct {
-		Resources []string `json:"resources"`
-	}
-	if err := utilyaml.NewYAMLOrJSONDecoder(f, 4096).Decode(&k); err != nil {
-		t.Fatalf("kustomization.yaml: %v", err)
-	}
-	return k.Resources
-}
-
-// readManifests decodes every document of every manifest file, in
-// kustomization order.
-func readManifests(t *testing.T) []manifest {
-	t.Helper()
-	var out []manifest
-	for _, file := range kustomizationResources(t) {
-		raw, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-		for {
-			var obj map[string]any
-			err := dec.Decode(&obj)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", file, err)
-			}
-			if obj == nil {
-				continue // an empty document
-			}
-			out = append(out, manifest{file: file, obj: &unstructured.Unstructured{Object: obj}})
-		}
-	}
-	return out
-}
-
-// TestManifestsApply creates every manifest on the real API server with
-// strict field validation: an unknown or misspelt field, a schema error or a
-// Pod Security "restricted" violation fails. Then it asks the API server
-// what the ServiceAccount may do, to check that the bindings grant the
-// reload controller and drift detection what they need, and no more.
-func TestManifestsApply(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-
-	files, err := filepath.Glob("*.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files = slices.DeleteFunc(files, func(f string) bool { return f == "kustomization.yaml" })
-	listed := slices.Sorted(slices.Values(kustomizationResources(t)))
-	if !slices.Equal(files, listed) {
-		t.Fatalf("kustomization.yaml lists %v; the directory holds %v", listed, files)
-	}
-
 	cfg := rest.CopyConfig(restConfig)
-	// A manifest that draws a warning (deprecated fields, Pod Security
-	// violations) fails.
 	warn := &kubetest.Warnings{}
 	cfg.WarningHandler = warn
 	dyn, err := dynamic.NewForConfig(cfg)
@@ -154,86 +68,178 @@ func TestManifestsApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	return &applier{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc)), warn: warn}, cfg
+}
 
-	manifests := readManifests(t)
-	if len(manifests) < 10 {
-		t.Fatalf("only %d documents found", len(manifests))
+func (a *applier) resource(t *testing.T, m manifest) dynamic.ResourceInterface {
+	t.Helper()
+	gvk := m.obj.GroupVersionKind()
+	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatalf("%v: no such API: %v", m, err)
 	}
-	kinds := map[string]int{}
-	for _, m := range manifests {
-		gvk := m.obj.GroupVersionKind()
-		kinds[gvk.Kind]++
-		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatalf("%v: no such API: %v", m, err)
-		}
-		var r dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-		if mapping.Scope.Name() == "namespace" {
-			if m.obj.GetNamespace() == "" {
-				t.Fatalf("%v: namespaced, but names no namespace", m)
-			}
-			r = dyn.Resource(mapping.Resource).Namespace(m.obj.GetNamespace())
-		}
-		// Server-side apply, as `kubectl apply --server-side` does: it also
-		// succeeds when the test runs again on the same API server (-count).
+	if mapping.Scope.Name() != "namespace" {
+		return a.dyn.Resource(mapping.Resource)
+	}
+	if m.obj.GetNamespace() == "" {
+		t.Fatalf("%v: namespaced, but names no namespace", m)
+	}
+	return a.dyn.Resource(mapping.Resource).Namespace(m.obj.GetNamespace())
+}
+
+// apply applies every manifest in order. Server-side apply also succeeds
+// when the test runs again on the same API server (-count).
+func (a *applier) apply(ctx context.Context, t *testing.T, ms []manifest) {
+	t.Helper()
+	for _, m := range ms {
 		body, err := m.obj.MarshalJSON()
 		if err != nil {
 			t.Fatalf("encode %v: %v", m, err)
 		}
 		force := true
-		created, err := r.Patch(ctx, m.obj.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
+		got, err := a.resource(t, m).Patch(ctx, m.obj.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{
 			FieldValidation: metav1.FieldValidationStrict, FieldManager: "manifests-test", Force: &force,
 		})
 		if err != nil {
 			t.Fatalf("apply %v: %v", m, err)
 		}
-		if w := warn.Take(); len(w) > 0 {
+		if w := a.warn.Take(); len(w) > 0 {
 			t.Errorf("apply %v: the API server warned: %q", m, w)
 		}
-		if created.GetUID() == "" {
+		if got.GetUID() == "" {
 			t.Fatalf("apply %v: no uid in the answer", m)
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-		"ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "MutatingWebhookConfiguration"} {
-		if kinds[k] == 0 {
-			t.Errorf("no %s among the manifests", k)
-		}
-	}
-	t.Run("rbac", func(t *testing.T) { checkAccess(ctx, t, cfg) })
 }
 
-// checkAccess asks the API server (SubjectAccessReview) what the policyd
-// ServiceAccount may do. (Drift's cluster-wide read and parent-patch rights
-// cover Deployments everywhere, so the reload Role's namespace is not a
-// boundary of its own.)
-func checkAccess(ctx context.Context, t *testing.T, cfg *rest.Config) {
+// remove deletes the manifests' objects, so that a later run starts from
+// the base alone.
+func (a *applier) remove(ctx context.Context, t *testing.T, ms []manifest) {
+	t.Helper()
+	for _, m := range slices.Backward(ms) {
+		if err := a.resource(t, m).Delete(ctx, m.obj.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete %v: %v", m, err)
+		}
+	}
+}
+
+// installCRDs installs testdata's cert-manager CRDs and waits until the API
+// server serves them.
+func (a *applier) installCRDs(ctx context.Context, t *testing.T) {
+	t.Helper()
+	crds := readFile(t, "testdata/cert-manager-crds.yaml")
+	a.apply(ctx, t, crds)
+	crdRes := a.resource(t, crds[0])
+	for _, crd := range crds {
+		kubetest.Eventually(t, 30*time.Second, crd.obj.GetName()+" established", func() error {
+			got, err := crdRes.Get(ctx, crd.obj.GetName(), metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+			for _, c := range conds {
+				if c, _ := c.(map[string]any); c["type"] == "Established" && c["status"] == "True" {
+					return nil
+				}
+			}
+			return fmt.Errorf("conditions %v", conds)
+		})
+	}
+	a.mapper.Reset()
+}
+
+func kinds(ms []manifest) map[string]int {
+	out := map[string]int{}
+	for _, m := range ms {
+		out[m.obj.GetKind()]++
+	}
+	return out
+}
+
+func requireKinds(t *testing.T, what string, ms []manifest, want ...string) {
+	t.Helper()
+	have := kinds(ms)
+	for _, k := range want {
+		if have[k] == 0 {
+			t.Errorf("no %s in %s", k, what)
+		}
+	}
+}
+
+// TestManifestsApply applies the base to a real API server with strict
+// field validation (an unknown or misspelt field, a schema error or a Pod
+// Security "restricted" violation fails) and asks the API server what the
+// ServiceAccount may do; then it applies the components (cert-manager's
+// objects against a minimal copy of its CRDs) and asks again: drift's
+// cluster-wide rights exist only with the drift component.
+func TestManifestsApply(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	a, cfg := newApplier(t)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.installCRDs(ctx, t)
+
+	base := readManifests(t, ".")
+	requireKinds(t, "the base", base, "Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap",
+		"Service", "NetworkPolicy", "StatefulSet", "PodDisruptionBudget")
+	a.apply(ctx, t, base)
+	t.Run("rbac without drift", func(t *testing.T) { checkAccess(ctx, t, cs, false) })
+
+	var comps []manifest
+	for _, dir := range componentDirs(t) {
+		comps = append(comps, readManifests(t, dir)...)
+	}
+	requireKinds(t, "the components", comps, "Issuer", "Certificate", "ConfigMap", "ClusterRole",
+		"ClusterRoleBinding", "Service", "NetworkPolicy", "MutatingWebhookConfiguration")
+	t.Cleanup(func() {
+		// Its own deadline: the test's may be spent.
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		defer ccancel()
+		a.remove(cctx, t, comps)
+	})
+	a.apply(ctx, t, comps)
+	t.Run("rbac with drift", func(t *testing.T) { checkAccess(ctx, t, cs, true) })
+}
+
+// checkAccess asks the API server (SubjectAccessReview) what the policyd
+// ServiceAccount may do, with and without the drift component. (With drift,
+// its cluster-wide read and parent-patch rights cover Deployments
+// everywhere, so the reload Role's namespace is not a boundary of its own.)
+func checkAccess(ctx context.Context, t *testing.T, cs kubernetes.Interface, drift bool) {
 	const user = "system:serviceaccount:policyd:policyd"
 	tests := []struct {
 		why                             string
 		verb, group, resource, ns, name string
-		want                            bool
+		want, withDrift                 bool
 	}{
-		{"reload: list configmaps", "list", "", "configmaps", "default", "", true},
-		{"reload: watch configmaps", "watch", "", "configmaps", "default", "", true},
-		{"reload: restart a deployment", "patch", "apps", "deployments", "default", "web", true},
-		{"reload: no deleting", "delete", "apps", "deployments", "default", "web", false},
-		{"reload: no writing configmaps", "update", "", "configmaps", "default", "cfg", false},
-		{"drift: read any parent", "get", "apps", "replicasets", "team-a", "web-1", true},
-		{"drift: informers on any kind", "watch", "example.com", "widgets", "team-a", "", true},
-		{"drift: namespaces for the mode annotation", "watch", "", "namespaces", "", "", true},
-		{"drift: annotate a parent", "patch", "apps", "statefulsets", "team-a", "db", true},
-		{"drift: annotate a job", "patch", "batch", "jobs", "team-a", "j", true},
-		{"drift: no patching non-parents", "patch", "", "configmaps", "team-a", "cfg", false},
-		{"no creating pods", "create", "", "pods", "team-a", "", false},
+		{"reload: list configmaps", "list", "", "configmaps", "default", "", true, true},
+		{"reload: watch configmaps", "watch", "", "configmaps", "default", "", true, true},
+		{"reload: restart a deployment", "patch", "apps", "deployments", "default", "web", true, true},
+		{"reload: no deleting", "delete", "apps", "deployments", "default", "web", false, false},
+		{"reload: no writing configmaps", "update", "", "configmaps", "default", "cfg", false, false},
+		{"reload: configmaps of its namespace only", "list", "", "configmaps", "team-a", "", false, false},
+		{"drift: read a parent", "get", "apps", "replicasets", "team-a", "web-1", false, true},
+		{"drift: informers on a parent kind", "watch", "apps", "deployments", "", "", false, true},
+		{"drift: informers on jobs", "list", "batch", "jobs", "", "", false, true},
+		{"drift: no informers on other kinds", "watch", "example.com", "widgets", "team-a", "", false, false},
+		{"drift: namespaces for the mode annotation", "watch", "", "namespaces", "", "", false, true},
+		{"drift: annotate a parent", "patch", "apps", "statefulsets", "team-a", "db", false, true},
+		{"drift: annotate a job", "patch", "batch", "jobs", "team-a", "j", false, true},
+		{"drift: no patching non-parents", "patch", "", "configmaps", "team-a", "cfg", false, false},
+		{"no secrets anywhere", "list", "", "secrets", "", "", false, false},
+		{"no secrets of a tenant", "get", "", "secrets", "team-a", "db-password", false, false},
+		{"no secrets of its own namespace", "get", "", "secrets", "policyd", "policyd-cluster-secret", false, false},
+		{"no creating pods", "create", "", "pods", "team-a", "", false, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.why, func(t *testing.T) {
+			want := tc.want
+			if drift {
+				want = tc.withDrift
+			}
 			r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 				Spec: authorizationv1.SubjectAccessReviewSpec{
 					User:   user,
@@ -246,239 +252,47 @@ func checkAccess(ctx context.Context, t *testing.T, cfg *rest.Config) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.Status.Allowed != tc.want {
-				t.Fatalf("%s %s.%s in %q: allowed=%v, want %v (%s)", tc.verb, tc.resource, tc.group, tc.ns, r.Status.Allowed, tc.want, r.Status.Reason)
+			if r.Status.Allowed != want {
+				t.Fatalf("%s %s.%s in %q: allowed=%v, want %v (%s)", tc.verb, tc.resource, tc.group, tc.ns, r.Status.Allowed, want, r.Status.Reason)
 			}
 		})
 	}
 }
 
-// typed finds the one document of a kind (and name, if not empty) and
-// converts it to its API type.
-func typed[T any](t *testing.T, ms []manifest, kind, name string, into *T) {
-	t.Helper()
-	var found []manifest
-	for _, m := range ms {
-		if m.obj.GetKind() == kind && (name == "" || m.obj.GetName() == name) {
-			found = append(found, m)
+// TestRBACNamesWhatItGrants checks every Role and ClusterRole: no wildcard
+// group, resource or verb, and never Secrets. (checkAccess asks the API
+// server about examples; this covers every rule.)
+func TestRBACNamesWhatItGrants(t *testing.T) {
+	all := render(t, componentDirs(t)...)
+	roles := 0
+	for _, m := range all {
+		if m.obj.GetKind() != "Role" && m.obj.GetKind() != "ClusterRole" {
+			continue
 		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("%d documents of kind %s named %q, want 1", len(found), kind, name)
-	}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(found[0].obj.Object, into, true); err != nil {
-		t.Fatalf("%v: %v", found[0], err)
-	}
-}
-
-// podEnv is the environment a container of sts sees in pod podName, with
-// $(VAR) references expanded as the kubelet expands them.
-func podEnv(t *testing.T, c corev1.Container, podName, namespace string) []string {
-	t.Helper()
-	vals := map[string]string{}
-	var env []string
-	for _, e := range c.Env {
-		v := e.Value
-		switch {
-		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil:
-			switch e.ValueFrom.FieldRef.FieldPath {
-			case "metadata.name":
-				v = podName
-			case "metadata.namespace":
-				v = namespace
-			default:
-				t.Fatalf("env %s: field %s is not simulated by this test", e.Name, e.ValueFrom.FieldRef.FieldPath)
-			}
-		case e.ValueFrom != nil:
-			t.Fatalf("env %s: only fieldRef sources are simulated by this test", e.Name)
-		default:
-			for k, kv := range vals {
-				v = strings.ReplaceAll(v, "$("+k+")", kv)
-			}
-			if strings.Contains(v, "$(") {
-				t.Fatalf("env %s=%q refers to a variable not defined before it", e.Name, e.Value)
-			}
-		}
-		vals[e.Name] = v
-		env = append(env, e.Name+"="+v)
-	}
-	return env
-}
-
-func port(t *testing.T, c corev1.Container, name string) int {
-	t.Helper()
-	for _, p := range c.Ports {
-		if p.Name == name {
-			return int(p.ContainerPort)
-		}
-	}
-	t.Fatalf("container %s has no port %q", c.Name, name)
-	return 0
-}
-
-func mountPath(t *testing.T, c corev1.Container, volume string) string {
-	t.Helper()
-	for _, m := range c.VolumeMounts {
-		if m.Name == volume {
-			return m.MountPath
-		}
-	}
-	t.Fatalf("container %s does not mount volume %q", c.Name, volume)
-	return ""
-}
-
-func addrPort(t *testing.T, key, addr string) (string, int) {
-	t.Helper()
-	host, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatalf("%s %q: %v", key, addr, err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatalf("%s %q: %v", key, addr, err)
-	}
-	return host, n
-}
-
-// TestManifestsAgree checks that the pieces fit: the ConfigMap's config file
-// loads and validates for every pod, with the environment the StatefulSet
-// gives it, and its addresses, paths and peers match the pods, services and
-// webhook.
-func TestManifestsAgree(t *testing.T) {
-	ms := readManifests(t)
-	var (
-		sts      appsv1.StatefulSet
-		cm       corev1.ConfigMap
-		headless corev1.Service
-		client   corev1.Service
-		pdb      policyv1.PodDisruptionBudget
-		hook     admissionregistrationv1.MutatingWebhookConfiguration
-	)
-	typed(t, ms, "StatefulSet", "", &sts)
-	typed(t, ms, "ConfigMap", "", &cm)
-	typed(t, ms, "Service", sts.Spec.ServiceName, &headless)
-	typed(t, ms, "PodDisruptionBudget", "", &pdb)
-	typed(t, ms, "MutatingWebhookConfiguration", "", &hook)
-	if len(hook.Webhooks) != 1 || hook.Webhooks[0].ClientConfig.Service == nil {
-		t.Fatalf("want one webhook served by a service: %+v", hook.Webhooks)
-	}
-	wh := hook.Webhooks[0]
-	typed(t, ms, "Service", wh.ClientConfig.Service.Name, &client)
-
-	if got := *sts.Spec.Replicas; got != 3 {
-		t.Errorf("replicas = %d, want 3", got)
-	}
-	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
-		t.Errorf("podManagementPolicy = %q: pods must start together to elect a first leader", sts.Spec.PodManagementPolicy)
-	}
-	if headless.Spec.ClusterIP != corev1.ClusterIPNone || !headless.Spec.PublishNotReadyAddresses {
-		t.Errorf("service %s must be headless and publish not-ready pods (peers resolve before any is ready)", headless.Name)
-	}
-	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("PodDisruptionBudget maxUnavailable = %v, want 1", pdb.Spec.MaxUnavailable)
-	}
-	if wh.FailurePolicy == nil || *wh.FailurePolicy != admissionregistrationv1.Ignore ||
-		wh.TimeoutSeconds == nil || *wh.TimeoutSeconds != 5 ||
-		wh.SideEffects == nil || *wh.SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {
-		t.Errorf("webhook: failurePolicy %v, timeoutSeconds %v, sideEffects %v; want Ignore, 5, NoneOnDryRun", wh.FailurePolicy, wh.TimeoutSeconds, wh.SideEffects)
-	}
-	if p := wh.ClientConfig.Service.Path; p == nil || *p != admission.Path {
-		t.Errorf("webhook path %v, want %s", p, admission.Path)
-	}
-
-	c := sts.Spec.Template.Spec.Containers[0]
-	if sc := sts.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
-		t.Error("pods must run as non-root")
-	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
-		t.Error("readiness probe must be GET /readyz")
-	}
-	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
-		t.Error("liveness probe must be GET /healthz")
-	}
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
-		t.Error("cpu and memory requests must be set")
-	}
-
-	// The config file goes where the container reads it (--config).
-	cfgPath := ""
-	for i, a := range c.Args {
-		if a == "--config" && i+1 < len(c.Args) {
-			cfgPath = c.Args[i+1]
-		}
-	}
-	var cmKey string
-	for _, m := range c.VolumeMounts {
-		if m.MountPath == cfgPath {
-			cmKey = m.SubPath
-		}
-	}
-	file, ok := cm.Data[cmKey]
-	if cfgPath == "" || !ok {
-		t.Fatalf("--config %q is not a key of ConfigMap %s mounted at that path", cfgPath, cm.Name)
-	}
-	path := filepath.Join(t.TempDir(), "policyd.yaml")
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	for i := range int(*sts.Spec.Replicas) {
-		pod := fmt.Sprintf("%s-%d", sts.Name, i)
-		t.Run(pod, func(t *testing.T) {
-			cfg, err := config.Load(path, podEnv(t, c, pod, sts.Namespace), nil)
-			if err != nil {
-				t.Fatalf("the config does not load in pod %s: %v", pod, err)
-			}
-			if cfg.NodeID != pod {
-				t.Errorf("node_id = %q, want the pod name %q", cfg.NodeID, pod)
-			}
-			if want := mountPath(t, c, sts.Spec.VolumeClaimTemplates[0].Name); cfg.DataDir != want {
-				t.Errorf("data_dir = %q, want the volume claim's mount %q", cfg.DataDir, want)
-			}
-			if len(cfg.Raft.Peers) != int(*sts.Spec.Replicas) {
-				t.Fatalf("%d raft.peers for %d replicas", len(cfg.Raft.Peers), *sts.Spec.Replicas)
-			}
-			dns := pod + "." + headless.Name
-			for _, adv := range []struct{ key, addr, port string }{
-				{"raft.advertise", cfg.RaftAdvertise(), "raft"},
-				{"grpc.advertise", cfg.GRPCAdvertise(), "grpc"},
-				{"http.advertise", cfg.HTTPAdvertise(), "http"},
-			} {
-				if want := net.JoinHostPort(dns, strconv.Itoa(port(t, c, adv.port))); adv.addr != want {
-					t.Errorf("%s = %q, want %q", adv.key, adv.addr, want)
+		roles++
+		var r rbacv1.ClusterRole // a Role's fields are a subset
+		convert(t, m, &r)
+		for i, rule := range r.Rules {
+			for _, v := range slices.Concat(rule.APIGroups, rule.Resources, rule.Verbs, rule.ResourceNames) {
+				if strings.Contains(v, "*") {
+					t.Errorf("%v: rule %d grants %q", m, i, v)
 				}
 			}
-			for j, p := range cfg.Raft.Peers {
-				want := config.Peer{ID: fmt.Sprintf("%s-%d", sts.Name, j), Address: net.JoinHostPort(fmt.Sprintf("%s-%d.%s", sts.Name, j, headless.Name), strconv.Itoa(port(t, c, "raft")))}
-				if p != want {
-					t.Errorf("raft.peers[%d] = %+v, want %+v", j, p, want)
-				}
+			if len(rule.NonResourceURLs) > 0 {
+				t.Errorf("%v: rule %d grants non-resource URLs %v", m, i, rule.NonResourceURLs)
 			}
-			for _, l := range []struct{ key, addr, port string }{
-				{"http.addr", cfg.HTTP.Addr, "http"}, {"grpc.addr", cfg.GRPC.Addr, "grpc"},
-				{"raft.addr", cfg.Raft.Addr, "raft"}, {"drift.addr", cfg.Drift.Addr, "drift"},
-			} {
-				if _, p := addrPort(t, l.key, l.addr); p != port(t, c, l.port) {
-					t.Errorf("%s %q does not listen on the container's %s port %d", l.key, l.addr, l.port, port(t, c, l.port))
-				}
+			if slices.Contains(rule.APIGroups, "") && slices.Contains(rule.Resources, "secrets") {
+				t.Errorf("%v: rule %d grants Secrets", m, i)
 			}
-			if dir := mountPath(t, c, "drift-tls"); filepath.Dir(cfg.Drift.TLS.CertFile) != dir || filepath.Dir(cfg.Drift.TLS.KeyFile) != dir {
-				t.Errorf("drift.tls files %q, %q are not in the mounted secret %s", cfg.Drift.TLS.CertFile, cfg.Drift.TLS.KeyFile, dir)
-			}
-			if dir := mountPath(t, c, "admin-tokens"); filepath.Dir(cfg.Auth.AdminTokensFile) != dir {
-				t.Errorf("auth.admin_tokens_file %q is not in the mounted secret %s", cfg.Auth.AdminTokensFile, dir)
-			}
-		})
-	}
-
-	// The webhook's service port leads to the container's drift port.
-	var target string
-	for _, p := range client.Spec.Ports {
-		if wh.ClientConfig.Service.Port != nil && p.Port == *wh.ClientConfig.Service.Port {
-			target = p.TargetPort.String()
 		}
 	}
-	if target != "drift" {
-		t.Errorf("webhook port %v of service %s targets %q, want the container port drift", wh.ClientConfig.Service.Port, client.Name, target)
+	if roles < 3 {
+		t.Fatalf("%d roles found, want the reload Role and drift's two ClusterRoles", roles)
+	}
+	// The base binds nothing cluster-wide: drift's rights come with its component.
+	for _, m := range readManifests(t, ".") {
+		if k := m.obj.GetKind(); k == "ClusterRole" || k == "ClusterRoleBinding" {
+			t.Errorf("%v: the base holds cluster-wide RBAC; it belongs in components/drift", m)
+		}
 	}
 }
