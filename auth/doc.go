@@ -36,15 +36,19 @@
 //
 // The employee record, not the token, is authoritative: Identify looks the
 // employee up, refuses an unknown or inactive one, refuses a token whose org
-// (or team, when it names one) differs from the record's, and returns the
-// identity from the record.
+// differs from the record's, and returns the identity from the record. The
+// token's team claim is not a gate: the record decides the team, so a
+// sidecar whose employee moved team keeps connecting, and is served its new
+// team, until its token is refreshed. An org is a tenant: a token naming the
+// employee's old org is refused (and the listeners revoke the connections
+// open when the org changes).
 //
 // # Errors
 //
 //   - ErrNoCredentials: no bearer token (401).
 //   - ErrBadCredentials: an unknown admin token, or a JWT that fails
 //     verification for any reason (401).
-//   - ErrForbidden: an admin token's role is too low, or a JWT's scope does
+//   - ErrForbidden: an admin token's role is too low, or a JWT's org does
 //     not match the employee record (403).
 //   - ErrUnknownEmployee: a valid JWT names no employee (401).
 //   - ErrInactiveEmployee: a valid JWT names an employee who is not active

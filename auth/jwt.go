@@ -622,7 +622,9 @@ func BearerToken(header string) (string, error) {
 
 // Identify resolves verified claims to the identity policies are scoped by.
 // The employee record is authoritative: the identity returned is the
-// record's, and the token only has to agree with it.
+// record's. The token's org must agree with it, since an org is a tenant;
+// its team need not, since the record decides the team and a sidecar whose
+// employee moved team keeps working until its token is refreshed.
 //
 // lookup returns the employee with the given ID: (emp, nil) if it exists,
 // (nil, nil) if it does not, and (nil, err) if it could not be read. Identify
@@ -630,9 +632,9 @@ func BearerToken(header string) (string, error) {
 //
 //   - ErrUnknownEmployee (wrapped) if there is no such employee;
 //   - ErrInactiveEmployee (wrapped) if the employee is not active;
-//   - ErrForbidden (wrapped) if the token's org differs from the record's,
-//     or its team is set and differs from the record's: a token minted for
-//     another tenant or team must never be honoured;
+//   - ErrForbidden (wrapped) if the token's org differs from the record's:
+//     a token minted for another tenant (or for the employee's old org)
+//     must never be honoured;
 //   - lookup's error, wrapped, if the record could not be read: that is a
 //     storage failure, not an authentication one.
 func Identify(c Claims, lookup func(id string) (*policy.Employee, error)) (policy.Identity, error) {
@@ -653,10 +655,6 @@ func Identify(c Claims, lookup func(id string) (*policy.Employee, error)) (polic
 	if c.Org != emp.Org {
 		return policy.Identity{}, fmt.Errorf("token for employee %q has org %q, the employee record has %q: token scope does not match the employee record: %w",
 			c.Subject, c.Org, emp.Org, ErrForbidden)
-	}
-	if c.Team != "" && c.Team != emp.Team {
-		return policy.Identity{}, fmt.Errorf("token for employee %q has team %q, the employee record has %q: token scope does not match the employee record: %w",
-			c.Subject, c.Team, emp.Team, ErrForbidden)
 	}
 	return emp.Identity(), nil
 }

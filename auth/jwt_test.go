@@ -904,9 +904,14 @@ func TestIdentify(t *testing.T) {
 		{name: "inactive", claims: Claims{Subject: "e-2", Org: "acme", Team: "ops"}, wantErr: ErrInactiveEmployee, msg: `status "inactive"`},
 		{name: "org mismatch", claims: Claims{Subject: "e-1", Org: "globex", Team: "eng"}, wantErr: ErrForbidden,
 			msg: `org "globex", the employee record has "acme": token scope does not match the employee record`},
-		{name: "team mismatch", claims: Claims{Subject: "e-1", Org: "acme", Team: "ops"}, wantErr: ErrForbidden,
-			msg: `team "ops", the employee record has "eng"`},
-		{name: "team set, record has none", claims: Claims{Subject: "e-3", Org: "acme", Team: "eng"}, wantErr: ErrForbidden},
+		// The record decides the team: a token minted before a team move
+		// still works, and is served the record's team.
+		{name: "token names the old team", claims: Claims{Subject: "e-1", Org: "acme", Team: "ops"},
+			want: policy.Identity{Org: "acme", Team: "eng", Employee: "e-1"}},
+		{name: "token names a team, record has none", claims: Claims{Subject: "e-3", Org: "acme", Team: "eng"},
+			want: policy.Identity{Org: "acme", Employee: "e-3"}},
+		{name: "org mismatch whatever the team", claims: Claims{Subject: "e-1", Org: "globex", Team: "ops"}, wantErr: ErrForbidden,
+			msg: `org "globex", the employee record has "acme"`},
 		{name: "storage error", claims: Claims{Subject: "broken", Org: "acme"}, wantErr: errStorage, msg: "disk on fire"},
 		{name: "no subject", claims: Claims{Org: "acme"}, wantErr: ErrBadCredentials},
 	}

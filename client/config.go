@@ -37,7 +37,9 @@ const (
 
 // Scope names the identity whose policies a gRPC client asks for. With the
 // server in auth.mode jwt it may be left empty (the token's identity is used)
-// or must match the token.
+// or must name the token's org and employee; the team served is the employee
+// record's whatever Scope names, so a sidecar whose employee moved team
+// follows the new team without being reconfigured.
 type Scope struct {
 	Org      string `json:"org"`
 	Team     string `json:"team"`

@@ -37,18 +37,36 @@
 //     discovery.max_client_inactive are ended with DeadlineExceeded and
 //     forgotten by every tracker. A client that half-closes its side (sends
 //     no more requests) keeps receiving pushes until then.
-//   - Scope. With auth.mode none the request's scope is trusted (local
-//     development only): team or employee need org. With auth.mode jwt the
-//     scope is the identity from the token and the employee record; a request
-//     may leave scope empty (then that identity is served) or must name
-//     exactly it, else PermissionDenied. A stream's scope is fixed when it
-//     opens; asking for another one on the same stream is InvalidArgument.
-//     With jwt, deactivating or deleting the employee ends its streams with
-//     PermissionDenied (revocation), and moving it to another org or team
-//     ends them with Aborted so they reconnect under the new identity. The
-//     same holds for a change made while a stream was opening (between
-//     its token check and its first request): registration reads the
-//     employee record again and refuses the stream the same way.
+//   - Scope with auth.mode none. The request's scope is trusted (local
+//     development only): team or employee need org. A stream's scope is
+//     fixed when it opens; asking for another one on the same stream is
+//     InvalidArgument.
+//   - Scope with auth.mode jwt. The scope served is the employee record's
+//     identity; the token's org must match the record (auth.Identify). A
+//     request may leave scope empty, or must name the token's org and
+//     employee, else PermissionDenied (DESIGN part 4: a scope that differs).
+//     The team it names is not checked, on the first request or any later
+//     one: the record decides the team, as it does over the token's team
+//     claim, and the SDK sends the scope it was configured with in every
+//     request (client.Config.Scope), so after a team move its requests,
+//     and its reconnects until it is reconfigured, still name the old
+//     team. Refusing them would revoke a sidecar the record still admits,
+//     or make it reconnect in a loop; it is served the new team instead.
+//   - Identity changes (jwt). Deactivating or deleting the employee ends
+//     its streams with PermissionDenied (revocation). Moving it to another
+//     team of its org keeps its streams open: each is moved to the new
+//     team's scope and pushed that scope's snapshot, a full set that
+//     replaces the old team's on the sidecar, and from then on follows the
+//     new team only. Moving it to another org is a tenant change: its
+//     streams end with PermissionDenied, never re-scoped across the
+//     boundary, and the token naming the old org is refused at the next
+//     connect. A change made while a stream was opening (between its token
+//     check and its first request) is handled the same way: registration
+//     reads the employee record again and serves the new team or refuses
+//     the stream. The first response, a move's and the answer to a request
+//     are offered under the service's lock, which a move holds, and pushes
+//     run on the dispatcher, which makes the moves, so the old team's
+//     snapshot is never offered after the new one's.
 //
 // Errors become gRPC codes in one place, statusOf.
 package discovery
@@ -214,7 +232,7 @@ func (s *Service) flush() {
 	}
 	s.mu.Unlock()
 	for _, st := range idle {
-		s.logger.Info("closing inactive stream", "client", st.clientAddr, "scope", st.scope.String(),
+		s.logger.Info("closing inactive stream", "client", st.clientAddr, "scope", st.currentScope().String(),
 			"inactive_for", s.cfg.MaxClientInactive)
 		s.metrics.flushes.Inc()
 		st.kill(status.Errorf(codes.DeadlineExceeded,
@@ -237,11 +255,11 @@ func (s *Service) OnChange(c store.Change) {
 		}
 	}
 	// Employees first: a stream whose employee left its team in this batch
-	// must be ended before the batch's snapshots are pushed, or it would
-	// receive its old team's policies as of an index where it no longer
-	// belongs to that team (the feed orders them the same way).
+	// must be moved (or ended) before the batch's snapshots are pushed, or
+	// it would receive its old team's policies as of an index where it no
+	// longer belongs to that team (the feed orders them the same way).
 	if s.deps.Verifier != nil && (c.Resync || len(employees) > 0) {
-		s.recheckEmployees(c.Resync, employees)
+		s.recheckEmployees(c, employees)
 	}
 	if c.Resync || len(scopes) > 0 {
 		s.push(c, scopes)
@@ -341,9 +359,12 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	}
 }
 
-// recheckEmployees ends the streams of employees that were deactivated,
-// deleted or moved.
-func (s *Service) recheckEmployees(all bool, ids []string) {
+// recheckEmployees brings the streams of the employees changed by c (every
+// employee's, for a resync) in line with their records: a stream whose
+// employee was deactivated, deleted or moved to another org ends with
+// PermissionDenied; one whose employee moved to another team of its org is
+// moved to that team's scope and pushed its snapshot.
+func (s *Service) recheckEmployees(c store.Change, ids []string) {
 	want := map[string]bool{}
 	for _, id := range ids {
 		want[id] = true
@@ -351,7 +372,7 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 	s.mu.Lock()
 	var check []*stream
 	for st := range s.streams {
-		if st.employee != "" && (all || want[st.employee]) {
+		if st.employee != "" && (c.Resync || want[st.employee]) {
 			check = append(check, st)
 		}
 	}
@@ -362,29 +383,55 @@ func (s *Service) recheckEmployees(all bool, ids []string) {
 			s.logger.Error("read employee", "employee", st.employee, "err", err)
 			continue
 		}
-		if why := employeeChanged(e, st.scope); why != nil {
-			if errors.Is(why, errRevoked) {
-				s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee)
-			}
+		if why := employeeChanged(e, st.org()); why != nil {
+			s.logger.Info("revoking stream", "client", st.clientAddr, "employee", st.employee, "reason", status.Convert(why).Message())
 			st.kill(why)
+			continue
 		}
+		if from, to := st.currentScope(), e.Identity(); from != to {
+			s.rescope(st, to, c.At)
+		}
+	}
+}
+
+// rescope moves st, whose employee moved to another team, to scope id and
+// pushes it that scope's snapshot, which replaces the old team's set on the
+// sidecar.
+func (s *Service) rescope(st *stream, id policy.Identity, at time.Time) {
+	from := st.currentScope()
+	start, err := s.join(st, id, func(snap *snapshot) *response {
+		return &response{snap: snap, push: true, at: at}
+	})
+	switch {
+	case err == nil:
+		s.logger.Info("stream moved to another team", "client", st.clientAddr, "employee", st.employee,
+			"from", from.String(), "to", st.currentScope().String())
+		if start {
+			go st.drain()
+		}
+	case status.Code(err) == codes.PermissionDenied:
+		st.kill(err) // revoked since the record was read
+	case status.Code(err) != codes.Canceled && status.Code(err) != codes.Unavailable:
+		s.logger.Error("move stream to its employee's new team", "client", st.clientAddr, "employee", st.employee, "err", err)
+		st.kill(statusOf(err))
 	}
 }
 
 // The ends of a stream whose employee record changed.
 var (
-	errRevoked = status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated")
-	errMoved   = status.Error(codes.Aborted, "identity changed: reconnect")
+	errRevoked    = status.Error(codes.PermissionDenied, "access revoked: employee deleted or deactivated")
+	errOrgChanged = status.Error(codes.PermissionDenied, "access revoked: employee moved to another org; connect with a token for the new org")
 )
 
-// employeeChanged is why a stream serving scope for employee e (nil:
-// deleted) must end, or nil if it may go on.
-func employeeChanged(e *policy.Employee, scope policy.Identity) error {
+// employeeChanged is why a stream of org for employee e (nil: deleted) must
+// end, or nil if it may go on, served the record's team. An org is a
+// tenant: a stream never crosses from one to another.
+func employeeChanged(e *policy.Employee, org string) error {
 	switch {
 	case e == nil || !e.Active():
 		return errRevoked
-	case e.Identity() != scope:
-		return errMoved
+	case e.Org != org:
+		return errOrgChanged
 	}
 	return nil
 }
@@ -451,94 +498,130 @@ func (s *Service) Clients() []*clusterv1.ClientInfo {
 	return out
 }
 
-// register adds st, serving scope id, and returns the scope's current
-// snapshot.
-func (s *Service) register(st *stream, id policy.Identity) (*snapshot, error) {
-	// The first stream of a scope needs that scope's snapshot: another
-	// scope's of the same set if there is one, else one encoded before
-	// taking the lock, so that a storm of reconnecting sidecars, each
-	// with its own scope, does not serialise on encoding; see registerLocked
-	// for why a snapshot encoded outside the lock is still current. The
-	// set too is computed outside the lock; registerLocked finds it cached.
+// errNoSnapshot tells join that joinLocked needs a snapshot of the current
+// set, encoded outside s.mu.
+var errNoSnapshot = errors.New("no snapshot of the set")
+
+// join puts st in the group of scope id, or of the scope its employee
+// record names now (scopeLocked), and offers st the group's snapshot as
+// the response respond builds: at its first request (st not registered
+// yet), or when its employee moved team (rescope). It reports whether the
+// caller must start st's writer (drain). The offer is made under s.mu,
+// which every move takes, so that a response for a scope st has left is
+// never offered after one for the scope it joined.
+func (s *Service) join(st *stream, id policy.Identity, respond func(*snapshot) *response) (bool, error) {
+	// A scope's first stream needs that scope's snapshot: another scope's
+	// of the same set if there is one, else one encoded before taking the
+	// lock, so that a storm of reconnecting sidecars, each with its own
+	// scope, does not serialise on encoding; see joinLocked for why a
+	// snapshot encoded outside the lock is still current. The set too is
+	// computed outside the lock; joinLocked finds it cached.
 	set := s.deps.Policies.Set(id)
 	var fresh *snapshot
 	for {
-		g, err := s.registerLocked(st, id, set, fresh)
-		if g != nil || err != nil {
-			return g, err
-		}
-		if cur := s.deps.Policies.Set(id); cur != set {
-			set, fresh = cur, nil // changed meanwhile: look for a shared one again
-			continue
-		}
-		if fresh, err = s.newSnapshot(set); err != nil {
-			return nil, err
+		want, start, err := s.joinLocked(st, id, set, fresh, respond)
+		switch {
+		case errors.Is(err, errNoSnapshot):
+			if cur := s.deps.Policies.Set(id); cur != set {
+				set, fresh = cur, nil // changed meanwhile: look for a shared one again
+				continue
+			}
+			if fresh, err = s.newSnapshot(set); err != nil {
+				return false, err
+			}
+		case err != nil:
+			return false, err
+		case want != id: // the employee moved team meanwhile
+			id, set, fresh = want, s.deps.Policies.Set(want), nil
+		default:
+			return start, nil
 		}
 	}
 }
 
-// registerLocked adds st to scope id's group. When the group does not exist
-// yet it is created with set's snapshot, provided set is still the index's
-// current set for id (the index returns the same *Set until a change
-// invalidates it, and the dispatcher invalidates before it pushes, so a
-// stale set is detected here or the group is refreshed by the push that
-// follows): the one another group holds (bySet), else fresh, encoded from
-// set. Otherwise it returns nil and the caller encodes.
-func (s *Service) registerLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot) (*snapshot, error) {
+// joinLocked does join's work under s.mu. When the group of id does not
+// exist yet it is created with set's snapshot, provided set is still the
+// index's current set for id (the index returns the same *Set until a
+// change invalidates it, and the dispatcher invalidates before it pushes,
+// so a stale set is detected here or the group is refreshed by the push
+// that follows): the one another group holds (bySet), else fresh, encoded
+// from set. Otherwise it returns errNoSnapshot and the caller encodes.
+// When st's employee record names another scope than id, it returns that
+// scope and does nothing.
+func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot, respond func(*snapshot) *response) (policy.Identity, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
-		return nil, status.Error(codes.Unavailable, "server shutting down")
+		return id, false, status.Error(codes.Unavailable, "server shutting down")
 	}
 	if st.ended {
-		// The handler returned (client gone) while this first request was
-		// being handled; registering now would leak the stream.
-		return nil, status.Error(codes.Canceled, "stream ended")
+		// The handler returned (client gone) while this request was being
+		// handled; registering now would leak the stream.
+		return id, false, status.Error(codes.Canceled, "stream ended")
+	}
+	if st.registered && st.scope == id {
+		return id, false, nil
 	}
 	g := s.groups[id]
 	if g == nil {
 		if s.deps.Policies.Set(id) != set {
-			return nil, nil
+			return id, false, errNoSnapshot
 		}
 		if e := s.bySet[set]; e != nil {
 			fresh = e.snap
 		} else if fresh == nil {
-			return nil, nil
+			return id, false, errNoSnapshot
 		}
 	}
-	if st.employee != "" {
-		// The identity was resolved when the stream opened, before the
-		// catch-up wait. A change to the employee committed since may
-		// have been dispatched before st was registered, so that
-		// recheckEmployees did not see it; the store, which is never
-		// behind the dispatcher, does. Checked under s.mu, which
-		// recheckEmployees takes to find the streams to check: a change
-		// committed after this read finds st registered. (After the
-		// return above, so that a stream whose caller must encode first
-		// reads the record once.)
-		e, err := s.deps.Store.FindEmployee(st.employee)
-		if err != nil {
-			return nil, fmt.Errorf("read employee %q: %w", st.employee, err)
-		}
-		if why := employeeChanged(e, id); why != nil {
-			return nil, why
-		}
+	// After the return above, so that a stream whose caller must encode
+	// first reads the record once.
+	want, err := s.scopeLocked(st, id)
+	if err != nil || want != id {
+		return want, false, err
 	}
 	if g == nil {
 		g = &group{id: id, streams: map[*stream]struct{}{}}
 		s.holdLocked(g, set, fresh)
 		s.groups[id] = g
 	}
-	g.streams[st] = struct{}{}
-	s.streams[st] = struct{}{}
-	if s.byAddr[st.clientAddr] == nil {
-		s.byAddr[st.clientAddr] = map[*stream]struct{}{}
+	if st.registered {
+		s.leaveGroupLocked(st)
+	} else {
+		s.streams[st] = struct{}{}
+		if s.byAddr[st.clientAddr] == nil {
+			s.byAddr[st.clientAddr] = map[*stream]struct{}{}
+		}
+		s.byAddr[st.clientAddr][st] = struct{}{}
+		st.registered = true
 	}
-	s.byAddr[st.clientAddr][st] = struct{}{}
+	g.streams[st] = struct{}{}
+	st.mu.Lock()
 	st.scope = id
-	st.registered = true
+	st.mu.Unlock()
 	s.metrics.streams.WithLabelValues(id.String()).Inc()
-	return g.snap, nil
+	return id, st.claim(respond(g.snap)), nil
+}
+
+// scopeLocked is the scope st is to be served instead of id: id itself with
+// auth.mode none; with jwt, the identity of st's employee record, or why st
+// must end. The identity was resolved when the stream opened, before the
+// catch-up wait, and a change to the employee committed since may have been
+// dispatched before st was registered, so that recheckEmployees did not see
+// it; the store, which is never behind the dispatcher, does. Called under
+// s.mu, which recheckEmployees takes to find the streams to check: a change
+// committed after this read finds st registered.
+func (s *Service) scopeLocked(st *stream, id policy.Identity) (policy.Identity, error) {
+	if st.employee == "" {
+		return id, nil
+	}
+	e, err := s.deps.Store.FindEmployee(st.employee)
+	if err != nil {
+		return id, fmt.Errorf("read employee %q: %w", st.employee, err)
+	}
+	if why := employeeChanged(e, st.org()); why != nil {
+		return id, why
+	}
+	return e.Identity(), nil
 }
 
 // unregister removes st from every tracker.
@@ -557,6 +640,12 @@ func (s *Service) unregister(st *stream) {
 			delete(s.byAddr, st.clientAddr)
 		}
 	}
+	s.leaveGroupLocked(st)
+}
+
+// leaveGroupLocked removes st from the group of its scope, and the group
+// with its last stream.
+func (s *Service) leaveGroupLocked(st *stream) {
 	if g := s.groups[st.scope]; g != nil {
 		delete(g.streams, st)
 		if len(g.streams) == 0 {
@@ -593,12 +682,21 @@ func (s *Service) releaseLocked(g *group) {
 	g.set = nil
 }
 
-// current is the snapshot a stream of scope id should hold now.
-func (s *Service) current(id policy.Identity) *snapshot {
+// resend offers st its scope's current snapshot, as the answer to a request
+// with an empty or unknown nonce (unchanged when the client holds version).
+// Under s.mu, as join's offers are, so that a move to another team is never
+// followed by the old team's snapshot.
+func (s *Service) resend(st *stream, version string) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if g := s.groups[id]; g != nil {
-		return g.snap
+	g := s.groups[st.scope]
+	if g == nil {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "server shutting down")
+	}
+	start := st.claim(&response{snap: g.snap, unchanged: version == g.snap.version})
+	s.mu.Unlock()
+	if start {
+		go st.drain()
 	}
 	return nil
 }

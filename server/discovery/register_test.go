@@ -30,27 +30,33 @@ import (
 // TestRegisterRechecksEmployee: a stream resolves its identity when it
 // opens and registers at its first request, after the catch-up wait. A
 // change to the employee committed and dispatched in between finds no
-// registered stream to end, so registration must see it in the store:
-// the stream is refused instead of being served its old team's policies
-// (or, revoked, any). CaughtUp holds the stream in that window.
+// registered stream to move or end, so registration must see it in the
+// store: the stream is served its new team's policies instead of its old
+// team's, or refused (revoked, or moved to another org). CaughtUp holds the
+// stream in that window.
 func TestRegisterRechecksEmployee(t *testing.T) {
 	tests := []struct {
 		name   string
 		change func(b *store.Batch, m store.Meta) error
 		want   codes.Code
+		policy string // served when want is OK
 	}{
-		{"moved to another team", func(b *store.Batch, m store.Meta) error {
+		{"moved to another team: served the new team", func(b *store.Batch, m store.Meta) error {
 			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t2", Status: policy.StatusActive}, nil)
 			return err
-		}, codes.Aborted},
+		}, codes.OK, "p-t2"},
+		{"moved to another org", func(b *store.Batch, m store.Meta) error {
+			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o2", Team: "t1", Status: policy.StatusActive}, nil)
+			return err
+		}, codes.PermissionDenied, ""},
 		{"deactivated", func(b *store.Batch, m store.Meta) error {
 			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusInactive}, nil)
 			return err
-		}, codes.PermissionDenied},
+		}, codes.PermissionDenied, ""},
 		{"deleted", func(b *store.Batch, m store.Meta) error {
 			return b.DeleteEmployee(m, "e1", nil)
-		}, codes.PermissionDenied},
-		{"unchanged: served", nil, codes.OK},
+		}, codes.PermissionDenied, ""},
+		{"unchanged: served", nil, codes.OK, "p-t1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,8 +86,8 @@ func TestRegisterRechecksEmployee(t *testing.T) {
 			if tt.want != codes.OK {
 				return
 			}
-			if n := len(resp.GetPolicies()); n != 1 || resp.GetPolicies()[0].GetName() != "p-t1" {
-				t.Errorf("served %d policies (%v), want team t1's p-t1", n, resp.GetPolicies())
+			if n := len(resp.GetPolicies()); n != 1 || resp.GetPolicies()[0].GetName() != tt.policy {
+				t.Errorf("served %d policies (%v), want only %s", n, resp.GetPolicies(), tt.policy)
 			}
 		})
 	}

@@ -63,15 +63,20 @@ type caller struct {
 
 // stream is one sidecar connection.
 type stream struct {
-	svc         *Service
-	id          uint64
-	employee    string // from the token; "" with auth.mode none
-	tokenScope  policy.Identity
+	svc      *Service
+	id       uint64
+	employee string // from the token; "" with auth.mode none
+	// opened is the identity resolved when the stream opened (the
+	// employee record's; zero with auth.mode none). Its org and employee
+	// are the stream's for life: an org change ends the stream.
+	openedAs    policy.Identity
 	peerAddr    string
 	connectedAt time.Time
 	lastActive  atomic.Int64
 
-	// Set by the first request, under svc.mu.
+	// Set by the first request, under svc.mu. scope is written under
+	// svc.mu and mu both (a team move changes it, see Service.join), so
+	// either lock reads it.
 	clientAddr string
 	scope      policy.Identity
 	registered bool
@@ -142,7 +147,7 @@ func (s *Service) StreamPolicies(gs grpc.BidiStreamingServer[discoveryv1.PolicyD
 		svc:         s,
 		id:          s.streamSeq.Add(1),
 		employee:    who.employee,
-		tokenScope:  who.identity,
+		openedAs:    who.identity,
 		connectedAt: s.now(),
 		gs:          gs,
 		sendErr:     make(chan error, 1),
@@ -336,16 +341,9 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	return nil
 }
 
-// offer makes r the stream's next response, replacing any not yet sent
-// (only the newest matters), and starts a writer unless one is running.
-func (st *stream) offer(r *response) {
-	if st.claim(r) {
-		go st.drain()
-	}
-}
-
-// claim makes r the stream's next response and reports whether the caller
-// must now run the stream's writer (drain): none was running.
+// claim makes r the stream's next response, replacing any not yet sent
+// (only the newest matters), and reports whether the caller must now run
+// the stream's writer (drain): none was running.
 func (st *stream) claim(r *response) bool {
 	if st.dead.Load() {
 		return false
@@ -382,17 +380,24 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 
 	if !st.opened {
 		st.clientAddr = req.GetClientAddress()
-		snap, err := s.register(st, scope)
+		version := req.GetVersionInfo()
+		start, err := s.join(st, scope, func(snap *snapshot) *response {
+			return &response{snap: snap, unchanged: version == snap.version}
+		})
 		if err != nil {
 			return err
 		}
 		st.opened = true
-		s.logger.Debug("stream opened", "client", st.clientAddr, "scope", scope.String(), "peer", st.peerAddr,
-			"client_version", req.GetVersionInfo())
-		st.offer(&response{snap: snap, unchanged: req.GetVersionInfo() == snap.version})
+		s.logger.Debug("stream opened", "client", st.clientAddr, "scope", st.currentScope().String(), "peer", st.peerAddr,
+			"client_version", version)
+		if start {
+			go st.drain()
+		}
 		return nil
 	}
-	if scope != st.scope {
+	// With auth.mode jwt the stream's scope is the server's to change (a
+	// team move), and requestScope has checked what may be checked.
+	if s.deps.Verifier == nil && scope != st.scope {
 		return fmt.Errorf("%w: scope %s differs from the stream's %s; open a new stream to change it", errInvalid, scope, st.scope)
 	}
 	if req.GetClientAddress() != st.clientAddr {
@@ -407,10 +412,10 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 			st.state = stateNacked
 			st.nackMessage = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
 			st.nackVersion = truncate(req.GetVersionInfo(), maxVersionInfo)
-			msg, version := st.nackMessage, st.versionSent
+			msg, version, scope := st.nackMessage, st.versionSent, st.scope
 			st.mu.Unlock()
 			s.metrics.nacks.Inc()
-			s.logger.Warn("sidecar rejected policy set", "client", st.clientAddr, "scope", st.scope.String(),
+			s.logger.Warn("sidecar rejected policy set", "client", st.clientAddr, "scope", scope.String(),
 				"version", version, "last_good_version", req.GetVersionInfo(), "error", msg)
 			return nil
 		}
@@ -431,12 +436,7 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 	st.mu.Unlock()
 	// Empty nonce (a fresh start on this stream) or one this stream never
 	// sent (another node's, or from before a restart).
-	snap := s.current(st.scope)
-	if snap == nil {
-		return status.Error(codes.Unavailable, "server shutting down")
-	}
-	st.offer(&response{snap: snap, unchanged: req.GetVersionInfo() == snap.version})
-	return nil
+	return s.resend(st, req.GetVersionInfo())
 }
 
 func checkRequest(req *discoveryv1.PolicyDiscoveryRequest) error {
@@ -454,16 +454,22 @@ func checkRequest(req *discoveryv1.PolicyDiscoveryRequest) error {
 }
 
 // requestScope is the scope the request asks for, checked against the
-// caller's token.
+// caller's identity. With auth.mode jwt a scope that names another org or
+// employee is refused; its team is not checked, as the token's team is not
+// (auth.Identify): the employee record decides the team, and a sidecar
+// configured with its team before a move must go on with the new team's
+// set, not be refused. The scope served is the caller's identity, which
+// join brings in line with the record.
 func (s *Service) requestScope(st *stream, req *discoveryv1.PolicyDiscoveryRequest) (policy.Identity, error) {
 	rs := req.GetScope()
 	asked := policy.Identity{Org: rs.GetOrg(), Team: rs.GetTeam(), Employee: rs.GetEmployee()}
 	if s.deps.Verifier != nil {
-		if asked != (policy.Identity{}) && asked != st.tokenScope {
+		if asked != (policy.Identity{}) && (asked.Org != st.openedAs.Org || asked.Employee != st.openedAs.Employee) {
 			return policy.Identity{}, status.Errorf(codes.PermissionDenied,
-				"scope %s does not match the token's identity %s", asked, st.tokenScope)
+				"scope %s is not the caller's: it must name the token's org %q and employee %q (the employee record decides the team)",
+				asked, st.openedAs.Org, st.openedAs.Employee)
 		}
-		return st.tokenScope, nil
+		return st.openedAs, nil
 	}
 	if asked.Org == "" && (asked.Team != "" || asked.Employee != "") {
 		return policy.Identity{}, fmt.Errorf("%w: a team or employee scope needs org", errInvalid)
@@ -501,6 +507,16 @@ func (s *Service) authenticate(ctx context.Context) (caller, error) {
 		return caller{}, err
 	}
 	return caller{employee: id.Employee, identity: id}, nil
+}
+
+// org is the stream's org with auth.mode jwt, fixed for its life.
+func (st *stream) org() string { return st.openedAs.Org }
+
+// currentScope is the scope the stream is served now.
+func (st *stream) currentScope() policy.Identity {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.scope
 }
 
 func (st *stream) info(node string) *clusterv1.ClientInfo {

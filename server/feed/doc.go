@@ -14,8 +14,9 @@
 //     policyd.feed.v1 (see below);
 //   - 401 unauthorized: no token, a token that does not verify (signature,
 //     expiry, issuer, audience…), or an unknown employee;
-//   - 403 forbidden: an inactive employee, or a token whose org (or team,
-//     when it names one) differs from the employee record;
+//   - 403 forbidden: an inactive employee, or a token whose org differs
+//     from the employee record (its team claim is not checked: see
+//     Employees);
 //   - 503 unavailable: the node is shutting down, or the client resumes
 //     (?since=) from a version this node has not reached (see Resuming).
 //
@@ -28,7 +29,7 @@
 // that the token is never echoed back in the response, and RFC 6455 (and
 // every browser) fails a handshake whose selected subprotocol was not
 // offered. The identity (org, team, employee) is always the employee
-// record's; the token only has to agree with it (auth.Identify).
+// record's; the token's org has to agree with it (auth.Identify).
 //
 // With auth.mode none (local development only) there is no token: the
 // connection names its employee with ?employee=<id>, and the record must
@@ -107,11 +108,23 @@
 // An employee who is deactivated or deleted is revoked on every node, from
 // each node's own apply stream: each of its connections gets revoke and is
 // closed with 4403 (CloseRevoked), and a new connection is refused before
-// the upgrade (403 for inactive, 401 for deleted). An employee whose org or
-// team changes keeps its connections, re-indexed under the new identity,
-// and each gets a fresh init for it; the old identity's policies are gone
-// with that init. (A token that names the old org or team is refused on the
-// next connect: the sidecar needs a new token.)
+// the upgrade (403 for inactive, 401 for deleted).
+//
+// The employee record, not the token, decides the team. An employee moved
+// to another team of its org keeps its connections, re-indexed under the
+// new team, and each gets a fresh init for it, which replaces the old
+// team's set; from then on it hears the new team's changes only. Its token
+// still names the old team and keeps working, on open connections and on
+// the next connect, until the sidecar refreshes it.
+//
+// An org is a tenant, and a tenant boundary is never crossed on an open
+// connection: an employee moved to another org is revoked like a
+// deactivated one (revoke with the reason "employee moved to another org",
+// then 4403), and a token that names the old org is refused (403) at the
+// next connect. The sidecar needs a token for the new org.
+//
+// The same holds for a change committed during the handshake (attach reads
+// the record again) and after a resync.
 //
 // # Liveness and backpressure
 //

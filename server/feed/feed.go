@@ -39,6 +39,9 @@ const (
 const (
 	reasonDeactivated = "employee deactivated"
 	reasonDeleted     = "employee deleted"
+	// reasonOrgChanged: a tenant boundary is never crossed on an open
+	// connection, so an org change revokes rather than re-scopes.
+	reasonOrgChanged = "employee moved to another org"
 )
 
 // Deps is what the hub needs from its node.
@@ -395,17 +398,25 @@ func (h *Hub) employeeStateLocked(b *batch, id string, emp *policy.Employee, con
 	default:
 		ident := emp.Identity()
 		for _, c := range conns {
-			if c.ident == ident {
-				continue
+			switch {
+			case c.ident == ident:
+			case c.ident.Org != ident.Org:
+				h.revokeLocked(c, reasonOrgChanged)
+			default:
+				h.logger.Info("feed connection moved to another team", "conn", c.addr, "employee", id,
+					"from", c.ident.String(), "to", ident.String())
+				h.reindexLocked(c, ident)
+				h.sendInitLocked(c, b.at)
 			}
-			h.logger.Info("feed connection identity changed", "conn", c.addr, "employee", id,
-				"from", c.ident.String(), "to", ident.String())
-			h.unindexLocked(c)
-			c.ident = ident
-			h.indexLocked(c)
-			h.sendInitLocked(c, b.at)
 		}
 	}
+}
+
+// reindexLocked files c under ident, its employee's new team.
+func (h *Hub) reindexLocked(c *conn, ident policy.Identity) {
+	h.unindexLocked(c)
+	c.ident = ident
+	h.indexLocked(c)
 }
 
 // resyncLocked re-checks every connection's employee (the state may have
@@ -423,15 +434,13 @@ func (h *Hub) resyncLocked(b *batch) {
 			h.logger.Error("read employee for resync", "employee", id, "err", err)
 			continue
 		}
-		if emp == nil || !emp.Active() {
-			h.employeeStateLocked(b, id, emp, conns)
-			continue
-		}
 		for _, c := range conns {
+			if emp == nil || !emp.Active() || emp.Org != c.ident.Org {
+				h.employeeStateLocked(b, id, emp, []*conn{c}) // revoked
+				continue
+			}
 			if ident := emp.Identity(); c.ident != ident {
-				h.unindexLocked(c)
-				c.ident = ident
-				h.indexLocked(c)
+				h.reindexLocked(c, ident)
 			}
 			h.sendInitLocked(c, b.at)
 		}

@@ -87,7 +87,6 @@ func TestHandshakeRefusals(t *testing.T) {
 		{name: "unknown employee", hdr: bearer(f.token("mallory", "acme", "red")), status: 401, code: "unauthorized"},
 		{name: "inactive employee", hdr: bearer(f.token("dave", "acme", "red")), status: 403, code: "forbidden"},
 		{name: "token of another org", hdr: bearer(f.token("alice", "other", "")), status: 403, code: "forbidden"},
-		{name: "token of another team", hdr: bearer(f.token("alice", "acme", "blue")), status: 403, code: "forbidden"},
 		{name: "bad token in subprotocol", hdr: map[string]string{"Sec-WebSocket-Protocol": "bearer." + other + ", " + feedv1.Subprotocol}, status: 401, code: "unauthorized"},
 		{name: "subprotocol token without policyd.feed.v1", hdr: map[string]string{"Sec-WebSocket-Protocol": "bearer." + f.token("alice", "acme", "red")}, status: 400, code: "invalid"},
 		{name: "since not a number", query: "since=yesterday", hdr: bearer(f.token("alice", "acme", "red")), status: 400, code: "invalid"},
@@ -139,6 +138,9 @@ func TestHandshakeAccepts(t *testing.T) {
 		{name: "authorization header and offered subprotocol", opts: dialOpts{token: tok, subprotocols: []string{feedv1.Subprotocol}}, wantSubprot: feedv1.Subprotocol},
 		{name: "token as subprotocol", opts: dialOpts{subprotocols: []string{feedv1.SubprotocolPrefix + tok, feedv1.Subprotocol}}, wantSubprot: feedv1.Subprotocol},
 		{name: "token without team claim", opts: dialOpts{token: f.token("alice", "acme", "")}},
+		// The record decides the team: a token minted before a move is
+		// served the record's team.
+		{name: "token of another team", opts: dialOpts{token: f.token("alice", "acme", "blue")}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -504,6 +506,12 @@ func TestRevocation(t *testing.T) {
 			reasonDeactivated, 403, "forbidden"},
 		{"deleted", func(f *fixture) *commandv1.Command { return f.deleteEmployee("alice") },
 			reasonDeleted, 401, "unauthorized"},
+		// A tenant change: revoked, not re-scoped, and the token naming
+		// the old org is refused.
+		{"moved to another org", func(f *fixture) *commandv1.Command {
+			return f.putEmployee("alice", "other", "red", policy.StatusActive)
+		},
+			reasonOrgChanged, 403, "forbidden"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

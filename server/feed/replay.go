@@ -111,8 +111,12 @@ func (h *Hub) attachLocked(c *conn, since uint64, sync func()) string {
 	case !emp.Active():
 		h.revokeLocked(c, reasonDeactivated)
 		return syncInit
+	case emp.Org != c.ident.Org:
+		h.revokeLocked(c, reasonOrgChanged)
+		return syncInit
 	}
-	// Moved during the handshake: serve the new identity, from init.
+	// Moved to another team during the handshake: serve the new team,
+	// from init.
 	moved := emp.Identity() != c.ident
 	c.ident = emp.Identity()
 	h.indexLocked(c)

@@ -48,7 +48,8 @@ const (
 // heard from a Raft leader for longer than setup.max_staleness, so its
 // state may be out of date; reconnect to another node).
 const (
-	// CloseRevoked: the employee was deactivated or deleted. The client must
+	// CloseRevoked: the employee was deactivated, deleted or moved to
+	// another org (a token for the new org is needed). The client must
 	// block everything and not reconnect with the same token.
 	CloseRevoked = 4403
 	// ClosePongTimeout: no pong for two ping intervals.
