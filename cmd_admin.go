@@ -460,8 +460,8 @@ func clusterCommand(c *adminClient) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), st)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "node %s (%s), leader %s, term %d, commit %d, applied %d\ndigest %s\n\n",
-				st.NodeID, st.State, st.LeaderID, st.Term, st.CommitIndex, st.AppliedIndex, st.Digest)
+			fmt.Fprintf(out, "cluster %s\nnode %s (%s), leader %s, term %d, commit %d, applied %d\ndigest %s\n\n",
+				st.ClusterID, st.NodeID, st.State, st.LeaderID, st.Term, st.CommitIndex, st.AppliedIndex, st.Digest)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tGRPC\tSUFFRAGE\tLEADER")
 			for _, m := range st.Members {

@@ -32,6 +32,9 @@ const (
 	TypeRegisterMember Type = 5
 	TypeRemoveMember   Type = 6
 	TypePruneEvents    Type = 7
+	// TypeSetClusterID is ignorable: the ID only guards peer handshakes,
+	// which an older node does not make.
+	TypeSetClusterID = IgnoreUnknown | 15
 )
 
 // ErrInvalidCommand is returned by ResultErr for a command the FSM rejected
@@ -91,6 +94,11 @@ func RegisterMember(m store.Member) (*commandv1.Command, error) {
 // RemoveMember builds the command that forgets a node's addresses.
 func RemoveMember(id string) (*commandv1.Command, error) {
 	return NewCommand(TypeRemoveMember, &commandv1.RemoveMember{Id: id})
+}
+
+// SetClusterID builds the command that names the cluster.
+func SetClusterID(id string) (*commandv1.Command, error) {
+	return NewCommand(TypeSetClusterID, &commandv1.SetClusterID{Id: id})
 }
 
 // PruneEvents builds the command that deletes events processed before cutoff.

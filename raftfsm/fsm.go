@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -66,6 +67,7 @@ var decoders = map[Type]decodeFunc{
 	TypeRegisterMember: decodeRegisterMember,
 	TypeRemoveMember:   decodeRemoveMember,
 	TypePruneEvents:    decodePruneEvents,
+	TypeSetClusterID:   decodeSetClusterID,
 
 	// Drift (DESIGN part 7).
 	TypeObserveDrift:        decodeObserveDrift,
@@ -309,6 +311,22 @@ func decodePruneEvents(m store.Meta, payload []byte) (func(*store.Batch) *comman
 		return result(m.Index, uint64(n), err)
 	}, nil
 }
+
+func decodeSetClusterID(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
+	var c commandv1.SetClusterID
+	if err := decodePayload(payload, &c); err != nil {
+		return nil, err
+	}
+	if !ClusterIDPattern.MatchString(c.GetId()) {
+		return nil, fmt.Errorf("cluster ID %q is not %s", c.GetId(), ClusterIDPattern)
+	}
+	return func(b *store.Batch) *commandv1.Result {
+		return result(m.Index, 0, b.SetClusterID(m, c.GetId()))
+	}, nil
+}
+
+// ClusterIDPattern is what a cluster ID looks like: 32 lowercase hex digits.
+var ClusterIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // Snapshot captures the store as of the last applied entry. Persist streams it
 // while applies continue.

@@ -13,16 +13,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
-	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
 
@@ -282,43 +274,6 @@ func TestRestartKeepsStateAndIdentity(t *testing.T) {
 	}
 	if _, err := n2.store.GetPolicy("nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("want ErrNotFound, got %v", err)
-	}
-}
-
-// TestClusterAPIRefusesUndecodableCommands: a command the FSM could not
-// apply never enters the log, even when it arrives through the internal
-// API rather than the admin API's validation.
-func TestClusterAPIRefusesUndecodableCommands(t *testing.T) {
-	n, _ := singleNode(t, nil)
-	cc, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := clusterv1.NewClusterClient(cc)
-	oversize, err := raftfsm.PutPolicy(&policy.Policy{Name: strings.Repeat("x", 40000), Kind: "ToolPolicy"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		name string
-		cmd  *commandv1.Command
-	}{
-		{"oversize key", oversize},
-		{"unknown type", &commandv1.Command{Type: 0x7e}},
-		{"garbage payload", &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: []byte{0xff}}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			before := n.raft.LastIndex()
-			_, err := client.Apply(t.Context(), &clusterv1.ApplyRequest{Command: tc.cmd})
-			if got := status.Code(err); got != codes.InvalidArgument {
-				t.Fatalf("code %v (%v), want InvalidArgument", got, err)
-			}
-			if after := n.raft.LastIndex(); after != before {
-				t.Fatalf("log grew from %d to %d", before, after)
-			}
-		})
 	}
 }
 

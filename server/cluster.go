@@ -14,6 +14,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/store"
 )
 
@@ -38,6 +39,9 @@ func (s *clusterService) Apply(ctx context.Context, req *clusterv1.ApplyRequest)
 	if s.n.raft.State() != raft.Leader {
 		return nil, toStatus(ErrNotLeader)
 	}
+	if err := s.n.vetCommand(req.GetCommand()); err != nil {
+		return nil, toStatus(err)
+	}
 	res, err := s.n.applyLocal(ctx, req.GetCommand())
 	if err != nil {
 		return nil, toStatus(err)
@@ -57,7 +61,7 @@ func (s *clusterService) Join(ctx context.Context, req *clusterv1.JoinRequest) (
 	if s.n.raft.State() != raft.Leader {
 		return nil, toStatus(ErrNotLeader)
 	}
-	idx, err := s.n.joinLocal(req.GetId(), req.GetRaftAddr())
+	idx, err := s.n.joinLocal(ctx, req.GetId(), req.GetRaftAddr())
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -78,17 +82,14 @@ func (s *clusterService) Remove(ctx context.Context, req *clusterv1.RemoveReques
 // Join adds a voter with the given Raft address, through the leader. Joining
 // again with the same ID and address is a no-op.
 func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
-	if !nodeIDPattern.MatchString(id) {
-		return 0, fmt.Errorf("%w: id %q is not a valid node id", errInvalidJoin, id)
-	}
-	if _, _, err := net.SplitHostPort(raftAddr); err != nil {
-		return 0, fmt.Errorf("%w: raft_addr %q is not host:port", errInvalidJoin, raftAddr)
+	if err := checkMember(id, raftAddr); err != nil {
+		return 0, err
 	}
 	var idx uint64
 	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
 		if leader {
 			var err error
-			idx, err = n.joinLocal(id, raftAddr)
+			idx, err = n.joinLocal(ctx, id, raftAddr)
 			return err
 		}
 		resp, err := c.Join(ctx, &clusterv1.JoinRequest{Id: id, RaftAddr: raftAddr})
@@ -101,7 +102,52 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
 	return idx, err
 }
 
-func (n *Node) joinLocal(id, addr string) (uint64, error) {
+// checkMember validates a member's id and Raft address, on every path that
+// adds one (REST, the peer plane).
+func checkMember(id, raftAddr string) error {
+	if !nodeIDPattern.MatchString(id) {
+		return fmt.Errorf("%w: id %q is not a valid node id", errInvalidJoin, id)
+	}
+	host, port, err := net.SplitHostPort(raftAddr)
+	if err != nil || host == "" || port == "" || port == "0" || len(raftAddr) > 255 {
+		return fmt.Errorf("%w: raft_addr %q is not host:port", errInvalidJoin, raftAddr)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return fmt.Errorf("%w: raft_addr %q is not an address others can dial", errInvalidJoin, raftAddr)
+	}
+	return nil
+}
+
+// joinProbeTimeout bounds the check that a new member answers.
+const joinProbeTimeout = 5 * time.Second
+
+// probeMember checks that the node at addr answers the peer handshake as
+// id and does not hold another cluster's state: a voter that cannot be
+// reached, or that refuses this cluster, would only cost the cluster its
+// quorum.
+func (n *Node) probeMember(ctx context.Context, id, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, joinProbeTimeout)
+	defer cancel()
+	c, info, err := n.peerCfg.Dial(ctx, addr, peer.KindProbe)
+	if err != nil {
+		var mm *peer.ClusterMismatchError
+		if errors.As(err, &mm) {
+			return fmt.Errorf("%w: node %q at %s holds the state of cluster %s, not %s: wipe its data dir before it joins",
+				errJoinConflict, mm.RemoteNode, addr, mm.Remote, mm.Local)
+		}
+		return fmt.Errorf("%w: raft_addr %s does not answer as a member of this cluster: %v", errInvalidJoin, addr, err)
+	}
+	_ = c.Close()
+	if info.NodeID != id {
+		return fmt.Errorf("%w: raft_addr %s is node %q, not %q", errInvalidJoin, addr, info.NodeID, id)
+	}
+	return nil
+}
+
+func (n *Node) joinLocal(ctx context.Context, id, addr string) (uint64, error) {
+	if err := checkMember(id, addr); err != nil {
+		return 0, err
+	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return 0, fmt.Errorf("read configuration: %w", err)
@@ -114,6 +160,9 @@ func (n *Node) joinLocal(id, addr string) (uint64, error) {
 		case string(s.ID) != id && string(s.Address) == addr:
 			return 0, fmt.Errorf("%w: address %s is used by member %q", errJoinConflict, addr, s.ID)
 		}
+	}
+	if err := n.probeMember(ctx, id, addr); err != nil {
+		return 0, err
 	}
 	af := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.cfg.Raft.ApplyTimeout)
 	if err := af.Error(); err != nil {
@@ -202,6 +251,7 @@ func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
 	}
 	st := &adminapi.ClusterStatus{
 		NodeID:       n.id,
+		ClusterID:    n.ClusterID(),
 		State:        n.raft.State().String(),
 		LeaderID:     string(leaderID),
 		LeaderAddr:   string(leaderAddr),
@@ -275,9 +325,11 @@ func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, 
 		err     error
 	}
 	var asks []string
+	addrs := map[string]string{}
 	for _, srv := range f.Configuration().Servers {
 		if string(srv.ID) != n.id {
 			asks = append(asks, string(srv.ID))
+			addrs[string(srv.ID)] = string(srv.Address)
 		}
 	}
 	answers := make(chan answer, len(asks))
@@ -285,12 +337,7 @@ func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, 
 		go func() {
 			ctx, cancel := context.WithTimeout(ctx, peerQueryTimeout)
 			defer cancel()
-			m, err := n.store.Member(id)
-			if err != nil {
-				answers <- answer{id: id, err: err}
-				return
-			}
-			c, err := n.peers.client(m.GRPCAddr)
+			c, err := n.peers.client(addrs[id])
 			if err != nil {
 				answers <- answer{id: id, err: err}
 				return

@@ -16,6 +16,11 @@
 // Reload applies a re-read configuration's run-time settings, on SIGHUP
 // (settings.go).
 //
+// A damaged Raft log or state.db stops New with a DataError that names the
+// file, the damage and the recovery, before any listener opens; a failed
+// write to either while the node runs parks the writer and closes Faulted,
+// and the process exits (diskfault.go, docs/operations.md).
+//
 // Resource limits (connection caps per listener and per source address,
 // header and message sizes, streams per connection, keepalive enforcement,
 // and the set-up gate bounding concurrent connection set-ups) are wired
@@ -53,6 +58,7 @@ import (
 	"github.com/policyd/policyd/server/discovery"
 	"github.com/policyd/policyd/server/feed"
 	"github.com/policyd/policyd/server/limits"
+	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/store"
 )
@@ -88,6 +94,15 @@ type Node struct {
 	api     *adminapi.API
 	peers   *peerPool
 	tls     nodeTLS
+	// The peer plane (server/peer): raft.addr carries Raft and the
+	// node-to-node API (peerSrv), behind the handshake peerCfg describes.
+	keys      *peer.Keyring // nil without cluster.secret_file
+	peerCfg   *peer.Config
+	mux       *peer.Mux
+	muxDone   chan struct{}
+	peerSrv   *grpc.Server
+	peerDone  chan struct{}
+	clusterID atomic.Pointer[string]
 	// raftConns and driftConns cap the Raft and drift webhook listeners,
 	// which setupRaft and setupDrift bind; driftConns is nil without
 	// drift.addr.
@@ -111,7 +126,16 @@ type Node struct {
 	readyTerm atomic.Uint64
 	// stale is set while the node has not heard from a leader for longer
 	// than setup.max_staleness (see staleness.go).
-	stale       atomic.Bool
+	stale atomic.Bool
+	// removed is set while the Raft configuration no longer holds this
+	// node (removed.go).
+	removed atomic.Bool
+	// toldNotMember is when a peer last refused this node as not in its
+	// configuration (Unix nanoseconds).
+	toldNotMember atomic.Int64
+	// raftUp is set once n.raft is assigned, for the peer plane's
+	// goroutines, which start before it.
+	raftUp      atomic.Bool
 	leaderTasks []LeaderTask
 	registerMu  sync.Mutex
 	reload      *reload.Controller // nil unless reload.enabled
@@ -146,7 +170,11 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	logger = logger.With("node", id)
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, logger: logger, id: id, reg: reg, ctx: ctx, cancel: cancel, peers: newPeerPool()}
+	n := &Node{cfg: cfg, logger: logger, id: id, reg: reg, ctx: ctx, cancel: cancel}
+	n.peers = newPeerPool(func(ctx context.Context, addr string) (net.Conn, error) {
+		c, _, err := n.peerCfg.Dial(ctx, addr, peer.KindAPI)
+		return c, err
+	})
 	// On any failure below, release what was acquired, in reverse order. (n
 	// is a local, not the named result, which is nil on failure.)
 	defer func() {
@@ -166,6 +194,11 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.admin_tokens_file: %w", err)
 		}
 	}
+	if cfg.Cluster.SecretFile != "" {
+		if n.keys, err = peer.LoadKeyring(cfg.Cluster.SecretFile); err != nil {
+			return nil, fmt.Errorf("cluster.secret_file: %w", err)
+		}
+	}
 	if cfg.Auth.Mode == "jwt" {
 		if n.verifier, err = auth.NewJWTVerifier(cfg.Auth.JWT, logger.With("component", "jwt")); err != nil {
 			return nil, fmt.Errorf("auth.jwt: %w", err)
@@ -173,6 +206,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	n.faults = newFaults(cfg.DataDir)
 	if err = n.openDataFiles(); err != nil {
+		return nil, err
+	}
+	if err = n.loadClusterID(); err != nil {
 		return nil, err
 	}
 	// Subscribe before the index loads, so no commit falls between the two.
@@ -217,6 +253,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		{Name: "register-self", Run: n.ensureRegistered},
 		{Name: "forget-removed-members", Run: n.forgetRemovedMembers},
 		{Name: "event-retention", Run: n.pruneEventsTask},
+		{Name: "cluster-id", Run: n.ensureClusterID},
 	}
 	// One gate for both transports: sidecars of both kinds that fail over
 	// together share the consistent reads.
@@ -245,11 +282,18 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			n.refuseWhenStaleGRPC(discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName),
 			gate.StreamInterceptor("grpc", discoveryv1.PolicyDiscoveryService_StreamPolicies_FullMethodName)),
 	), n.grpcServerOptions()...)...)
-	clusterv1.RegisterClusterServer(n.grpcSrv, &clusterService{n: n})
 	n.discovery.Register(n.grpcSrv)
 	n.health = health.NewServer()
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
+	// The node-to-node API, on the peer plane only (DESIGN part 11).
+	n.peerSrv = grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxGRPCMessage),
+		grpc.StaticStreamWindowSize(grpcStreamWindow),
+		grpc.StaticConnWindowSize(grpcConnWindow),
+		grpc.ConnectionTimeout(handshakeTimeout),
+	)
+	clusterv1.RegisterClusterServer(n.peerSrv, &clusterService{n: n})
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)
 	mux := http.NewServeMux()
@@ -295,6 +339,16 @@ func (n *Node) Start() {
 				n.logger.Error("grpc server stopped", "err", err)
 			}
 		})
+		// Not a background loop: the peer API serves until raft stops
+		// (release), so that followers can forward to this node while it
+		// hands leadership over.
+		n.peerDone = make(chan struct{})
+		go func() {
+			defer close(n.peerDone)
+			if err := n.peerSrv.Serve(n.mux.Listener(peer.KindAPI)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				n.logger.Error("peer api stopped", "err", err)
+			}
+		}()
 		n.goBackground("changes", n.dispatchChanges)
 		n.goBackground("discovery", func() { n.discovery.Run(n.ctx) })
 		n.goBackground("feed", func() { n.feed.Run(n.ctx) })
@@ -303,6 +357,7 @@ func (n *Node) Start() {
 			n.goBackground("leader-probe", n.leaderProbeLoop)
 		}
 		n.goBackground("register", n.registerLoop)
+		n.goBackground("removed", n.removedLoop)
 		if n.cfg.Setup.MaxStaleness > 0 {
 			n.goBackground("staleness", n.stalenessLoop)
 		}
@@ -373,6 +428,12 @@ func (n *Node) Close(ctx context.Context) error {
 // whichever exist. It is also the cleanup path of a failed New.
 func (n *Node) release() error {
 	var errs []error
+	if n.peerSrv != nil {
+		n.peerSrv.Stop()
+		if n.peerDone != nil {
+			<-n.peerDone
+		}
+	}
 	if n.raft != nil {
 		if err := n.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
@@ -385,6 +446,11 @@ func (n *Node) release() error {
 		if err := n.transport.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("raft transport: %w", err))
 		}
+	}
+	if n.mux != nil {
+		// The transport closed it; a failed New may not have built one.
+		_ = n.mux.Close()
+		<-n.muxDone
 	}
 	if n.logStore != nil {
 		if err := n.logStore.Close(); err != nil {
@@ -453,6 +519,7 @@ func (n *Node) dispatchChanges() {
 			}
 		}
 		for _, c := range n.changes.Next() {
+			n.noteClusterID(c)
 			if err := n.policies.Update(c); err != nil {
 				// The index would serve stale sets; start over from the store.
 				n.logger.Error("policy index update failed, reloading", "index", c.Index, "err", err)
@@ -528,6 +595,9 @@ func (n *Node) otherVoters() int {
 // Ready reports nil when a leader is known and this node's state has caught
 // up with the commit index it knows of (within maxReadyLag entries).
 func (n *Node) Ready() error {
+	if n.removed.Load() {
+		return &unavailableError{msg: errRemoved}
+	}
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return fmt.Errorf("no known leader: %w", ErrNoLeader)
 	}

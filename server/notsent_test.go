@@ -50,7 +50,9 @@ func TestForwardNotSent(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := tc.peer(t)
-			pool := newPeerPool()
+			pool := newPeerPool(func(ctx context.Context, addr string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			})
 			defer pool.Close()
 			c, err := pool.client(addr)
 			if err != nil {

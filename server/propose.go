@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -105,7 +105,7 @@ func (n *Node) tryLeader(ctx context.Context, fn func(ctx context.Context, leade
 	if n.raft.State() == raft.Leader {
 		return fn(ctx, true, nil)
 	}
-	_, leaderID := n.raft.LeaderWithID()
+	leaderAddr, leaderID := n.raft.LeaderWithID()
 	if leaderID == "" {
 		return ErrNoLeader
 	}
@@ -113,13 +113,7 @@ func (n *Node) tryLeader(ctx context.Context, fn func(ctx context.Context, leade
 		// We just lost leadership; wait for the next leader.
 		return ErrNotLeader
 	}
-	m, err := n.store.Member(string(leaderID))
-	if err != nil || m.GRPCAddr == "" {
-		// The leader has not registered its addresses yet (it does so
-		// first thing in its term).
-		return fmt.Errorf("leader %s has no registered address: %w", leaderID, ErrNoLeader)
-	}
-	c, err := n.peers.client(m.GRPCAddr)
+	c, err := n.peers.client(string(leaderAddr))
 	if err != nil {
 		return err
 	}
@@ -299,17 +293,17 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 	return idx, nil
 }
 
-// peerPool keeps one gRPC client connection per peer address.
+// peerPool keeps one gRPC client connection per peer's Raft address, each
+// dialled through the peer plane's handshake (server/peer), which also
+// carries TLS: gRPC itself sees an authenticated connection.
 type peerPool struct {
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
-	// creds secure the connections: plaintext, or with grpc.tls the
-	// node's certificate (set by setupTLS before the first dial).
-	creds credentials.TransportCredentials
+	dial  func(ctx context.Context, addr string) (net.Conn, error)
 }
 
-func newPeerPool() *peerPool {
-	return &peerPool{conns: map[string]*grpc.ClientConn{}, creds: insecure.NewCredentials()}
+func newPeerPool(dial func(ctx context.Context, addr string) (net.Conn, error)) *peerPool {
+	return &peerPool{conns: map[string]*grpc.ClientConn{}, dial: dial}
 }
 
 func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
@@ -318,7 +312,8 @@ func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	if cc, ok := p.conns[addr]; ok {
 		return clusterv1.NewClusterClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds),
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(p.dial),
 		grpc.WithStaticStreamWindowSize(grpcStreamWindow), grpc.WithStaticConnWindowSize(grpcConnWindow))
 	if err != nil {
 		return nil, fmt.Errorf("dial peer %s: %w", addr, err)

@@ -11,7 +11,11 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/server/peer"
 )
+
+// peerHandshakeTimeout bounds TLS and the peer handshake of one connection.
+const peerHandshakeTimeout = 5 * time.Second
 
 // setupRaft builds the transport, log store, snapshot store and raft
 // instance, and bootstraps the cluster if configured to and no Raft state
@@ -50,10 +54,20 @@ func (n *Node) setupRaft() error {
 		// still sent in batches of up to raft.max_append_entries.
 		MaxRPCsInFlight: 1,
 	}
-	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.tls.raft)
+	n.peerCfg = &peer.Config{
+		NodeID: n.id, TrustDomain: n.cfg.Cluster.TrustDomain, Keys: n.keys, TLS: n.tls.raft,
+		ClusterID: n.ClusterID, HandshakeTimeout: peerHandshakeTimeout, Member: n.mayPeer,
+	}
+	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.peerCfg, func(ln net.Listener) *peer.Mux {
+		n.mux = peer.NewMux(ln, n.peerCfg, n.logger.With("component", "peer"))
+		n.muxDone = make(chan struct{})
+		go func() { defer close(n.muxDone); n.mux.Serve() }()
+		return n.mux
+	})
 	if err != nil {
 		return fmt.Errorf("listen raft.addr %s: %w", rc.Addr, err)
 	}
+	sl.notMember = func() { n.toldNotMember.Store(time.Now().UnixNano()) }
 	tc.Stream = sl
 	tr := raft.NewNetworkTransportWithConfig(tc)
 	n.transport = tr
@@ -103,6 +117,7 @@ func (n *Node) setupRaft() error {
 		return fmt.Errorf("start raft: %w", err)
 	}
 	n.raft = r
+	n.raftUp.Store(true)
 
 	has, err := raft.HasExistingState(ls, ls, snaps)
 	if err != nil {

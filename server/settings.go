@@ -83,6 +83,7 @@ func (n *Node) Reload(cfg config.Config) (applied, needRestart []string, err err
 		{Name: "admin tokens", Keys: []string{"auth.admin_tokens_file"}, Apply: n.reloadAdminTokens},
 		{Name: "jwt keys", Apply: n.reloadJWT},
 		{Name: "tls certificates", Apply: n.reloadTLS},
+		{Name: "cluster secret", Keys: []string{"cluster.secret_file"}, Apply: n.reloadClusterSecret},
 		{Name: "drift callbacks", Keys: []string{"drift.callbacks"}, Apply: n.reloadDriftCallbacks},
 	}, n.settings.hooks...)
 
@@ -155,6 +156,22 @@ func (n *Node) reloadAdminTokens(cfg config.Config) (applied, needRestart []stri
 	}
 	n.api.SetTokens(t)
 	return []string{"auth.admin_tokens_file"}, nil, nil
+}
+
+// reloadClusterSecret re-reads the cluster secrets: that is how a secret
+// rotates (docs/security.md). Turning the secret on or off, or moving the
+// file, needs a restart: the peers' handshakes would fail half-way.
+func (n *Node) reloadClusterSecret(cfg config.Config) (applied, needRestart []string, err error) {
+	if cfg.Cluster.SecretFile != n.cfg.Cluster.SecretFile {
+		return nil, []string{"cluster.secret_file"}, nil
+	}
+	if n.keys == nil {
+		return nil, nil, nil
+	}
+	if err := n.keys.Reload(); err != nil {
+		return nil, nil, fmt.Errorf("cluster.secret_file: %w", err)
+	}
+	return []string{"cluster.secret_file"}, nil, nil
 }
 
 // reloadDriftCallbacks hands the new URLs to the drift follow-up. Without

@@ -88,12 +88,23 @@ func (n *Node) stalenessLoop() {
 // errStale is the refusal given to a sidecar while the node is stale.
 const errStale = "this node has not heard from a Raft leader for longer than setup.max_staleness; try another node"
 
+// refusal is why the node refuses new sidecars now, "" if it does not.
+func (n *Node) refusal() string {
+	switch {
+	case n.removed.Load():
+		return errRemoved
+	case n.stale.Load():
+		return errStale
+	}
+	return ""
+}
+
 // refuseWhenStaleHTTP refuses the WebSocket feed's handshake with 503 (and
 // Retry-After) while the node is stale.
 func (n *Node) refuseWhenStaleHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.stale.Load() {
-			adminapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", errStale)
+		if msg := n.refusal(); msg != "" {
+			adminapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", msg)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -104,8 +115,8 @@ func (n *Node) refuseWhenStaleHTTP(next http.Handler) http.Handler {
 // while the node is stale.
 func (n *Node) refuseWhenStaleGRPC(methods ...string) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if n.stale.Load() && slices.Contains(methods, info.FullMethod) {
-			return status.Error(codes.Unavailable, errStale)
+		if msg := n.refusal(); msg != "" && slices.Contains(methods, info.FullMethod) {
+			return status.Error(codes.Unavailable, msg)
 		}
 		return handler(srv, ss)
 	}

@@ -1,7 +1,7 @@
 package server
 
 import (
-	"crypto/tls"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,40 +10,37 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/policyd/policyd/server/limits"
-	"github.com/policyd/policyd/tlsfiles"
+	"github.com/policyd/policyd/server/peer"
 )
 
-// streamLayer is the Raft transport's stream layer: TCP, its accepted
-// connections counted against raft.max_connections (server/limits), and
-// TLS when raft.tls is set. Raft's own TCP stream layer does not let its
-// listener be wrapped, hence this one.
+// streamLayer is the Raft transport's stream layer over the peer plane's
+// listener (server/peer): every connection, accepted or dialled, is past
+// TLS (raft.tls) and the peer handshake before raft sees a byte of it, so a
+// process that is not a member can neither send Raft RPCs (vote, append,
+// snapshot) nor receive them. The same listener carries the node-to-node
+// API (Node.peerSrv); raft's own TCP stream layer cannot share a port,
+// hence this one.
 //
-// With TLS, every Raft connection is a TLS connection; with client_ca_file
-// set both ends present the node certificate and verify the other's against
-// it, so a process without a certificate from the cluster CA can neither
-// send Raft RPCs to a member (vote, append) nor receive them.
-//
-// Accept does not handshake: raft's accept loop is serial, and a peer that
-// connects and stalls must not hold it up. The handshake runs on the first
-// read, in the transport's per-connection goroutine, bounded by the
-// transport's I/O deadlines; a refused peer shows in the raft log as a
-// failed decode with the TLS error. A connection over the cap is closed
-// before any of that.
+// Accept hands over connections the mux has authenticated on goroutines of
+// its own, so raft's serial accept loop is never held up by a peer that
+// stalls in its handshake.
 type streamLayer struct {
-	ln        net.Listener
+	mux       *peer.Mux
 	advertise net.Addr
-	tls       *tlsfiles.Reloader // nil: plain TCP
-	server    *tls.Config
+	cfg       *peer.Config
+	// notMember is called when a peer says this node is not in its
+	// configuration.
+	notMember func()
 }
 
 // errNotAdvertisable mirrors raft's own TCP transport: peers cannot dial an
 // unspecified address.
 var errNotAdvertisable = errors.New("local bind address is not advertisable")
 
-// newStreamLayer listens on bind. adv is the address peers dial; nil
-// advertises the bound address. conns, if not nil, counts and caps the
-// accepted connections; r, if not nil, secures them with TLS.
-func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, r *tlsfiles.Reloader) (*streamLayer, error) {
+// newStreamLayer listens on bind and starts serving the peer plane there.
+// adv is the address peers dial; nil advertises the bound address. conns,
+// if not nil, counts and caps the accepted connections.
+func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Config, mux func(net.Listener) *peer.Mux) (*streamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
@@ -58,38 +55,26 @@ func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, r *tlsfiles.
 	if conns != nil {
 		ln = conns.Listener(ln)
 	}
-	s := &streamLayer{ln: ln, advertise: adv, tls: r}
-	if r != nil {
-		s.server = r.ServerConfig()
-	}
-	return s, nil
+	return &streamLayer{mux: mux(ln), advertise: adv, cfg: cfg}, nil
 }
 
-func (s *streamLayer) Accept() (net.Conn, error) {
-	c, err := s.ln.Accept()
-	if err != nil || s.tls == nil {
-		return c, err
-	}
-	return tls.Server(c, s.server), nil
-}
+func (s *streamLayer) Accept() (net.Conn, error) { return s.mux.Listener(peer.KindRaft).Accept() }
 
-func (s *streamLayer) Close() error { return s.ln.Close() }
+// Close closes the whole peer plane: raft closes its transport only when
+// the node stops.
+func (s *streamLayer) Close() error { return s.mux.Close() }
 
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
-// Dial connects within timeout. With TLS it completes the handshake within
-// timeout too, verifying that the peer's certificate names the host it was
-// dialled by.
+// Dial connects and completes the peer handshake within timeout.
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	d := &net.Dialer{Timeout: timeout}
-	if s.tls == nil {
-		return d.Dial("tcp", string(address))
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, _, err := s.cfg.Dial(ctx, string(address), peer.KindRaft)
+	if errors.Is(err, peer.ErrNotMember) && s.notMember != nil {
+		s.notMember()
 	}
-	host, _, err := net.SplitHostPort(string(address))
-	if err != nil {
-		return nil, fmt.Errorf("raft peer address %q: %w", address, err)
-	}
-	return tls.DialWithDialer(d, "tcp", string(address), s.tls.ClientConfig(host))
+	return c, err
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)

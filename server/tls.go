@@ -1,11 +1,11 @@
 package server
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -17,12 +17,12 @@ import (
 // nodeTLS holds the certificate sets of the node's listeners; a nil field
 // means that listener is plain TCP.
 //
-// A node is a client of its peers on two of them: Raft (the stream layer
-// dials with raft.tls) and gRPC (write forwarding, read index, membership,
-// the cluster-wide client list dial with grpc.tls). On both it presents its
-// own certificate as client certificate and verifies the peer against the
-// same block's client_ca_file, the cluster CA: one CA both signs and admits
-// members, as in etcd's peer TLS.
+// A node is a client of its peers on the peer plane only (raft.tls: Raft
+// and the node-to-node API share it, server/peer). It presents its own
+// certificate as client certificate and verifies the peer against
+// client_ca_file, the cluster CA: one CA both signs and admits members, as
+// in etcd's peer TLS, and the certificate's node identity (a URI SAN) keeps
+// sidecar and operator certificates of the same CA off the peer plane.
 type nodeTLS struct {
 	http, grpc, raft *tlsfiles.Reloader
 }
@@ -46,16 +46,18 @@ func (n *Node) setupTLS() error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.key, err)
 		}
-		if !r.MutualTLS() && s.key != "http.tls" {
+		*s.dst = r
+	}
+	if r := n.tls.raft; r != nil {
+		if !r.MutualTLS() {
 			// Peers verify this node's certificate against
 			// client_ca_file; without one they fall back to the system
 			// roots, which rarely sign cluster certificates.
-			n.logger.Warn(s.key+" has no client_ca_file: any client may connect, and peers verify each other against the system roots", "listener", s.key)
+			n.logger.Warn("raft.tls has no client_ca_file: TLS does not authenticate peers, and peers verify each other against the system roots")
+		} else if ids := tlsfiles.NodeIDs(r.Leaf(), n.cfg.Cluster.TrustDomain); !slices.Contains(ids, n.id) {
+			return fmt.Errorf("raft.tls: the certificate %s does not name this node: it needs the URI SAN %s (it names nodes %v)",
+				n.cfg.Raft.TLS.CertFile, tlsfiles.NodeURI(n.cfg.Cluster.TrustDomain, n.id), ids)
 		}
-		*s.dst = r
-	}
-	if n.tls.grpc != nil {
-		n.peers.creds = peerCreds{n.tls.grpc}
 	}
 	return nil
 }
@@ -97,25 +99,3 @@ func (n *Node) reloadTLS(config.Config) (applied, needRestart []string, err erro
 	}
 	return applied, nil, errors.Join(errs...)
 }
-
-// peerCreds are the gRPC credentials of the node's connections to its peers:
-// a TLS configuration taken afresh for each handshake, so a reloaded
-// certificate or CA bundle is used by the next connection.
-type peerCreds struct{ r *tlsfiles.Reloader }
-
-func (c peerCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return credentials.NewTLS(c.r.ClientConfig("")).ClientHandshake(ctx, authority, raw)
-}
-
-func (c peerCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return credentials.NewTLS(c.r.ServerConfig("h2")).ServerHandshake(raw)
-}
-
-func (c peerCreds) Info() credentials.ProtocolInfo {
-	return credentials.NewTLS(&tls.Config{MinVersion: tlsfiles.MinVersion}).Info()
-}
-
-func (c peerCreds) Clone() credentials.TransportCredentials { return c }
-
-// OverrideServerName is deprecated in grpc-go and never called by it.
-func (c peerCreds) OverrideServerName(string) error { return nil }

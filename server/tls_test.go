@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +24,8 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/tlsfiles"
 	"github.com/policyd/policyd/tlsfiles/testca"
 )
@@ -39,16 +42,22 @@ func newPKI(t *testing.T) *pki {
 
 // issue writes a key pair for name, valid on loopback, and returns the TLS
 // block that uses it with the cluster CA as client CA.
-func (p *pki) issue(t *testing.T, name string) config.TLS {
-	f := p.ca.WriteFiles(t, p.dir, name, name, "127.0.0.1", "localhost")
+func (p *pki) issue(t *testing.T, name string, sans ...string) config.TLS {
+	f := p.ca.WriteFiles(t, p.dir, name, name, append([]string{"127.0.0.1", "localhost"}, sans...)...)
 	return config.TLS{CertFile: f.Cert, KeyFile: f.Key, ClientCAFile: f.CA}
+}
+
+// node issues the certificate of node id: it names the node identity
+// (DESIGN part 11), as the peer plane requires.
+func (p *pki) node(t *testing.T, id string) config.TLS {
+	return p.issue(t, id, tlsfiles.NodeURI("policyd", id))
 }
 
 // mutualTLS turns on mutual TLS on all three listeners of cfg, with one
 // certificate for the node.
 func (p *pki) mutualTLS(t *testing.T) func(*config.Config) {
 	return func(cfg *config.Config) {
-		tc := p.issue(t, cfg.NodeID)
+		tc := p.node(t, cfg.NodeID)
 		cfg.HTTP.TLS, cfg.GRPC.TLS, cfg.Raft.TLS = tc, tc, tc
 	}
 }
@@ -167,7 +176,7 @@ func TestMutualTLSCluster(t *testing.T) {
 	})
 
 	rogueCA := testca.New(t, "rogue-ca")
-	rogueFiles := rogueCA.WriteFiles(t, t.TempDir(), "rogue", "rogue", "127.0.0.1", "localhost")
+	rogueFiles := rogueCA.WriteFiles(t, t.TempDir(), "rogue", "rogue", "127.0.0.1", "localhost", tlsfiles.NodeURI("policyd", "rogue"))
 	// The rogue trusts the cluster CA, so its own side of the handshake
 	// goes through: only the members' check of its certificate stops it.
 	clusterCA := p.issue(t, "unused").ClientCAFile
@@ -218,6 +227,19 @@ func TestMutualTLSCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a node certificate gets no admin rights", func(t *testing.T) {
+		tc := p.node(t, follower.ID())
+		nodeClient, err := client.TLSFiles(tc.ClientCAFile, tc.CertFile, tc.KeyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, path := range []string{"/v1/policies", "/v1/cluster"} {
+			if r := httpsAPI(t, follower, nodeClient).do(http.MethodGet, path, nil, nil); r.status != http.StatusForbidden {
+				t.Fatalf("GET %s with a node certificate = %d %s, want 403", path, r.status, r.body)
+			}
+		}
+	})
+
 	t.Run("gRPC discovery refused without a valid client certificate", func(t *testing.T) {
 		// Under TLS 1.3 the client's handshake ends before the server has
 		// checked its certificate, so the client sees the refusal as a
@@ -256,7 +278,7 @@ func TestMutualTLSCluster(t *testing.T) {
 				&raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("probe"), Addr: []byte("127.0.0.1:1")}}, &resp)
 			return &resp, err
 		}
-		transport := func(tc config.TLS) *raft.NetworkTransport {
+		transport := func(id string, tc config.TLS) *raft.NetworkTransport {
 			var tr *raft.NetworkTransport
 			cfg := &raft.NetworkTransportConfig{MaxPool: 1, Timeout: 5 * time.Second, Logger: newHCLog(testLogger(t), "probe")}
 			if tc.Enabled() {
@@ -264,7 +286,10 @@ func TestMutualTLSCluster(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, r)
+				pc := &peer.Config{NodeID: id, TrustDomain: "policyd", TLS: r}
+				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, pc, func(ln net.Listener) *peer.Mux {
+					return peer.NewMux(ln, pc, testLogger(t))
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -284,52 +309,41 @@ func TestMutualTLSCluster(t *testing.T) {
 			tls  config.TLS
 		}{
 			{"certificate of another CA", rogueTLS},
+			{"sidecar certificate of the cluster CA", p.issue(t, "raft-probe")},
 			{"plain TCP", config.TLS{}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				if resp, err := send(transport(tc.tls)); err == nil {
+				if resp, err := send(transport("raft-probe", tc.tls)); err == nil {
 					t.Fatalf("a member answered AppendEntries: %+v", resp)
 				}
 			})
 		}
-		resp, err := send(transport(p.issue(t, "raft-probe")))
+		// Only a member's identity is heard (a stale term 0 changes nothing).
+		resp, err := send(transport(c.leader().ID(), p.node(t, c.leader().ID())))
 		if err != nil || resp.Term == 0 {
 			t.Fatalf("control: with a cluster certificate AppendEntries = %+v, %v", resp, err)
 		}
 	})
 
-	t.Run("a node with a foreign certificate is never replicated to", func(t *testing.T) {
+	t.Run("a node with a foreign certificate cannot join and is never replicated to", func(t *testing.T) {
 		cfg := testConfig(t, "rogue")
 		cfg.HTTP.TLS, cfg.GRPC.TLS, cfg.Raft.TLS = rogueTLS, rogueTLS, rogueTLS
 		rogue := startNode(t, cfg)
 		leader := c.leader()
-		obs := make(chan raft.Observation, 16)
-		o := raft.NewObserver(obs, false, func(o *raft.Observation) bool {
-			f, ok := o.Data.(raft.FailedHeartbeatObservation)
-			return ok && f.PeerID == "rogue"
-		})
-		leader.raft.RegisterObserver(o)
-		defer leader.raft.DeregisterObserver(o)
-
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		// An admin adds it to the configuration: the leader then tries to
-		// replicate to it and cannot.
-		if _, err := leader.Join(ctx, "rogue", rogue.RaftAddr()); err != nil {
-			t.Fatalf("join: %v", err)
+		// An admin tries to add it: the join's probe of its Raft address
+		// fails the TLS check, so it never becomes a voter.
+		if _, err := leader.Join(ctx, "rogue", rogue.RaftAddr()); !errors.Is(err, policy.ErrInvalid) || !strings.Contains(err.Error(), "does not answer as a member") {
+			t.Fatalf("join = %v, want a refusal naming the failed probe", err)
 		}
-		select {
-		case <-obs:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the leader reported no failed heartbeat to the rogue node")
+		if leader.inConfiguration("rogue") {
+			t.Fatal("the rogue node is in the configuration")
 		}
 		httpsAPI(t, leader, admin).putPolicy("acme.after-rogue", "acme", "x")
 		c.waitConverged()
 		if li, ai := rogue.raft.LastIndex(), rogue.store.AppliedIndex(); li != 0 || ai != 0 {
 			t.Fatalf("the rogue node has raft log index %d and applied index %d: it was replicated to", li, ai)
-		}
-		if _, err := leader.Remove(ctx, "rogue"); err != nil {
-			t.Fatalf("remove the rogue node: %v", err)
 		}
 	})
 
@@ -338,7 +352,7 @@ func TestMutualTLSCluster(t *testing.T) {
 		cfg := n.cfg // as started (the harness records the bound Raft address in c.cfgs)
 		old := peerCert(t, n.HTTPAddr(), p.clientTLS(t, "probe")).SerialNumber
 		// Rotate the node's key pair in place (same paths, new serial).
-		certPEM, keyPEM := p.ca.Issue(t, n.ID()+"-rotated", "127.0.0.1", "localhost")
+		certPEM, keyPEM := p.ca.Issue(t, n.ID()+"-rotated", "127.0.0.1", "localhost", tlsfiles.NodeURI("policyd", n.ID()))
 		for path, data := range map[string][]byte{cfg.HTTP.TLS.CertFile: certPEM, cfg.HTTP.TLS.KeyFile: keyPEM} {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)

@@ -44,6 +44,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -310,4 +312,37 @@ func readFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("tls: %s is larger than %d bytes", path, maxFileBytes)
 	}
 	return data, nil
+}
+
+// nodeIDPattern is config's node ID pattern.
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// NodeURI is the URI SAN a node certificate carries.
+func NodeURI(trustDomain, nodeID string) string {
+	return "spiffe://" + trustDomain + "/node/" + nodeID
+}
+
+// NodeIDs returns the node IDs cert names in trustDomain, if any.
+func NodeIDs(cert *x509.Certificate, trustDomain string) []string {
+	var ids []string
+	for _, u := range cert.URIs {
+		if u.Scheme != "spiffe" || u.Host != trustDomain || u.RawQuery != "" || u.Fragment != "" {
+			continue
+		}
+		if id, ok := strings.CutPrefix(u.Path, "/node/"); ok && nodeIDPattern.MatchString(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// IsNodeCertificate reports whether cert names a node identity in any
+// trust domain: such a certificate is for the peer plane only.
+func IsNodeCertificate(cert *x509.Certificate) bool {
+	for _, u := range cert.URIs {
+		if u.Scheme == "spiffe" && strings.HasPrefix(u.Path, "/node/") {
+			return true
+		}
+	}
+	return false
 }

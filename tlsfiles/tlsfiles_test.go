@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"io"
 	"log/slog"
 	"net"
@@ -354,4 +355,34 @@ func FuzzParseCAs(f *testing.F) {
 			t.Fatalf("error quotes the input: %v", err)
 		}
 	})
+}
+
+// TestNodeIDs: only spiffe://<trust domain>/node/<valid id> URI SANs name
+// a node; any node URI marks a certificate as a node's.
+func TestNodeIDs(t *testing.T) {
+	ca := testca.New(t, "ca")
+	certPEM, _ := ca.Issue(t, "x", "spiffe://policyd/node/n1", "spiffe://policyd/node/n2", "spiffe://other/node/n3",
+		"spiffe://policyd/sidecar/s1", "spiffe://policyd/node/bad%20id")
+	cert := leafOf(t, certPEM)
+	if got, want := strings.Join(NodeIDs(cert, "policyd"), ","), "n1,n2"; got != want {
+		t.Errorf("NodeIDs = %q, want %q", got, want)
+	}
+	if !IsNodeCertificate(cert) {
+		t.Error("IsNodeCertificate = false, want true")
+	}
+	adminPEM, _ := ca.Issue(t, "admin", "127.0.0.1")
+	plain := leafOf(t, adminPEM)
+	if IsNodeCertificate(plain) {
+		t.Error("IsNodeCertificate(admin) = true, want false")
+	}
+}
+
+func leafOf(t *testing.T, certPEM []byte) *x509.Certificate {
+	t.Helper()
+	b, _ := pem.Decode(certPEM)
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

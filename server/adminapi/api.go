@@ -30,6 +30,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
+	"github.com/policyd/policyd/tlsfiles"
 )
 
 // MaxBodyBytes caps every request body.
@@ -60,7 +61,10 @@ type Backend interface {
 
 // ClusterStatus is GET /v1/cluster.
 type ClusterStatus struct {
-	NodeID       string         `json:"node_id"`
+	NodeID string `json:"node_id"`
+	// ClusterID names the cluster (DESIGN part 11); "" until its first
+	// leader has named it.
+	ClusterID    string         `json:"cluster_id"`
 	State        string         `json:"state"`
 	LeaderID     string         `json:"leader_id"`
 	LeaderAddr   string         `json:"leader_raft_addr"`
@@ -208,6 +212,12 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			a.requests.WithLabelValues(path, method, strconv.Itoa(sw.code())).Inc()
 			a.latency.WithLabelValues(path, method).Observe(time.Since(start).Seconds())
 		}()
+		// A node certificate from the cluster CA opens the peer plane
+		// only (DESIGN part 11): it gets no admin role.
+		if need >= 0 && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && tlsfiles.IsNodeCertificate(r.TLS.PeerCertificates[0]) {
+			a.writeError(sw, r, fmt.Errorf("a node certificate is for the peer plane, not the admin API: %w", auth.ErrForbidden))
+			return
+		}
 		if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
 			if _, err := tokens.Authorize(r.Header.Get("Authorization"), need); err != nil {
 				a.writeError(sw, r, err)

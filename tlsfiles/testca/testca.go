@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,8 +56,8 @@ func New(t testing.TB, name string) *CA {
 }
 
 // Issue signs a leaf certificate for cn, with hosts as subject alternative
-// names (IP addresses as IP SANs, the rest as DNS names), and returns it and
-// its key, PEM-encoded.
+// names (IP addresses as IP SANs, spiffe:// URIs as URI SANs, the rest as
+// DNS names), and returns it and its key, PEM-encoded.
 func (ca *CA) Issue(t testing.TB, cn string, hosts ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -74,6 +75,8 @@ func (ca *CA) Issue(t testing.TB, cn string, hosts ...string) (certPEM, keyPEM [
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if u, err := url.Parse(h); err == nil && u.Scheme == "spiffe" {
+			tmpl.URIs = append(tmpl.URIs, u)
 		} else {
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}

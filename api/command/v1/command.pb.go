@@ -478,6 +478,51 @@ func (x *RemoveMember) GetId() string {
 	return ""
 }
 
+// SetClusterID names the cluster; the first one applied wins.
+type SetClusterID struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetClusterID) Reset() {
+	*x = SetClusterID{}
+	mi := &file_command_v1_command_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetClusterID) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetClusterID) ProtoMessage() {}
+
+func (x *SetClusterID) ProtoReflect() protoreflect.Message {
+	mi := &file_command_v1_command_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetClusterID.ProtoReflect.Descriptor instead.
+func (*SetClusterID) Descriptor() ([]byte, []int) {
+	return file_command_v1_command_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SetClusterID) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 // PruneEvents deletes events processed before the cutoff.
 type PruneEvents struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -488,7 +533,7 @@ type PruneEvents struct {
 
 func (x *PruneEvents) Reset() {
 	*x = PruneEvents{}
-	mi := &file_command_v1_command_proto_msgTypes[8]
+	mi := &file_command_v1_command_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +545,7 @@ func (x *PruneEvents) String() string {
 func (*PruneEvents) ProtoMessage() {}
 
 func (x *PruneEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[8]
+	mi := &file_command_v1_command_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +558,7 @@ func (x *PruneEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneEvents.ProtoReflect.Descriptor instead.
 func (*PruneEvents) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{8}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PruneEvents) GetCutoffUnixNano() int64 {
@@ -543,7 +588,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_command_v1_command_proto_msgTypes[9]
+	mi := &file_command_v1_command_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +600,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[9]
+	mi := &file_command_v1_command_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +613,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{9}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Result) GetIndex() uint64 {
@@ -636,6 +681,8 @@ const file_command_v1_command_proto_rawDesc = "" +
 	"\thttp_addr\x18\x03 \x01(\tR\bhttpAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\"\x1e\n" +
 	"\fRemoveMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x1e\n" +
+	"\fSetClusterID\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"7\n" +
 	"\vPruneEvents\x12(\n" +
 	"\x10cutoff_unix_nano\x18\x01 \x01(\x03R\x0ecutoffUnixNano\"~\n" +
@@ -658,7 +705,7 @@ func file_command_v1_command_proto_rawDescGZIP() []byte {
 	return file_command_v1_command_proto_rawDescData
 }
 
-var file_command_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_command_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_command_v1_command_proto_goTypes = []any{
 	(*Command)(nil),        // 0: policyd.command.v1.Command
 	(*Precondition)(nil),   // 1: policyd.command.v1.Precondition
@@ -668,8 +715,9 @@ var file_command_v1_command_proto_goTypes = []any{
 	(*DeleteEmployee)(nil), // 5: policyd.command.v1.DeleteEmployee
 	(*RegisterMember)(nil), // 6: policyd.command.v1.RegisterMember
 	(*RemoveMember)(nil),   // 7: policyd.command.v1.RemoveMember
-	(*PruneEvents)(nil),    // 8: policyd.command.v1.PruneEvents
-	(*Result)(nil),         // 9: policyd.command.v1.Result
+	(*SetClusterID)(nil),   // 8: policyd.command.v1.SetClusterID
+	(*PruneEvents)(nil),    // 9: policyd.command.v1.PruneEvents
+	(*Result)(nil),         // 10: policyd.command.v1.Result
 }
 var file_command_v1_command_proto_depIdxs = []int32{
 	1, // 0: policyd.command.v1.PutPolicy.if_match:type_name -> policyd.command.v1.Precondition
@@ -694,7 +742,7 @@ func file_command_v1_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_command_v1_command_proto_rawDesc), len(file_command_v1_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,71 @@
+package server
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/raftfsm"
+)
+
+// vetCommand is the leader's check of a command that reached it through
+// the peer plane (DESIGN part 11): the content rules the REST edge
+// applies, so that a forged or buggy forward stores nothing the admin API
+// would refuse. Commands a node makes itself (its REST edge, its leader
+// tasks) were checked where they were made. Types without content rules
+// beyond decoding are left to applyLocal's DecodeEntry.
+func (n *Node) vetCommand(cmd *commandv1.Command) error {
+	var err error
+	switch raftfsm.Type(cmd.GetType()) {
+	case raftfsm.TypePutPolicy:
+		var c commandv1.PutPolicy
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !utf8.Valid(c.GetPolicy()) {
+			err = fmt.Errorf("policy: not valid UTF-8")
+		} else if err == nil {
+			var p *policy.Policy
+			if p, err = policy.DecodePolicy(c.GetPolicy()); err == nil {
+				err = n.validator.Policy(p)
+			}
+		}
+	case raftfsm.TypeDeletePolicy:
+		var c commandv1.DeletePolicy
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
+			err = policy.ValidPolicyName(c.GetName())
+		}
+	case raftfsm.TypePutEmployee:
+		var c commandv1.PutEmployee
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !utf8.Valid(c.GetEmployee()) {
+			err = fmt.Errorf("employee: not valid UTF-8")
+		} else if err == nil {
+			var e *policy.Employee
+			if e, err = policy.DecodeEmployee(c.GetEmployee()); err == nil {
+				err = n.validator.Employee(e)
+			}
+		}
+	case raftfsm.TypeDeleteEmployee:
+		var c commandv1.DeleteEmployee
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
+			err = policy.ValidEmployeeID(c.GetId())
+		}
+	case raftfsm.TypeRegisterMember:
+		var c commandv1.RegisterMember
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
+			err = checkMember(c.GetId(), c.GetRaftAddr())
+		}
+	case raftfsm.TypeRemoveMember:
+		var c commandv1.RemoveMember
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !nodeIDPattern.MatchString(c.GetId()) {
+			err = fmt.Errorf("id %q is not a valid node id", c.GetId())
+		}
+	case raftfsm.TypeSetClusterID:
+		// Only the leader names the cluster, from its own leader task.
+		err = fmt.Errorf("the cluster ID is not set through another node")
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	return nil
+}
