@@ -893,9 +893,20 @@ func (f *faulter) membership(ctx context.Context) {
 		wait(ctx, f.between(500*time.Millisecond, 3*time.Second))
 	}
 	join := fmt.Sprintf(`{"id":%q,"raft_addr":%q}`, nd.id, nd.proxy.addr())
+	restarted := false
 	err = poll(30*time.Second, func() error {
 		code, body, err := f.c.call(via, http.MethodPost, "/v1/cluster/join", []byte(join), nil, 20*time.Second)
 		if err != nil || code != http.StatusOK {
+			// A leader that removed itself shut its raft and Raft port
+			// down (ShutdownOnRemove), and a join refuses a node that
+			// does not answer: restart it first.
+			if code == http.StatusBadRequest && strings.Contains(string(body), "does not answer") && !restarted {
+				restarted = true
+				f.rejoinRestarts++
+				f.run.logf("%s does not answer the join's probe: restarting it", nd.id)
+				f.c.kill(nd)
+				f.c.restart(nd)
+			}
 			return fmt.Errorf("join: %s", answer(code, body, err))
 		}
 		return nil
