@@ -31,6 +31,13 @@ type procCluster struct {
 // from one peers list, starts them and waits until every node is ready.
 func newProcCluster(t *testing.T, size int) *procCluster {
 	t.Helper()
+	return newProcClusterWith(t, size, "")
+}
+
+// newProcClusterWith is newProcCluster with more raft settings, YAML lines
+// indented under raft:.
+func newProcClusterWith(t *testing.T, size int, raftExtra string) *procCluster {
+	t.Helper()
 	c := &procCluster{t: t, dir: t.TempDir()}
 	ports := freePorts(t, 3*size)
 	var peers strings.Builder
@@ -51,8 +58,8 @@ raft:
   heartbeat_timeout: 500ms
   election_timeout: 500ms
   leader_lease_timeout: 250ms
-  peers:
-%s`, c.ids[i], c.ids[i], ports[3*i], ports[3*i+1], c.raft[i], peers.String())
+%s  peers:
+%s`, c.ids[i], c.ids[i], ports[3*i], ports[3*i+1], c.raft[i], raftExtra, peers.String())
 		if err := os.WriteFile(c.configPath(i), []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
 		}
