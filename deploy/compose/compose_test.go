@@ -220,7 +220,8 @@ func (s *stack) converged(services ...string) error {
 }
 
 // TestComposeCluster runs the compose file with the real image: a write
-// reaches the sidecar; the leader's container is killed and a write through
+// reaches the sidecar, which authenticates with its JWT, and a sidecar
+// without one is refused; the leader's container is killed and a write through
 // another node reaches the sidecar too; one container is cut off from the
 // network and the other two keep taking writes; reconnected, it catches up.
 func TestComposeCluster(t *testing.T) {
@@ -284,12 +285,26 @@ func TestComposeCluster(t *testing.T) {
 		return nil
 	})
 	watch := s.container("watch")
+	// The sidecar's token names the employee seed creates; until then the
+	// nodes refuse it and Docker restarts it.
+	s.waitFor("seed to create the demo employee", 45*time.Second, func() error {
+		return s.get("node1", "/v1/employees/"+demoEmployee(t).ID, nil)
+	})
 
-	// 1. A write reaches the sidecar.
+	// 1. A write reaches the sidecar, which presents its JWT.
 	if err := s.putPolicy("node1", "acme.first"); err != nil {
 		t.Fatal(err)
 	}
-	s.waitFor("the sidecar to receive acme.first", 30*time.Second, func() error { return s.sidecarHas(watch, "acme.first") })
+	s.waitFor("the sidecar to receive acme.first", time.Minute, func() error { return s.sidecarHas(watch, "acme.first") })
+
+	// A sidecar without a token is refused (auth.mode: jwt): it ends
+	// revoked, having received nothing.
+	network := s.docker("inspect", "-f", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}", watch)
+	out, err = run(s.ctx, ".", nil, "docker", "run", "--rm", "--network", network, "policyd:"+tag,
+		"watch", "--servers", "node1:9090", "--org", "acme", "--output", "json")
+	if err == nil || !strings.Contains(out, `"to":"revoked"`) || strings.Contains(out, `"event":"update"`) {
+		t.Fatalf("a sidecar without a token: err %v, output:\n%s\nwant it refused (revoked, no update)", err, out)
+	}
 
 	// 2. The leader's container dies; another node takes a write, which
 	// reaches the sidecar.
@@ -326,7 +341,6 @@ func TestComposeCluster(t *testing.T) {
 	isolated := st.LeaderID
 	others := slices.DeleteFunc(slices.Clone(services), func(s string) bool { return s == isolated })
 	cid := s.container(isolated)
-	network := s.docker("inspect", "-f", "{{range $k, $v := .NetworkSettings.Networks}}{{$k}}{{end}}", cid)
 	s.docker("network", "disconnect", network, cid)
 	s.waitFor("a write through "+others[0]+" with "+isolated+" cut off", 45*time.Second, func() error {
 		return s.putPolicy(others[0], "acme.while-isolated")
