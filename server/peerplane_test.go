@@ -514,3 +514,79 @@ func TestClusterSecretRotation(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerPlaneUnderAttack: while strangers flood the leader's peer port
+// with garbage, wrong secrets and handshakes that stop half-way, and a
+// member sends an oversized message, writes through a follower still
+// commit everywhere and nothing of the strangers' gets in.
+func TestPeerPlaneUnderAttack(t *testing.T) {
+	c := newCluster(t, 3, withSecret(t))
+	leader := c.leader()
+	addr := leader.RaftAddr()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The strangers come from another address than the members, as on a
+	// real network (every 127/8 address is this machine).
+	stranger := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	// An attack's own failures (refused, reset) are what it should get;
+	// only an admitted stranger is an error.
+	attacks := []func() error{
+		func() error { // garbage
+			if conn, err := stranger.Dial("tcp", addr); err == nil {
+				_, _ = conn.Write(bytes.Repeat([]byte{0xde, 0xad}, 512))
+				_ = conn.Close()
+			}
+			return nil
+		},
+		func() error { // a wrong secret
+			raw, err := stranger.Dial("tcp", addr)
+			if err != nil {
+				return nil
+			}
+			defer raw.Close()
+			if _, _, err := secretPeer(t, "node2", wrongSecret).Client(raw, addr, peer.KindRaft); err == nil {
+				return errors.New("a wrong secret was admitted")
+			}
+			return nil
+		},
+		func() error { // a handshake that stops half-way, left open
+			if conn, err := stranger.Dial("tcp", addr); err == nil {
+				_, _ = conn.Write([]byte("PDP1\x01"))
+				go func() { <-ctx.Done(); _ = conn.Close() }()
+			}
+			return nil
+		},
+	}
+	errs := make(chan error, len(attacks))
+	for _, attack := range attacks {
+		go func() {
+			for i := 0; i < 2000 && ctx.Err() == nil; i++ {
+				if err := attack(); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	a := apiFor(t, c.follower())
+	for i := range 20 {
+		a.putPolicy(fmt.Sprintf("acme.under-attack-%d", i), "acme", "x")
+	}
+	c.waitConverged()
+
+	member := peerClient(t, addr, secretPeer(t, c.follower().ID(), clusterSecret))
+	huge := &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: bytes.Repeat([]byte("x"), 5<<20)}
+	before := leader.raft.LastIndex()
+	if _, err := member.Apply(t.Context(), &clusterv1.ApplyRequest{Command: huge}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("oversized Apply = %v, want ResourceExhausted", err)
+	}
+	if after := leader.raft.LastIndex(); after != before {
+		t.Fatalf("log grew from %d to %d", before, after)
+	}
+	for range attacks {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -20,7 +20,13 @@ type Mux struct {
 	subs   map[Kind]*subListener
 
 	refusals *rateLog
-	closed   chan struct{}
+	// pending counts connections still in their handshake, in all and
+	// per source address, so that strangers holding handshakes open
+	// cannot take the connections members need.
+	pendingMu sync.Mutex
+	pending   map[string]int
+	total     int
+	closed    chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
 }
@@ -32,6 +38,7 @@ func NewMux(ln net.Listener, cfg *Config, logger *slog.Logger) *Mux {
 		ln: ln, cfg: cfg, logger: logger,
 		closed:   make(chan struct{}),
 		refusals: newRateLog(logger, refusalLogInterval),
+		pending:  map[string]int{},
 	}
 	m.subs = map[Kind]*subListener{
 		KindRaft: {m: m, conns: make(chan net.Conn), done: make(chan struct{})},
@@ -42,6 +49,14 @@ func NewMux(ln net.Listener, cfg *Config, logger *slog.Logger) *Mux {
 
 // refusalLogInterval bounds how often refused connections are logged.
 const refusalLogInterval = 10 * time.Second
+
+// Bounds on connections in their handshake. A member opens a handful of
+// connections at a time (Raft's pool, one for the API), so a source past
+// maxPendingPerSource is a stranger or a storm.
+const (
+	maxPending          = 512
+	maxPendingPerSource = 32
+)
 
 // Listener is the sub-listener of kind k (KindRaft or KindAPI): Accept
 // returns authenticated connections of that kind. Closing it does not close
@@ -68,16 +83,51 @@ func (m *Mux) Serve() {
 			m.logger.Error("peer listener stopped", "err", err)
 			return
 		}
+		src := sourceOf(c)
+		if !m.admit(src) {
+			_ = c.Close()
+			m.refusals.log(slog.LevelWarn, "peer connection refused: too many handshakes in progress",
+				"remote", c.RemoteAddr().String(), "max_pending", maxPending, "max_pending_per_source", maxPendingPerSource)
+			continue
+		}
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			m.handle(c)
+			m.handle(c, src)
 		}()
 	}
 }
 
-func (m *Mux) handle(raw net.Conn) {
+func (m *Mux) admit(src string) bool {
+	m.pendingMu.Lock()
+	defer m.pendingMu.Unlock()
+	if m.total >= maxPending || m.pending[src] >= maxPendingPerSource {
+		return false
+	}
+	m.total++
+	m.pending[src]++
+	return true
+}
+
+func (m *Mux) done(src string) {
+	m.pendingMu.Lock()
+	defer m.pendingMu.Unlock()
+	m.total--
+	if m.pending[src]--; m.pending[src] == 0 {
+		delete(m.pending, src)
+	}
+}
+
+func sourceOf(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
+func (m *Mux) handle(raw net.Conn, src string) {
 	c, info, err := m.cfg.Server(raw)
+	m.done(src)
 	if err != nil {
 		_ = raw.Close()
 		if errors.Is(err, io.EOF) && info.Kind == 0 {

@@ -148,3 +148,38 @@ func TestMuxHalfwayHandshake(t *testing.T) {
 		t.Fatal("stalled connection was not closed within the handshake timeout")
 	}
 }
+
+// TestMuxBoundsPendingHandshakes: one source holding handshakes open gets
+// at most maxPendingPerSource of them; a member from elsewhere still gets
+// through.
+func TestMuxBoundsPendingHandshakes(t *testing.T) {
+	m, _ := serveMux(t, &Config{NodeID: "n2", Keys: keyring(t, secretA)})
+	stranger := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	for range maxPendingPerSource + 8 {
+		c, err := stranger.Dial("tcp", m.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// The connections past the bound are closed at once: a read ends.
+	over := held[len(held)-1]
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := over.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection over the bound got data")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the connection over the bound was left open")
+	}
+	client := &Config{NodeID: "n1", Keys: keyring(t, secretA)}
+	c, _, err := client.Dial(t.Context(), m.Addr().String(), KindAPI)
+	if err != nil {
+		t.Fatalf("a member was refused while a stranger held handshakes: %v", err)
+	}
+	_ = c.Close()
+}
