@@ -82,7 +82,16 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 	logger.Info("signal received, stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	return node.Close(sctx)
+	// A write that fails while the node stops (a leadership transfer's)
+	// parks raft, and Close would wait on it for ever.
+	closed := make(chan error, 1)
+	go func() { closed <- node.Close(sctx) }()
+	select {
+	case err := <-closed:
+		return err
+	case <-node.Faulted():
+		return lastLine(cfg.Log, out, node.Fault())
+	}
 }
 
 // reloadSettings handles one SIGHUP. A configuration that does not load
