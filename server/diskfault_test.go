@@ -232,7 +232,9 @@ func TestFaults(t *testing.T) {
 				t.Errorf("Fault = %v, want one naming %s and the recovery", err, tc.path)
 			}
 			close(park) // tests only: let the goroutine end
-			_ = <-returned
+			if err := <-returned; !errors.Is(err, tc.err) {
+				t.Errorf("released write returned %v, want %v", err, tc.err)
+			}
 		})
 	}
 }
