@@ -135,7 +135,7 @@ func (n *Node) probeMember(ctx context.Context, id, addr string) error {
 			return fmt.Errorf("%w: node %q at %s holds the state of cluster %s, not %s: wipe its data dir before it joins",
 				errJoinConflict, mm.RemoteNode, addr, mm.Remote, mm.Local)
 		}
-		return fmt.Errorf("%w: raft_addr %s does not answer as a member of this cluster: %v", errInvalidJoin, addr, err)
+		return fmt.Errorf("%w: raft_addr %s does not answer as a member of this cluster: %w", errInvalidJoin, addr, err)
 	}
 	_ = c.Close()
 	if info.NodeID != id {

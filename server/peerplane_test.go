@@ -433,7 +433,7 @@ func TestOtherClustersDataDirRefused(t *testing.T) {
 		waitFor(t, 10*time.Second, "members converge", func() error {
 			got, _, err := n.store.Digest()
 			if err != nil || got != want {
-				return fmt.Errorf("%s digest %.8s, want %.8s (%v)", n.ID(), got, want, err)
+				return fmt.Errorf("%s digest %.8s, want %.8s (%w)", n.ID(), got, want, err)
 			}
 			return nil
 		})

@@ -103,16 +103,16 @@ type Config struct {
 	Member func(nodeID string) bool
 }
 
-func (c *Config) clusterID() string {
-	if c.ClusterID == nil {
+func (cfg *Config) clusterID() string {
+	if cfg.ClusterID == nil {
 		return ""
 	}
-	return c.ClusterID()
+	return cfg.ClusterID()
 }
 
-func (c *Config) timeout() time.Duration {
-	if c.HandshakeTimeout > 0 {
-		return c.HandshakeTimeout
+func (cfg *Config) timeout() time.Duration {
+	if cfg.HandshakeTimeout > 0 {
+		return cfg.HandshakeTimeout
 	}
 	return 5 * time.Second
 }
@@ -168,10 +168,10 @@ type challenge struct {
 	clusterID string
 }
 
-func (c *challenge) marshal() []byte {
-	b := append([]byte{statusOK}, c.nonce[:]...)
-	b = appendString(b, c.nodeID)
-	return appendString(b, c.clusterID)
+func (ch *challenge) marshal() []byte {
+	b := append([]byte{statusOK}, ch.nonce[:]...)
+	b = appendString(b, ch.nodeID)
+	return appendString(b, ch.clusterID)
 }
 
 func appendString(b []byte, s string) []byte {

@@ -27,8 +27,8 @@ type Mux struct {
 	pending   map[string]int
 	total     int
 	closed    chan struct{}
-	once     sync.Once
-	wg       sync.WaitGroup
+	once      sync.Once
+	wg        sync.WaitGroup
 }
 
 // NewMux serves ln, whose connections the caller has already capped. Call

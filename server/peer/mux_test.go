@@ -3,6 +3,7 @@ package peer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"runtime"
@@ -144,7 +145,7 @@ func TestMuxHalfwayHandshake(t *testing.T) {
 	_ = stalled.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := stalled.Read(make([]byte, 1)); err == nil {
 		t.Fatal("stalled connection got an answer")
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("stalled connection was not closed within the handshake timeout")
 	}
 }
@@ -173,7 +174,7 @@ func TestMuxBoundsPendingHandshakes(t *testing.T) {
 	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := over.Read(make([]byte, 1)); err == nil {
 		t.Fatal("the connection over the bound got data")
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("the connection over the bound was left open")
 	}
 	client := &Config{NodeID: "n1", Keys: keyring(t, secretA)}
