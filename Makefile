@@ -41,7 +41,7 @@ generate:
 # propagation, idle memory, failover) against bin/policyd in under 10
 # minutes, and writes every figure with the machine's description to
 # bench/results/latest.json. The figures only compare within one run: run
-# it on an otherwise idle machine. See the README's Performance section.
+# it on an otherwise idle machine. See docs/performance.md.
 bench: build
 	mkdir -p bench/results
 	go run ./bench suite -binary bin/policyd -results bench/results/latest.json
