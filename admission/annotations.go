@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Annotation names under Config.AnnotationPrefix.
@@ -22,6 +25,9 @@ const (
 	annFreeze      = "freeze"
 	annSnooze      = "snooze"
 	annMode        = "mode"
+	// annTracePrefix starts the trace-<key> annotations, the labels of the
+	// object's own hop.
+	annTracePrefix = "trace-"
 )
 
 // maxHashes bounds the updaters and controllers lists; the oldest hash is
@@ -228,6 +234,9 @@ type Hop struct {
 	Generation int64  `json:"generation,omitempty"`
 	User       string `json:"user,omitempty"`
 	Timestamp  string `json:"timestamp,omitempty"`
+	// Labels are the object's own <prefix>/trace-<key> annotations when
+	// the hop was written (see traceLabels); they are not inherited.
+	Labels map[string]string `json:"labels,omitempty"`
 	// Approval is the approval mode that let a drifting change through.
 	Approval string `json:"approval,omitempty"`
 	// Drift marks a drifting change let through in log mode.
@@ -243,21 +252,86 @@ func ParseTrace(s string) ([]Hop, error) {
 	return hops, nil
 }
 
-// extendTrace appends hop to the parent's trace, bounded by maxTraceHops.
-func extendTrace(parent []Hop, hop Hop) []Hop {
-	out := append(slices.Clone(parent), hop)
+// rawTrace reads a trace keeping each hop's JSON as it is, so that a
+// child's trace copies its parent's hops whole: labels, and fields a newer
+// version or another tool wrote. Every hop must be an object that reads as
+// a Hop.
+func rawTrace(s string) ([]json.RawMessage, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal([]byte(s), &raw); err != nil {
+		return nil, fmt.Errorf("parse trace: %w", err)
+	}
+	for i, r := range raw {
+		var h Hop
+		if len(r) == 0 || r[0] != '{' {
+			return nil, fmt.Errorf("parse trace: hop %d is not an object", i)
+		}
+		if err := json.Unmarshal(r, &h); err != nil {
+			return nil, fmt.Errorf("parse trace: hop %d: %w", i, err)
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, r); err != nil {
+			return nil, fmt.Errorf("parse trace: hop %d: %w", i, err)
+		}
+		raw[i] = buf.Bytes()
+	}
+	return raw, nil
+}
+
+// extendTrace appends hop to the parent's hops, bounded by maxTraceHops.
+func extendTrace(parent []json.RawMessage, hop Hop) []json.RawMessage {
+	out := append(slices.Clone(parent), marshalHop(hop))
 	if len(out) > maxTraceHops {
 		out = append(out[:1], out[len(out)-maxTraceHops+1:]...)
 	}
 	return out
 }
 
-func formatTrace(hops []Hop) string {
+func marshalHop(h Hop) json.RawMessage {
+	b, err := json.Marshal(h)
+	if err != nil { // Hop has only strings, ints, bools and a string map
+		panic(fmt.Sprintf("marshal trace hop: %v", err))
+	}
+	return b
+}
+
+func formatTrace(hops []json.RawMessage) string {
 	b, err := json.Marshal(hops)
-	if err != nil { // Hop has only strings, ints and bools
+	if err != nil { // hops are compact JSON objects already
 		panic(fmt.Sprintf("marshal trace: %v", err))
 	}
 	return string(b)
+}
+
+// maxTraceLabel bounds one trace label's value; a longer one is left out
+// of the hop, which would otherwise copy it into every descendant's trace.
+const maxTraceLabel = 1 << 10
+
+// traceLabels reads an object's <prefix>/trace-<key> annotations as hop
+// labels. A key that is not a valid label key (a qualified name such as
+// ticket or example.com/ticket) and a value over maxTraceLabel bytes are
+// left out; ignored says which and why.
+func (c Config) traceLabels(ann map[string]string) (labels map[string]string, ignored []string) {
+	pre := c.key(annTracePrefix)
+	for k, v := range ann {
+		key, ok := strings.CutPrefix(k, pre)
+		if !ok {
+			continue
+		}
+		switch errs := validation.IsQualifiedName(key); {
+		case len(errs) > 0:
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: %q is not a valid label key: %s", k, key, strings.Join(errs, "; ")))
+		case len(v) > maxTraceLabel:
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: its value is %d bytes, more than %d", k, len(v), maxTraceLabel))
+		default:
+			if labels == nil {
+				labels = map[string]string{}
+			}
+			labels[key] = v
+		}
+	}
+	slices.Sort(ignored)
+	return labels, ignored
 }
 
 // groupOf is the group of an apiVersion ("apps/v1" → "apps", "v1" → "").
@@ -268,14 +342,20 @@ func groupOf(apiVersion string) string {
 	return ""
 }
 
+// Wildcard matches any apiVersion, kind or name in an approval or
+// rejection. Only the whole value "*" is a wildcard: "apps/*" or "web-*"
+// are names like any other and match only themselves.
+const Wildcard = "*"
+
 // matchesChild reports whether an approval or rejection entry names the
 // child. The version is ignored (an object is the same at every served
-// version) and an empty apiVersion matches any group.
+// version), and an empty apiVersion matches any group, as does "*" in any
+// of the three fields.
 func matchesChild(apiVersion, kind, name string, child ObjectRef) bool {
-	if apiVersion != "" && groupOf(apiVersion) != groupOf(child.APIVersion) {
+	if apiVersion != "" && apiVersion != Wildcard && groupOf(apiVersion) != groupOf(child.APIVersion) {
 		return false
 	}
-	return kind == child.Kind && (name == "*" || name == child.Name)
+	return (kind == Wildcard || kind == child.Kind) && (name == Wildcard || name == child.Name)
 }
 
 // validAt reports whether an approval counts at the parent's generation.

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func TestUserHash(t *testing.T) {
@@ -142,11 +143,14 @@ func TestParseFreezeAndSnooze(t *testing.T) {
 }
 
 func TestTraceBounded(t *testing.T) {
-	var parent []Hop
+	var parent []json.RawMessage
 	for i := range 40 {
-		parent = append(parent, Hop{Kind: "K", Name: string(rune('a' + i%26)), Generation: int64(i)})
+		parent = append(parent, marshalHop(Hop{Kind: "K", Name: string(rune('a' + i%26)), Generation: int64(i)}))
 	}
-	got := extendTrace(parent, Hop{Kind: "Child"})
+	got, err := ParseTrace(formatTrace(extendTrace(parent, Hop{Kind: "Child"})))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(got) != maxTraceHops || got[0].Generation != 0 || got[len(got)-1].Kind != "Child" || got[len(got)-2].Generation != 39 {
 		t.Errorf("trace of %d hops: first %+v, last two %+v", len(got), got[0], got[len(got)-2:])
 	}
@@ -181,6 +185,41 @@ func TestReportIDs(t *testing.T) {
 	}
 	if ResolvedID(parent, child) == id || ResolvedID(p2, c2) != ResolvedID(parent, child) {
 		t.Error("Resolved id must depend on the pair only")
+	}
+}
+
+// TestApprovedOccurrence: every approved drift has its own occurrence,
+// but a retry of the same change (a conflict with a status update, another
+// webhook's call with another uid) has the same one.
+func TestApprovedOccurrence(t *testing.T) {
+	p := steadyParent(ann("approvals", `[{"kind":"*","name":"*","mode":"always"}]`))
+	occurrence := func(uid string, old *unstructured.Unstructured) string {
+		t.Helper()
+		nw := with(old, specField("replicas", int64(2)))
+		req := request(admissionv1.Update, ctrlUser, old, nw)
+		req.UID = types.UID(uid)
+		d := Decide(Input{Request: req, Old: old, New: nw, Parent: p, Now: now, Config: enforce()})
+		if len(d.Effects) != 1 || d.Effects[0].Resolution != ResolvedApproved || len(d.Effects[0].Occurrence) != 16 {
+			t.Fatalf("effects %+v, want one approved Resolved with an occurrence", d.Effects)
+		}
+		return d.Effects[0].Occurrence
+	}
+	rv := func(v string) objOpt { return func(u *unstructured.Unstructured) { md(u)["resourceVersion"] = v } }
+	base := occurrence("a", childOf(p))
+	if got := occurrence("b", childOf(p, rv("8"))); got != base {
+		t.Error("the same change after a status update (another resourceVersion, same generation) is another occurrence")
+	}
+	if got := occurrence("a", childOf(p, gen(6))); got == base {
+		t.Error("the same change of a later generation is the same occurrence")
+	}
+	if got := occurrence("a", childOf(p, specField("replicas", int64(3)))); got == base {
+		t.Error("another change is the same occurrence")
+	}
+	noGen := func(v string) *unstructured.Unstructured {
+		return childOf(p, func(u *unstructured.Unstructured) { delete(md(u), "generation") }, rv(v))
+	}
+	if occurrence("a", noGen("7")) == occurrence("a", noGen("8")) {
+		t.Error("a kind without generation: changes of two resourceVersions are one occurrence")
 	}
 }
 
@@ -252,8 +291,15 @@ func TestReport(t *testing.T) {
 	if len(approved.Effects) != 1 || approved.Effects[0].Kind != EffectDriftResolved {
 		t.Fatalf("approved effects %v", effectKinds(approved))
 	}
-	if e := approved.Effects[0]; e.ID != ResolvedID(back[0].Parent, *back[0].Child) || e.OldObject != nil || e.NewObject != nil || e.Request == nil {
-		t.Errorf("resolved effect %+v: want the pair's id, the request, no objects", e)
+	if e := approved.Effects[0]; e.ID != ResolvedID(back[0].Parent, *back[0].Child) || e.Resolution != ResolvedApproved ||
+		e.Occurrence != ApprovedOccurrence(e.Parent, *e.Child, "generation 5", map[string]any{"spec": map[string]any{"replicas": int64(1)}}, map[string]any{"spec": map[string]any{"replicas": int64(2)}}) ||
+		e.OldObject == nil || e.NewObject == nil || len(e.Diff) != 1 || e.Request == nil {
+		t.Errorf("approved resolved effect %+v: want the pair's id, its occurrence, the request and the objects", e)
+	}
+	expected := Decide(Input{Request: req, Old: old, New: nw, Parent: with(p, gen(4)), Now: now, Config: enforce()})
+	if e := expected.Effects[len(expected.Effects)-1]; e.Kind != EffectDriftResolved || e.Resolution != ResolvedParentChanged ||
+		e.ID != ResolvedID(back[0].Parent, *back[0].Child) || e.Occurrence != "" || e.OldObject != nil || e.NewObject != nil || e.Request == nil {
+		t.Errorf("parent-changed resolved effect %+v: want the pair's id, the request, no objects", e)
 	}
 	resolved := Effect{Kind: EffectDriftResolved, Parent: back[0].Parent, Child: back[0].Child}
 	if rr := resolved.Report(); rr.Spec.Phase != ReportResolved || rr.Spec.ID != ResolvedID(back[0].Parent, *back[0].Child) {

@@ -5,7 +5,9 @@ package admission
 //
 // Changes since first published: Effect.ID added (set by Decide for drift
 // effects); Effect.Annotate takes the current object, not just its
-// annotations; DetectedID takes the two specs.
+// annotations; DetectedID takes the two specs; Effect.Resolution and
+// Effect.Occurrence added, and an approved drift always yields a
+// DriftResolved; InitOverride became initrule.Rule (Default added).
 
 import (
 	"context"
@@ -18,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/policyd/policyd/admission/initrule"
 	"github.com/policyd/policyd/config"
 )
 
@@ -25,7 +28,7 @@ import (
 const Path = "/admission/drift"
 
 // Modes of the drift response, from drift.mode or the <prefix>/mode
-// annotation on the namespace or the parent.
+// annotation on the object, its parent or the namespace.
 const (
 	ModeEnforce = "enforce"
 	ModeLog     = "log"
@@ -47,27 +50,16 @@ type Config struct {
 	AnnotationPrefix string
 	// Mode is the default response to drift: ModeEnforce or ModeLog.
 	Mode string
-	// Initialization adds or replaces per-kind initialization rules; the
-	// built-in ones (Deployment, StatefulSet, ReplicaSet) apply unless an
-	// entry here names the same group and kind.
+	// Initialization holds per-kind initialization rules. A parent is
+	// initialized when any rule of its group and kind holds; a kind with
+	// rules here does not use its built-in one (Deployment, StatefulSet,
+	// ReplicaSet), and a kind with no rule at all uses the seed's order.
 	Initialization []InitOverride
 }
 
-// InitOverride says when a parent of one group and kind is initialized: all
-// of Conditions are True and, if set, status.observedGeneration equals
-// metadata.generation and status.readyReplicas equals spec.replicas. The
-// <prefix>/phase: initialized annotation is always checked first. Its text
-// form (drift.initialization entries) is "group/Kind=Signal+Signal", where the
-// core group is empty ("/Pod=Ready") and a signal is a condition type or one
-// of the words observedGeneration and readyReplicas, e.g.
-// "apps/Deployment=Available+observedGeneration".
-type InitOverride struct {
-	Group              string   `json:"group"`
-	Kind               string   `json:"kind"`
-	Conditions         []string `json:"conditions,omitempty"`
-	ObservedGeneration bool     `json:"observedGeneration,omitempty"`
-	ReadyReplicas      bool     `json:"readyReplicas,omitempty"`
-}
+// InitOverride is one drift.initialization rule (see package initrule for
+// its text form): the seed's default order, or all of its signals.
+type InitOverride = initrule.Rule
 
 // ConfigFromDrift builds the webhook's Config from the daemon configuration.
 // It fails on an unknown mode or an unparsable initialization entry.
@@ -84,7 +76,7 @@ func ConfigFromDrift(d config.Drift) (Config, error) {
 		return Config{}, fmt.Errorf("drift.mode %q: must be %s or %s", d.Mode, ModeEnforce, ModeLog)
 	}
 	for i, s := range d.Initialization {
-		o, err := ParseInitOverride(s)
+		o, err := initrule.Parse(s)
 		if err != nil {
 			return Config{}, fmt.Errorf("drift.initialization[%d]: %w", i, err)
 		}
@@ -103,6 +95,17 @@ type Objects interface {
 	// Namespace returns the Namespace object (for its <prefix>/mode
 	// annotation), or nil, nil when it does not exist.
 	Namespace(ctx context.Context, name string) (*unstructured.Unstructured, error)
+}
+
+// FreshObjects is implemented by an Objects whose reads may trail the API
+// server (informers). Before a decision that rests on the parent being at
+// rest (drift denied or logged, approved, rejected), the handler reads the
+// parent again with FreshParent and decides on that copy: a controller
+// acting on a spec change before the cache has seen it is not drift. Drift
+// is rare, so the other decisions still make no API call.
+type FreshObjects interface {
+	// FreshParent is Objects.Parent read from the API server.
+	FreshParent(ctx context.Context, namespace string, ref metav1.OwnerReference) (*unstructured.Unstructured, error)
 }
 
 // Sink receives the follow-up work of a decision; the server proposes it
@@ -137,12 +140,24 @@ const (
 	// EffectDriftDetected is a drift to report (phase Detected). Detected
 	// reports are deduplicated by ID for 10 minutes cluster-wide.
 	EffectDriftDetected EffectKind = "DriftDetected"
-	// EffectDriftResolved ends a drift of Parent and Child (phase Resolved).
-	// It is emitted whenever the pair's drift would be resolved (approved,
-	// parent spec changed, child deleted), whether or not a drift was
-	// detected before: send it only when a Detected report for the same
-	// pair is outstanding (ResolvedID(Parent, Child) identifies the pair).
+	// EffectDriftResolved ends a drift of Parent and Child (phase Resolved);
+	// Resolution says how. An approved drift (ResolvedApproved) is always
+	// reported, once per Occurrence. The other two are emitted whenever the
+	// pair's drift would be over, as Decide has no memory: send those only
+	// when a Detected report for the pair is outstanding
+	// (ResolvedID(Parent, Child) identifies the pair).
 	EffectDriftResolved EffectKind = "DriftResolved"
+)
+
+// How a DriftResolved effect ends a drift (Effect.Resolution).
+const (
+	// ResolvedApproved: an approval let the controller's change through.
+	ResolvedApproved = "approved"
+	// ResolvedParentChanged: the parent's spec changed, so the controller
+	// is reconciling and any drift of the child is over.
+	ResolvedParentChanged = "parent-changed"
+	// ResolvedChildDeleted: the child is being deleted.
+	ResolvedChildDeleted = "child-deleted"
 )
 
 // Effect is one piece of follow-up work. It is JSON so it can travel in a
@@ -163,8 +178,15 @@ type Effect struct {
 	Phase string `json:"phase,omitempty"`
 	// Approval is the once-approval to remove (ConsumeApproval).
 	Approval *Approval `json:"approval,omitempty"`
+	// Resolution is how a DriftResolved effect ends the drift.
+	Resolution string `json:"resolution,omitempty"`
+	// Occurrence identifies one approved drift (ResolvedApproved): the same
+	// request seen by several webhooks has one occurrence, each approved
+	// change its own (see ApprovedOccurrence).
+	Occurrence string `json:"occurrence,omitempty"`
 	// Request describes the request behind a drift effect. Diff, OldObject
-	// and NewObject (managedFields removed) come with DriftDetected only.
+	// and NewObject (managedFields removed) come with DriftDetected and an
+	// approved DriftResolved.
 	Request   *RequestInfo    `json:"request,omitempty"`
 	Diff      []string        `json:"diff,omitempty"`
 	OldObject json.RawMessage `json:"oldObject,omitempty"`
@@ -199,9 +221,9 @@ type RequestInfo struct {
 }
 
 // Approval is one entry of the <prefix>/approvals annotation (a JSON array).
-// Mode is once (the default), generation or always; Name "*" matches any
-// name. A once or generation entry is valid only while Generation equals the
-// parent's generation.
+// Mode is once (the default), generation or always; "*" (Wildcard) in
+// APIVersion, Kind or Name matches any. A once or generation entry is valid
+// only while Generation equals the parent's generation.
 type Approval struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`
@@ -211,7 +233,7 @@ type Approval struct {
 }
 
 // Rejection is one entry of the <prefix>/rejections annotation (a JSON
-// array). A missing or 0 Generation means always.
+// array), matched like an Approval. A missing or 0 Generation means always.
 type Rejection struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`

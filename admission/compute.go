@@ -6,7 +6,9 @@ import (
 )
 
 // The three compute functions of seed 001, plus CREATE. Each returns the
-// object's complete new annotation map. "System" annotations are trace,
+// object's complete new annotation map, except the trace: where it is
+// recomputed (a CREATE, a spec change) the caller sets it, since its last
+// hop takes its labels from the map. "System" annotations are trace,
 // updaters, controllers and phase; "user" annotations are every other key
 // under the prefix.
 
@@ -16,11 +18,10 @@ import (
 // ones too unless the spec changed, in which case trace and updaters are
 // recomputed (controllers and phase, which belong to the child's role as a
 // parent, are always kept).
-func (c Config) computeAnnotationsForController(oldAnn, newAnn map[string]string, specChanged bool, trace []Hop, updaters []string) map[string]string {
+func (c Config) computeAnnotationsForController(oldAnn, newAnn map[string]string, specChanged bool, updaters []string) map[string]string {
 	out := c.without(newAnn, func(string) bool { return true })
 	c.copyOurs(out, oldAnn, func(string) bool { return true })
 	if specChanged {
-		out[c.key(annTrace)] = formatTrace(trace)
 		out[c.key(annUpdaters)] = FormatHashes(updaters)
 	}
 	return out
@@ -34,7 +35,7 @@ func (c Config) computeAnnotationsForController(oldAnn, newAnn map[string]string
 // the user joins the updaters. Two monotonic changes of system annotations
 // pass, so that the leader's own patches survive this webhook: appending
 // one hash to controllers, and raising phase to initialized.
-func (c Config) computeAnnotationsForUser(oldAnn, newAnn, parentAnn map[string]string, specChanged bool, trace []Hop, updaters []string) map[string]string {
+func (c Config) computeAnnotationsForUser(oldAnn, newAnn, parentAnn map[string]string, specChanged bool, updaters []string) map[string]string {
 	out := c.without(newAnn, c.system)
 	c.copyOurs(out, oldAnn, c.system)
 	for k, v := range newAnn {
@@ -54,7 +55,6 @@ func (c Config) computeAnnotationsForUser(oldAnn, newAnn, parentAnn map[string]s
 		out[c.key(annPhase)] = PhaseInitialized
 	}
 	if specChanged {
-		out[c.key(annTrace)] = formatTrace(trace)
 		out[c.key(annUpdaters)] = FormatHashes(updaters)
 	}
 	return out
@@ -74,7 +74,7 @@ func (c Config) computeAnnotationsForStatusUpdate(oldAnn, newAnn map[string]stri
 // and computes fresh values: every system annotation goes, and a user
 // annotation goes when the creator is the controller or its value equals the
 // parent's (a copy); a user's own approvals or freeze on a new object stay.
-func (c Config) computeAnnotationsForCreate(newAnn, parentAnn map[string]string, controller bool, trace []Hop, updaters []string) map[string]string {
+func (c Config) computeAnnotationsForCreate(newAnn, parentAnn map[string]string, controller bool, updaters []string) map[string]string {
 	out := c.without(newAnn, func(k string) bool {
 		if c.system(k) || controller {
 			return true
@@ -82,7 +82,6 @@ func (c Config) computeAnnotationsForCreate(newAnn, parentAnn map[string]string,
 		pv, ok := parentAnn[k]
 		return ok && pv == newAnn[k]
 	})
-	out[c.key(annTrace)] = formatTrace(trace)
 	out[c.key(annUpdaters)] = FormatHashes(updaters)
 	return out
 }

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,11 +19,11 @@ func hopAt(apiVersion, kind, name string, gen int64, user string) Hop {
 // is also a parent, and status updates.
 func TestComputeAnnotations(t *testing.T) {
 	parentTraceHops := []Hop{{APIVersion: "example.com/v1", Kind: "Widget", Name: "w", Generation: 4, User: human, Timestamp: "2026-03-01T11:00:00Z"}}
-	reconciling := steadyParent(gen(4), ann("trace", formatTrace(parentTraceHops)),
+	reconciling := steadyParent(gen(4), ann("trace", hopsJSON(parentTraceHops)),
 		ann("approvals", `[{"kind":"Gadget","name":"g","mode":"always"}]`), ann("freeze", "false"))
 	// The child as it is stored: also a parent (it has its own controllers),
 	// with a user approval for its own children.
-	oldTrace := formatTrace([]Hop{hopAt("example.com/v1", "Widget", "w", 3, human), hopAt("example.com/v1", "Gadget", "g", 5, ctrlUser)})
+	oldTrace := hopsJSON([]Hop{hopAt("example.com/v1", "Widget", "w", 3, human), hopAt("example.com/v1", "Gadget", "g", 5, ctrlUser)})
 	stored := childOf(reconciling,
 		ann("trace", oldTrace),
 		ann("controllers", hOther), ann("phase", PhaseInitialized),
@@ -56,7 +57,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Update, user: ctrlUser, parent: reconciling,
 			old: stored, new: with(stored, clobbered, specField("replicas", int64(3))),
 			want: map[string]string{
-				"trace":       formatTrace(append(parentTraceHops, hopAt("example.com/v1", "Gadget", "g", 6, ctrlUser))),
+				"trace":       hopsJSON(append(parentTraceHops, hopAt("example.com/v1", "Gadget", "g", 6, ctrlUser))),
 				"updaters":    hCtrl,
 				"controllers": hOther,
 				"phase":       PhaseInitialized,
@@ -68,7 +69,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Update, user: human, parent: reconciling,
 			old: stored, new: with(stored, specField("replicas", int64(3)), ann("snooze", "2026-03-02T00:00:00Z"), ann("trace", "forged"), ann("controllers", "zzzzz")),
 			want: map[string]string{
-				"trace":       formatTrace([]Hop{hopAt("example.com/v1", "Gadget", "g", 6, human)}),
+				"trace":       hopsJSON([]Hop{hopAt("example.com/v1", "Gadget", "g", 6, human)}),
 				"updaters":    hCtrl + "," + hHuman,
 				"controllers": hOther,
 				"phase":       PhaseInitialized,
@@ -106,7 +107,7 @@ func TestComputeAnnotations(t *testing.T) {
 			old: with(stored, ann("approvals", `[{"kind":"Pod","name":"a","generation":5},{"kind":"Pod","name":"b","generation":6,"mode":"generation"},{"kind":"Pod","name":"c","mode":"always"}]`)),
 			new: with(stored, specField("replicas", int64(3)), ann("approvals", `[{"kind":"Pod","name":"a","generation":5},{"kind":"Pod","name":"b","generation":6,"mode":"generation"},{"kind":"Pod","name":"c","mode":"always"}]`)),
 			want: map[string]string{
-				"trace":       formatTrace([]Hop{hopAt("example.com/v1", "Gadget", "g", 6, human)}),
+				"trace":       hopsJSON([]Hop{hopAt("example.com/v1", "Gadget", "g", 6, human)}),
 				"updaters":    hCtrl + "," + hHuman,
 				"controllers": hOther,
 				"phase":       PhaseInitialized,
@@ -131,7 +132,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Create, user: ctrlUser, parent: reconciling,
 			new: childOf(reconciling, clobbered, ann("controllers", hCtrl), ann("phase", PhaseInitialized), ann("trace-ticket", "T-1"), gen(0)),
 			want: map[string]string{
-				"trace":    formatTrace(append(parentTraceHops, hopAt("example.com/v1", "Gadget", "g", 1, ctrlUser))),
+				"trace":    hopsJSON(append(parentTraceHops, hopAt("example.com/v1", "Gadget", "g", 1, ctrlUser))),
 				"updaters": hCtrl,
 			},
 		},
@@ -140,7 +141,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Create, user: human, parent: reconciling,
 			new: childOf(reconciling, clobbered, ann("freeze", `{"user":"alice"}`), ann("updaters", hOther), gen(0)),
 			want: map[string]string{
-				"trace":    formatTrace([]Hop{hopAt("example.com/v1", "Gadget", "g", 1, human)}),
+				"trace":    hopsJSON([]Hop{hopAt("example.com/v1", "Gadget", "g", 1, human)}),
 				"updaters": hHuman,
 				"freeze":   `{"user":"alice"}`,
 			},
@@ -150,7 +151,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Create, user: human,
 			new: newObj("apps/v1", "Deployment", "d"),
 			want: map[string]string{
-				"trace":    formatTrace([]Hop{hopAt("apps/v1", "Deployment", "d", 1, human)}),
+				"trace":    hopsJSON([]Hop{hopAt("apps/v1", "Deployment", "d", 1, human)}),
 				"updaters": hHuman,
 			},
 		},
@@ -159,7 +160,7 @@ func TestComputeAnnotations(t *testing.T) {
 			op:   admissionv1.Create, user: ctrlUser, parent: steadyParent(gen(4)),
 			new: childOf(reconciling, noAnn("updaters"), gen(0)),
 			want: map[string]string{
-				"trace":    formatTrace([]Hop{{APIVersion: "example.com/v1", Kind: "Widget", Name: "w", Generation: 4}, hopAt("example.com/v1", "Gadget", "g", 1, ctrlUser)}),
+				"trace":    hopsJSON([]Hop{{APIVersion: "example.com/v1", Kind: "Widget", Name: "w", Generation: 4}, hopAt("example.com/v1", "Gadget", "g", 1, ctrlUser)}),
 				"updaters": hCtrl,
 			},
 		},
@@ -237,4 +238,90 @@ func TestPatchShape(t *testing.T) {
 			t.Errorf("patch %s, want none", p)
 		}
 	})
+}
+
+// TestTraceLabels: an object's trace-<key> annotations label its own hop,
+// are not inherited, and the parent's hops are copied whole. Bad labels
+// are left out with a warning.
+func TestTraceLabels(t *testing.T) {
+	// The parent's trace as another version or tool might write it: labels
+	// and a field this version does not know.
+	parentTrace := `[{"apiVersion":"example.com/v1","kind":"Widget","name":"w","generation":4,"user":"alice","labels":{"ticket":"JIRA-1"},"requestUID":"r-1"}]`
+	reconciling := steadyParent(gen(4), ann("trace", parentTrace), ann("trace-ticket", "JIRA-1"))
+	withTicket := func(v string) objOpt { return ann("trace-ticket", v) }
+	tests := []struct {
+		name       string
+		op         admissionv1.Operation
+		user       string
+		parent     *unstructured.Unstructured
+		old, new   *unstructured.Unstructured
+		wantTrace  string // the whole trace annotation
+		wantWarned []string
+	}{
+		{
+			name: "a user's spec change labels the new origin",
+			op:   admissionv1.Update, user: human, parent: steadyParent(),
+			old: childOf(steadyParent()), new: with(childOf(steadyParent()), specField("replicas", int64(2)), withTicket("OPS-7"), ann("trace-pr", "567")),
+			wantTrace: `[{"apiVersion":"example.com/v1","kind":"Gadget","name":"g","generation":6,"user":"alice","timestamp":"2026-03-01T12:00:00Z","labels":{"pr":"567","ticket":"OPS-7"}}]`,
+		},
+		{
+			name: "the controller's hop: parent hops copied whole, its own labels from the stored child, the parent's copy not inherited",
+			op:   admissionv1.Update, user: ctrlUser, parent: reconciling,
+			old: childOf(reconciling, withTicket("OPS-7")), new: with(childOf(reconciling, withTicket("JIRA-1")), specField("replicas", int64(2))),
+			wantTrace: `[{"apiVersion":"example.com/v1","kind":"Widget","name":"w","generation":4,"user":"alice","labels":{"ticket":"JIRA-1"},"requestUID":"r-1"},` +
+				`{"apiVersion":"example.com/v1","kind":"Gadget","name":"g","generation":6,"user":"` + ctrlUser + `","timestamp":"2026-03-01T12:00:00Z","labels":{"ticket":"OPS-7"}}]`,
+		},
+		{
+			name: "a controller's CREATE copying the parent's labels: none on the child's hop",
+			op:   admissionv1.Create, user: ctrlUser, parent: reconciling,
+			new: childOf(reconciling, noAnn("updaters"), gen(0), withTicket("JIRA-1")),
+			wantTrace: `[{"apiVersion":"example.com/v1","kind":"Widget","name":"w","generation":4,"user":"alice","labels":{"ticket":"JIRA-1"},"requestUID":"r-1"},` +
+				`{"apiVersion":"example.com/v1","kind":"Gadget","name":"g","generation":1,"user":"` + ctrlUser + `","timestamp":"2026-03-01T12:00:00Z"}]`,
+		},
+		{
+			name: "an invalid key and an oversize value are left out, with warnings",
+			op:   admissionv1.Update, user: human, parent: steadyParent(),
+			old: childOf(steadyParent()),
+			new: with(childOf(steadyParent()), specField("replicas", int64(2)), ann("trace--bad", "x"), ann("trace-", "empty"),
+				ann("trace-big", strings.Repeat("x", maxTraceLabel+1)), ann("trace-fits", strings.Repeat("y", maxTraceLabel))),
+			wantTrace: `[{"apiVersion":"example.com/v1","kind":"Gadget","name":"g","generation":6,"user":"alice","timestamp":"2026-03-01T12:00:00Z","labels":{"fits":"` + strings.Repeat("y", maxTraceLabel) + `"}}]`,
+			wantWarned: []string{
+				"ignoring " + pfx + "trace--bad: \"-bad\" is not a valid label key",
+				"ignoring " + pfx + "trace-: \"\" is not a valid label key",
+				"ignoring " + pfx + "trace-big: its value is 1025 bytes, more than 1024",
+			},
+		},
+		{
+			name: "a metadata-only change keeps the trace as it is",
+			op:   admissionv1.Update, user: human, parent: steadyParent(),
+			old:       childOf(steadyParent(), ann("trace", `[{"apiVersion":"v1","kind":"K","name":"k"}]`)),
+			new:       with(childOf(steadyParent(), ann("trace", `[{"apiVersion":"v1","kind":"K","name":"k"}]`)), withTicket("OPS-8")),
+			wantTrace: `[{"apiVersion":"v1","kind":"K","name":"k"}]`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Request: request(tc.op, tc.user, tc.old, tc.new), Old: tc.old, New: tc.new, Parent: tc.parent, Now: now, Config: logMode()})
+			if !d.Allowed {
+				t.Fatalf("denied: %s", d.Message)
+			}
+			if got := ours(applied(t, tc.new, d))["trace"]; got != tc.wantTrace {
+				t.Errorf("trace\n got %s\nwant %s", got, tc.wantTrace)
+			}
+			var warned []string
+			for _, w := range d.Warnings {
+				if strings.Contains(w, "trace-") {
+					warned = append(warned, w)
+				}
+			}
+			for i := range warned {
+				if i < len(tc.wantWarned) && !strings.HasPrefix(warned[i], tc.wantWarned[i]) {
+					t.Errorf("warning %d = %q, want prefix %q", i, warned[i], tc.wantWarned[i])
+				}
+			}
+			if len(warned) != len(tc.wantWarned) {
+				t.Errorf("warnings %q, want %d about trace labels", warned, len(tc.wantWarned))
+			}
+		})
+	}
 }

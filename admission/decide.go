@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,12 +173,22 @@ func (d *decider) childRequest() Decision {
 	annController := role == roleController
 	hop := d.childHop()
 	hop.Approval, hop.Drift = out.approval, out.Outcome == OutcomeDriftLogged
-	trace := []Hop{hop}
+	var trace []json.RawMessage
 	if annController {
-		trace = extendTrace(parentTrace(d.cfg, parent), hop)
+		trace = parentTrace(d.cfg, parent)
 	}
 	oldAnn, newAnn := annotationsOf(d.in.Old), annotationsOf(d.in.New)
-	out.Patch = annotationPatch(d.in.New, d.annotations(op, oldAnn, newAnn, parentAnn, annController, specChanged, trace))
+	want := d.annotations(op, oldAnn, newAnn, parentAnn, annController, specChanged)
+	if op == admissionv1.Create || specChanged {
+		// The object's own hop: its labels are the trace-<key> annotations
+		// it will hold, so a controller's copies of its parent's are not
+		// inherited (the compute functions dropped them).
+		var ignored []string
+		hop.Labels, ignored = d.cfg.traceLabels(want)
+		want[d.cfg.key(annTrace)] = formatTrace(extendTrace(trace, hop))
+		out.Warnings = append(out.Warnings, ignored...)
+	}
+	out.Patch = annotationPatch(d.in.New, want)
 	return out.Decision
 }
 
@@ -203,9 +214,15 @@ func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]
 	}
 	snoozed := d.snoozed(parentAnn)
 	var effects []Effect
-	resolved := func() {
+	resolved := func(how string) {
 		if !snoozed {
-			effects = append(effects, d.driftEffect(EffectDriftResolved, pref, oldSpec, newSpec))
+			e := d.driftEffect(EffectDriftResolved, pref, oldSpec, newSpec)
+			e.Resolution = how
+			if how == ResolvedApproved {
+				e = d.withObjects(e, oldSpec, newSpec)
+				e.Occurrence = ApprovedOccurrence(pref, d.child, specVersion(d.in.Old), oldSpec, newSpec)
+			}
+			effects = append(effects, e)
 		}
 	}
 	// The lazy phase record: the phase is computed anyway, so ask the
@@ -224,7 +241,7 @@ func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]
 	}
 	allow := func(outcome string) judgement {
 		if op == admissionv1.Delete {
-			resolved() // a deleted child has no drift left
+			resolved(ResolvedChildDeleted) // a deleted child has no drift left
 		}
 		return result(allowed(outcome), nil)
 	}
@@ -251,13 +268,13 @@ func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]
 		// The parent's spec changed and its controller is reconciling: any
 		// drift of this child is over.
 		if op != admissionv1.Delete {
-			resolved()
+			resolved(ResolvedParentChanged)
 		}
 		return allow(OutcomeExpected)
 	}
 
 	// Drift: the controller changes the child while the parent is unchanged.
-	mode := d.mode(parentAnn)
+	mode := d.mode(annotationsOf(d.in.Old), parentAnn)
 	audit["mode"] = mode
 	var warnings []string
 	if v, ok := parentAnn[d.cfg.key(annRejections)]; ok {
@@ -289,7 +306,7 @@ func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]
 				child := d.child
 				effects = append(effects, Effect{Kind: EffectConsumeApproval, Parent: pref, Child: &child, Approval: &a, At: d.in.Now})
 			}
-			resolved()
+			resolved(ResolvedApproved)
 			audit["approval"] = a.Mode
 			j := result(allowed(OutcomeApproved), warnings)
 			j.approval = a.Mode
@@ -297,7 +314,7 @@ func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]
 		}
 	}
 	if !snoozed {
-		effects = append(effects, d.driftEffect(EffectDriftDetected, pref, oldSpec, newSpec))
+		effects = append(effects, d.withObjects(d.driftEffect(EffectDriftDetected, pref, oldSpec, newSpec), oldSpec, newSpec))
 	}
 	msg := fmt.Sprintf("drift: %s %s %s %s/%s while %s %s is unchanged (generation %d == observedGeneration); approve it with the %s annotation on the %s",
 		d.req.UserInfo.Username, strings.ToLower(string(op)), d.child.Kind, d.child.Namespace, d.child.Name,
@@ -351,18 +368,19 @@ func (d *decider) identify(parentAnn map[string]string) role {
 }
 
 // annotations computes the child's new annotations with the compute
-// function for the request.
-func (d *decider) annotations(op admissionv1.Operation, oldAnn, newAnn, parentAnn map[string]string, controller, specChanged bool, trace []Hop) map[string]string {
+// function for the request; the caller adds the trace when it is
+// recomputed (CREATE, spec change).
+func (d *decider) annotations(op admissionv1.Operation, oldAnn, newAnn, parentAnn map[string]string, controller, specChanged bool) map[string]string {
 	c := d.cfg
 	if op == admissionv1.Create {
-		return c.computeAnnotationsForCreate(newAnn, parentAnn, controller, trace, []string{d.hash})
+		return c.computeAnnotationsForCreate(newAnn, parentAnn, controller, []string{d.hash})
 	}
 	updaters := AddHash(ParseHashes(oldAnn[c.key(annUpdaters)]), d.hash)
 	var out map[string]string
 	if controller {
-		out = c.computeAnnotationsForController(oldAnn, newAnn, specChanged, trace, updaters)
+		out = c.computeAnnotationsForController(oldAnn, newAnn, specChanged, updaters)
 	} else {
-		out = c.computeAnnotationsForUser(oldAnn, newAnn, parentAnn, specChanged, trace, updaters)
+		out = c.computeAnnotationsForUser(oldAnn, newAnn, parentAnn, specChanged, updaters)
 	}
 	// The object's own spec changed, so its generation moves on: approvals
 	// it carries for its children that name another generation are stale.
@@ -374,14 +392,14 @@ func (d *decider) annotations(op admissionv1.Operation, oldAnn, newAnn, parentAn
 	return out
 }
 
-// mode is the drift mode: the parent's annotation, else the namespace's,
-// else the configured default. Invalid values are ignored.
-func (d *decider) mode(parentAnn map[string]string) string {
-	if m := parentAnn[d.cfg.key(annMode)]; m == ModeEnforce || m == ModeLog {
-		return m
-	}
-	if m := annotationsOf(d.in.Namespace)[d.cfg.key(annMode)]; m == ModeEnforce || m == ModeLog {
-		return m
+// mode is the drift mode: the object's own annotation as stored (objAnn,
+// the old object's), else the parent's, else the namespace's, else the
+// configured default. Invalid values are ignored.
+func (d *decider) mode(objAnn, parentAnn map[string]string) string {
+	for _, ann := range []map[string]string{objAnn, parentAnn, annotationsOf(d.in.Namespace)} {
+		if m := ann[d.cfg.key(annMode)]; m == ModeEnforce || m == ModeLog {
+			return m
+		}
 	}
 	return d.cfg.Mode
 }
@@ -412,16 +430,17 @@ func (d *decider) childHop() Hop {
 	}
 }
 
-// parentTrace is the parent's trace, or a one-hop origin for the parent
-// when it has none (it predates the webhook, or it is not intercepted).
-func parentTrace(c Config, parent *unstructured.Unstructured) []Hop {
+// parentTrace is the parent's trace, its hops copied whole, or a one-hop
+// origin for the parent when it has none that parses (it predates the
+// webhook, or it is not intercepted).
+func parentTrace(c Config, parent *unstructured.Unstructured) []json.RawMessage {
 	if parent == nil {
 		return nil
 	}
-	if hops, err := ParseTrace(parent.GetAnnotations()[c.key(annTrace)]); err == nil && len(hops) > 0 {
+	if hops, err := rawTrace(parent.GetAnnotations()[c.key(annTrace)]); err == nil && len(hops) > 0 {
 		return hops
 	}
-	return []Hop{{APIVersion: parent.GetAPIVersion(), Kind: parent.GetKind(), Name: parent.GetName(), Generation: generation(parent)}}
+	return []json.RawMessage{marshalHop(Hop{APIVersion: parent.GetAPIVersion(), Kind: parent.GetKind(), Name: parent.GetName(), Generation: generation(parent)})}
 }
 
 func (d *decider) objectRef(o *unstructured.Unstructured) ObjectRef {
@@ -460,14 +479,20 @@ func (d *decider) driftEffect(kind EffectKind, parent ObjectRef, oldSpec, newSpe
 		},
 	}
 	if kind == EffectDriftDetected {
-		// Only Detected carries the objects: Resolved candidates come with
-		// every expected change, and most are dropped by the server.
-		e.OldObject, e.NewObject = reportObject(d.in.Old), reportObject(d.in.New)
-		e.Diff = diffPaths(oldSpec, newSpec)
 		e.ID = DetectedID(parent, child, oldSpec, newSpec)
 	} else {
 		e.ID = ResolvedID(parent, child)
 	}
+	return e
+}
+
+// withObjects adds what a receiver needs to judge the change: both objects
+// and the diff. Detected and approved Resolved reports carry them; the
+// other Resolved candidates come with every expected change, and most are
+// dropped by the server.
+func (d *decider) withObjects(e Effect, oldSpec, newSpec map[string]any) Effect {
+	e.OldObject, e.NewObject = reportObject(d.in.Old), reportObject(d.in.New)
+	e.Diff = diffPaths(oldSpec, newSpec)
 	return e
 }
 
@@ -514,6 +539,18 @@ func annotationsOf(o *unstructured.Unstructured) map[string]string {
 		return nil
 	}
 	return o.GetAnnotations()
+}
+
+// specVersion names the version of an object's spec: its generation, or
+// its resourceVersion for kinds without one ("" when there is no object).
+func specVersion(o *unstructured.Unstructured) string {
+	if o == nil {
+		return ""
+	}
+	if g := generation(o); g != 0 {
+		return "generation " + strconv.FormatInt(g, 10)
+	}
+	return "resourceVersion " + o.GetResourceVersion()
 }
 
 func generation(o *unstructured.Unstructured) int64 {

@@ -262,6 +262,24 @@ func TestApprovalsAndRejections(t *testing.T) {
 		{name: "* matches any name",
 			parent:      withApprovals(`[{"kind":"Gadget","name":"*","mode":"always"}]`),
 			wantAllowed: true, wantOutcome: OutcomeApproved, wantEffects: eff(eResolved)},
+		{name: "* matches any kind",
+			parent:      withApprovals(`[{"kind":"*","name":"g","mode":"always"}]`),
+			wantAllowed: true, wantOutcome: OutcomeApproved, wantEffects: eff(eResolved)},
+		{name: "* matches any apiVersion",
+			parent:      withApprovals(`[{"apiVersion":"*","kind":"Gadget","name":"g","mode":"always"}]`),
+			wantAllowed: true, wantOutcome: OutcomeApproved, wantEffects: eff(eResolved)},
+		{name: "* in all three fields matches any child",
+			parent:      withApprovals(`[{"apiVersion":"*","kind":"*","name":"*","mode":"always"}]`),
+			wantAllowed: true, wantOutcome: OutcomeApproved, wantEffects: eff(eResolved)},
+		{name: "a partial wildcard is a literal name",
+			parent:   withApprovals(`[{"kind":"Gadget","name":"g*","mode":"always"},{"kind":"Gad*","name":"g","mode":"always"},{"kind":" *","name":"g","mode":"always"}]`),
+			wantCode: 403, wantOutcome: OutcomeDriftDenied, wantEffects: eff(eDetected)},
+		{name: "rejection with * kind and apiVersion",
+			parent:   withApprovals(`[{"kind":"Gadget","name":"g","mode":"always"}]`, ann("rejections", `[{"apiVersion":"*","kind":"*","name":"g","reason":"all kinds"}]`)),
+			wantCode: 403, wantOutcome: OutcomeRejected, wantMsg: []string{"all kinds"}},
+		{name: "rejection with a partial wildcard does not match",
+			parent:   steadyParent(ann("rejections", `[{"kind":"*get","name":"*","reason":"no"}]`)),
+			wantCode: 403, wantOutcome: OutcomeDriftDenied, wantEffects: eff(eDetected)},
 		{name: "another kind does not match",
 			parent:   withApprovals(`[{"kind":"Gizmo","name":"*","mode":"always"}]`),
 			wantCode: 403, wantOutcome: OutcomeDriftDenied, wantEffects: eff(eDetected)},
@@ -353,6 +371,34 @@ func TestMode(t *testing.T) {
 		denied("invalid parent mode falls back to the namespace", logMode(), ns("enforce"), steadyParent(ann("mode", "strict"))),
 		logged("invalid namespace mode falls back to config", logMode(), ns("ENFORCE"), steadyParent()),
 	}
+	// The object's own annotation (as stored: the old object's) comes first.
+	child := func(mode string) *unstructured.Unstructured { return childOf(steadyParent(), ann("mode", mode)) }
+	for _, tc := range []struct {
+		name  string
+		cfg   Config
+		ns    *unstructured.Unstructured
+		p     *unstructured.Unstructured
+		child *unstructured.Unstructured
+		log   bool
+	}{
+		{"object log over namespace enforce", logMode(), ns("enforce"), steadyParent(), child("log"), true},
+		{"object enforce over namespace log", logMode(), ns("log"), steadyParent(), child("enforce"), false},
+		{"object log over parent enforce", enforce(), nil, steadyParent(ann("mode", "enforce")), child("log"), true},
+		{"object enforce over parent log and config log", logMode(), nil, steadyParent(ann("mode", "log")), child("enforce"), false},
+		{"invalid object mode falls back to the parent", logMode(), nil, steadyParent(ann("mode", "enforce")), child("off"), false},
+	} {
+		c := denied(tc.name, tc.cfg, tc.ns, tc.p)
+		if tc.log {
+			c = logged(tc.name, tc.cfg, tc.ns, tc.p)
+		}
+		c.old = tc.child
+		tests = append(tests, c)
+	}
+	// A controller's new object may carry another mode (a copy of its
+	// parent's): the stored one decides.
+	tests = append(tests, flowCase{name: "the new object's mode is not read", cfg: enforce(), parent: steadyParent(),
+		new:      with(childOf(steadyParent()), ann("mode", "log"), specField("replicas", int64(2))),
+		wantCode: 403, wantOutcome: OutcomeDriftDenied, wantEffects: eff(eDetected)})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d := runFlow(t, tc)

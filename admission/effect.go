@@ -25,6 +25,18 @@ func ResolvedID(parent, child ObjectRef) string {
 	return shortHash(refKey(parent), refKey(child))
 }
 
+// ApprovedOccurrence identifies one approved drift: SHA-256 of the pair,
+// the child's version before the change and both specs, cut to 16 hex
+// characters. The version is metadata.generation, which moves with every
+// spec change and only then (the resourceVersion for kinds without one; 0
+// for a CREATE). The API server calls each webhook of a request with its
+// own uid, and a controller whose approved write loses a conflict to a
+// status update retries the same change on a new resourceVersion: neither
+// is a second approved drift.
+func ApprovedOccurrence(parent, child ObjectRef, oldVersion string, oldSpec, newSpec map[string]any) string {
+	return shortHash(ResolvedApproved, refKey(parent), refKey(child), oldVersion, canonical(oldSpec), canonical(newSpec))
+}
+
 // refKey names an object independently of the version it was read at.
 func refKey(r ObjectRef) string {
 	return strings.Join([]string{groupOf(r.APIVersion), r.Kind, r.Namespace, r.Name}, "/")

@@ -180,6 +180,9 @@ func mustJSON(v any) []byte {
 	return b
 }
 
+// hopsJSON is a trace annotation value of hops.
+func hopsJSON(hops []Hop) string { return string(mustJSON(hops)) }
+
 // applied is obj after the decision's patch, as the API server would store
 // it.
 func applied(t *testing.T, obj *unstructured.Unstructured, d Decision) *unstructured.Unstructured {

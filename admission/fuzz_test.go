@@ -86,6 +86,9 @@ func FuzzAnnotationParsers(f *testing.F) {
 		`[{"apiVersion":"v1","kind":"K","name":"n","generation":1,"user":"u","timestamp":"t"}]`,
 		"aaaaa,bbbbb,ccccc,ddddd,eeeee,fffff", hCtrl, "enforce", "apps/Deployment=Available+observedGeneration",
 		"\x00\xff[", strings.Repeat("[", 10000),
+		`[{"apiVersion":"*","kind":"*","name":"*","mode":"always"},{"kind":"Gad*","name":"g*"}]`,
+		`[{"apiVersion":"v1","kind":"K","name":"n","labels":{"ticket":"T-1"},"requestUID":"u"},{"kind":"K","labels":null}]`,
+		`[{"kind":"K","labels":{"a":1}}]`, `[{"kind":"K"},7]`, strings.Repeat("x", 1025),
 	} {
 		f.Add(s)
 	}
@@ -98,7 +101,6 @@ func FuzzAnnotationParsers(f *testing.F) {
 		}
 		_, _ = ParseSnooze(s)
 		_, _ = ParseTrace(s)
-		_, _ = ParseInitOverride(s)
 		hs := ParseHashes(s)
 		if len(hs) > maxHashes {
 			t.Fatalf("%d hashes", len(hs))
@@ -123,8 +125,8 @@ func FuzzAnnotationParsers(f *testing.F) {
 			opts = append(opts, ann(k, s))
 		}
 		for _, p := range []*unstructured.Unstructured{steadyParent(opts...), steadyParent(append(opts, noAnn("freeze"))...)} {
-			old := childOf(p, ann("updaters", s), ann("trace", s))
-			nw := with(old, specField("replicas", int64(2)), ann("approvals", s))
+			old := childOf(p, ann("updaters", s), ann("trace", s), ann("trace-k", s))
+			nw := with(old, specField("replicas", int64(2)), ann("approvals", s), ann("trace-"+s, s), ann("trace-x", s))
 			for _, op := range []admissionv1.Operation{admissionv1.Update, admissionv1.Create} {
 				o := old
 				if op == admissionv1.Create {
@@ -156,6 +158,9 @@ func FuzzDecideObjects(f *testing.F) {
 	f.Add(mustJSON(c.Object), mustJSON(with(c, specField("replicas", int64(2))).Object), mustJSON(p.Object))
 	f.Add([]byte(`{"metadata":{"generation":"x","ownerReferences":[{"controller":true,"uid":5}]}}`), []byte(`{"spec":[1],"metadata":{"annotations":{}}}`), []byte(`{"status":{"conditions":{"type":"Ready"}},"metadata":{"deletionTimestamp":7}}`))
 	f.Add([]byte(`{"metadata":{"generation":1e300}}`), []byte(`{"metadata":{"generation":-5}}`), []byte(`{"metadata":{"generation":9007199254740993},"status":{"observedGeneration":9007199254740993}}`))
+	f.Add(mustJSON(with(c, ann("mode", "log"), ann("trace-ok", "v")).Object),
+		mustJSON(with(c, specField("replicas", int64(2)), ann("trace--bad", "v"), ann("trace-", "e"), ann("trace-big", strings.Repeat("b", 1025))).Object),
+		mustJSON(with(p, ann("trace", `[{"apiVersion":"v1","kind":"W","name":"w","labels":{"t":"1"},"extra":[1]}]`), ann("approvals", `[{"apiVersion":"*","kind":"*","name":"*","mode":"always"}]`)).Object))
 	f.Fuzz(func(t *testing.T, oldJSON, newJSON, parentJSON []byte) {
 		old, err1 := decodeObject(oldJSON)
 		nw, err2 := decodeObject(newJSON)

@@ -87,10 +87,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.write(w, req, d)
 	h.metrics.observe(string(req.Operation), d, time.Since(start))
-	if !d.Allowed || d.Outcome == OutcomeDriftLogged {
+	// Denials, logged drift and ignored annotations (unparsable approvals,
+	// invalid trace labels: also sent to the client as warnings) are
+	// logged; the rest only counted.
+	if !d.Allowed || d.Outcome == OutcomeDriftLogged || len(d.Warnings) > 0 {
 		h.logger.Info("drift admission", "outcome", d.Outcome, "allowed", d.Allowed, "code", d.Code,
 			"operation", req.Operation, "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
-			"user", req.UserInfo.Username, "message", d.Message)
+			"user", req.UserInfo.Username, "message", d.Message, "warnings", d.Warnings)
 	}
 }
 
@@ -105,22 +108,53 @@ func (h *Handler) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		return denied(OutcomeBadRequest, http.StatusBadRequest, metav1.StatusReasonBadRequest, "object: "+err.Error())
 	}
 	in := Input{Request: req, Old: oldObj, New: newObj, Now: h.now(), Config: h.cfg}
-	if obj := subject(req, oldObj, newObj); obj != nil {
-		if ref := controllerRef(obj); ref != nil && h.objs != nil {
-			ns := req.Namespace
-			if ns == "" {
-				ns = obj.GetNamespace()
-			}
-			if in.Parent, err = h.objs.Parent(ctx, ns, *ref); err != nil {
-				return h.parentError(fmt.Errorf("resolve parent %s %s/%s: %w", ref.Kind, ns, ref.Name, err))
-			}
-			if in.Parent != nil && ns != "" {
-				if in.Namespace, err = h.objs.Namespace(ctx, ns); err != nil {
-					return h.parentError(fmt.Errorf("read namespace %s: %w", ns, err))
-				}
-			}
+	obj := subject(req, oldObj, newObj)
+	if obj == nil || h.objs == nil {
+		return Decide(in)
+	}
+	ref := controllerRef(obj)
+	if ref == nil {
+		return Decide(in)
+	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = obj.GetNamespace()
+	}
+	if in.Parent, err = h.objs.Parent(ctx, ns, *ref); err != nil {
+		return h.parentError(fmt.Errorf("resolve parent %s %s/%s: %w", ref.Kind, ns, ref.Name, err))
+	}
+	if in.Parent != nil && ns != "" {
+		if in.Namespace, err = h.objs.Namespace(ctx, ns); err != nil {
+			return h.parentError(fmt.Errorf("read namespace %s: %w", ns, err))
 		}
 	}
+	d := Decide(in)
+	switch d.Outcome {
+	case OutcomeDriftDenied, OutcomeDriftLogged, OutcomeApproved, OutcomeRejected:
+		return h.confirm(ctx, in, ns, *ref, d)
+	}
+	return d
+}
+
+// confirm decides again on the parent as the API server has it, when the
+// decision rests on the parent being at rest and the parent came from a
+// cache (FreshObjects). If that read fails, the cached copy's decision
+// stands: it was right a moment ago, and the seed's 500 is for a parent
+// that cannot be resolved at all.
+func (h *Handler) confirm(ctx context.Context, in Input, ns string, ref metav1.OwnerReference, d Decision) Decision {
+	f, ok := h.objs.(FreshObjects)
+	if !ok {
+		return d
+	}
+	p, err := f.FreshParent(ctx, ns, ref)
+	if err != nil {
+		h.logger.Warn("drift admission cannot confirm the parent; deciding on the cached copy", "parent", ref.Kind+" "+ns+"/"+ref.Name, "err", err)
+		return d
+	}
+	if p != nil && p.GetResourceVersion() == in.Parent.GetResourceVersion() {
+		return d
+	}
+	in.Parent = p
 	return Decide(in)
 }
 

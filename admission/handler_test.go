@@ -30,6 +30,34 @@ type fakeObjects struct {
 	nsErr      error
 	lastCtx    context.Context
 	parentCall int
+	// fresh, when set, is what FreshParent reads (the API server ahead
+	// of the cache); freshGone makes it not found, freshErr fail.
+	fresh     *unstructured.Unstructured
+	freshGone bool
+	freshErr  error
+	freshCall int
+}
+
+func (f *fakeObjects) freshCalls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.freshCall
+}
+
+func (f *fakeObjects) FreshParent(ctx context.Context, namespace string, ref metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	f.mu.Lock()
+	f.freshCall++
+	fresh, gone, err := f.fresh, f.freshGone, f.freshErr
+	f.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case gone:
+		return nil, nil
+	case fresh != nil:
+		return fresh, nil
+	}
+	return f.Parent(ctx, namespace, ref)
 }
 
 func newFakeObjects(objs ...*unstructured.Unstructured) *fakeObjects {
@@ -239,6 +267,51 @@ func TestHandlerDecisions(t *testing.T) {
 		_, review, raw := w.post(t, "application/json", reviewBody(t, request(admissionv1.Update, ctrlUser, child, drift)))
 		if review.Response.Allowed || review.Response.Result.Code != 403 {
 			t.Fatalf("response %s", raw)
+		}
+	})
+	t.Run("drift is confirmed on the API server's copy of the parent", func(t *testing.T) {
+		reconciling := with(parent, gen(4), func(u *unstructured.Unstructured) { md(u)["resourceVersion"] = "8" })
+		approved := with(parent, ann("approvals", `[{"kind":"Gadget","name":"g","mode":"always"}]`), func(u *unstructured.Unstructured) { md(u)["resourceVersion"] = "9" })
+		for _, tc := range []struct {
+			name        string
+			setup       func(*fakeObjects)
+			wantAllowed bool
+			wantOutcome string
+		}{
+			{"the cache is current: drift", func(*fakeObjects) {}, false, OutcomeDriftDenied},
+			{"the cache trails a spec change: expected", func(f *fakeObjects) { f.fresh = reconciling }, true, OutcomeExpected},
+			{"the cache trails an approval: approved", func(f *fakeObjects) { f.fresh = approved }, true, OutcomeApproved},
+			{"the parent is gone: allowed", func(f *fakeObjects) { f.freshGone = true }, true, OutcomeParentGone},
+			{"the read fails: the cached copy decides", func(f *fakeObjects) { f.freshErr = errors.New("apiserver down") }, false, OutcomeDriftDenied},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				objs := newFakeObjects(parent)
+				tc.setup(objs)
+				w := startWebhook(t, enforce(), objs)
+				_, review, raw := w.post(t, "application/json", reviewBody(t, request(admissionv1.Update, ctrlUser, child, drift)))
+				if review.Response.Allowed != tc.wantAllowed || review.Response.AuditAnnotations["decision"] != tc.wantOutcome {
+					t.Fatalf("response %s, want allowed=%v outcome %s", raw, tc.wantAllowed, tc.wantOutcome)
+				}
+				if n := objs.freshCalls(); n != 1 {
+					t.Errorf("%d fresh reads, want 1", n)
+				}
+			})
+		}
+		t.Run("no fresh read off the drift path", func(t *testing.T) {
+			objs := newFakeObjects(parent)
+			w := startWebhook(t, enforce(), objs)
+			w.post(t, "application/json", reviewBody(t, request(admissionv1.Update, human, child, drift)))
+			if n := objs.freshCalls(); n != 0 {
+				t.Errorf("%d fresh reads for a new origin, want 0", n)
+			}
+		})
+	})
+	t.Run("a bad trace label is ignored with a warning, not an error", func(t *testing.T) {
+		w := startWebhook(t, enforce(), newFakeObjects(parent))
+		newObj := with(child, specField("replicas", int64(2)), ann("trace--x", "y"), ann("trace-big", strings.Repeat("z", 2048)))
+		code, review, raw := w.post(t, "application/json", reviewBody(t, request(admissionv1.Update, human, child, newObj)))
+		if code != 200 || !review.Response.Allowed || len(review.Response.Warnings) != 2 || !strings.Contains(review.Response.Warnings[0], "ignoring "+pfx+"trace-") {
+			t.Fatalf("HTTP %d: %s", code, raw)
 		}
 	})
 	t.Run("log mode: allowed with a warning and a JSONPatch", func(t *testing.T) {

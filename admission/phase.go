@@ -1,77 +1,35 @@
 package admission
 
 import (
-	"fmt"
-	"strings"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// Signals of an InitOverride's text form that are not condition types.
-const (
-	signalObservedGeneration = "observedGeneration"
-	signalReadyReplicas      = "readyReplicas"
-)
-
 // builtinInit makes the common workloads initialize: they have no Ready or
 // Initialized condition, so the seed's default order would keep them
-// initializing forever (DESIGN part 7).
+// initializing forever (DESIGN part 7). A kind with configured rules does
+// not use its built-in one.
 var builtinInit = []InitOverride{
 	{Group: "apps", Kind: "Deployment", Conditions: []string{"Available"}, ObservedGeneration: true},
 	{Group: "apps", Kind: "StatefulSet", ObservedGeneration: true, ReadyReplicas: true},
 	{Group: "apps", Kind: "ReplicaSet", ObservedGeneration: true, ReadyReplicas: true},
 }
 
-// ParseInitOverride parses one drift.initialization entry,
-// "group/Kind=Signal+Signal" (see InitOverride).
-func ParseInitOverride(s string) (InitOverride, error) {
-	target, signals, ok := strings.Cut(strings.TrimSpace(s), "=")
-	if !ok {
-		return InitOverride{}, fmt.Errorf("initialization rule %q: want group/Kind=Signal+Signal", s)
-	}
-	group, kind, ok := strings.Cut(target, "/")
-	if !ok || kind == "" || strings.Contains(kind, "/") {
-		return InitOverride{}, fmt.Errorf("initialization rule %q: %q is not group/Kind (core group: /Kind)", s, target)
-	}
-	o := InitOverride{Group: group, Kind: kind}
-	for sig := range strings.SplitSeq(signals, "+") {
-		switch {
-		case sig == signalObservedGeneration:
-			o.ObservedGeneration = true
-		case sig == signalReadyReplicas:
-			o.ReadyReplicas = true
-		case validConditionType(sig):
-			o.Conditions = append(o.Conditions, sig)
-		default:
-			return InitOverride{}, fmt.Errorf("initialization rule %q: %q is not a condition type, %s or %s", s, sig, signalObservedGeneration, signalReadyReplicas)
-		}
-	}
-	return o, nil
-}
-
-func validConditionType(s string) bool {
-	if s == "" || len(s) > 316 {
-		return false
-	}
-	for _, c := range s {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', strings.ContainsRune(".-_/", c):
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// initRule is the override for obj's group and kind: configuration first,
-// then the built-ins; nil means the seed's default order.
-func (c Config) initRule(obj *unstructured.Unstructured) *InitOverride {
+// initRules are the rules for obj's group and kind: the configured ones if
+// there are any, else the built-in one; none means the seed's default
+// order.
+func (c Config) initRules(obj *unstructured.Unstructured) []InitOverride {
 	group, kind := groupOf(obj.GetAPIVersion()), obj.GetKind()
 	for _, list := range [][]InitOverride{c.Initialization, builtinInit} {
-		for i := range list {
-			if list[i].Group == group && list[i].Kind == kind {
-				return &list[i]
+		var out []InitOverride
+		for _, r := range list {
+			if r.Group == group && r.Kind == kind {
+				out = append(out, r)
 			}
+		}
+		if len(out) > 0 {
+			return out
 		}
 	}
 	return nil
@@ -93,32 +51,47 @@ func (c Config) Phase(obj *unstructured.Unstructured) string {
 	return PhaseInitializing
 }
 
-// reachedInitialized evaluates the kind's rule, or the seed's default order:
-// Initialized=True, Ready=True, observedGeneration == generation with
-// Ready=True. Synced=True alone is not enough: Crossplane sets it before the
-// children exist.
+// reachedInitialized holds when any of the kind's rules holds, or, for a
+// kind without rules, the seed's default order does.
 func (c Config) reachedInitialized(obj *unstructured.Unstructured) bool {
-	if r := c.initRule(obj); r != nil {
-		for _, t := range r.Conditions {
-			if conditionStatus(obj, t) != "True" {
-				return false
-			}
-		}
-		if r.ObservedGeneration && observedGeneration(obj) != generation(obj) {
+	rules := c.initRules(obj)
+	if len(rules) == 0 {
+		return seedInitialized(obj)
+	}
+	return slices.ContainsFunc(rules, func(r InitOverride) bool { return ruleHolds(r, obj) })
+}
+
+// ruleHolds evaluates one rule: the seed's order, or all of its signals.
+func ruleHolds(r InitOverride, obj *unstructured.Unstructured) bool {
+	if r.Default {
+		return seedInitialized(obj)
+	}
+	for _, t := range r.Conditions {
+		if conditionStatus(obj, t) != "True" {
 			return false
 		}
-		if r.ReadyReplicas {
-			want, ok := nestedInt(obj.Object, "spec", "replicas")
-			if !ok {
-				want = 1 // the API default for the workload kinds
-			}
-			got, _ := nestedInt(obj.Object, "status", "readyReplicas")
-			if got != want {
-				return false
-			}
-		}
-		return true
 	}
+	if r.ObservedGeneration && observedGeneration(obj) != generation(obj) {
+		return false
+	}
+	if r.ReadyReplicas {
+		want, ok := nestedInt(obj.Object, "spec", "replicas")
+		if !ok {
+			want = 1 // the API default for the workload kinds
+		}
+		got, _ := nestedInt(obj.Object, "status", "readyReplicas")
+		if got != want {
+			return false
+		}
+	}
+	return true
+}
+
+// seedInitialized is seed 001's detection order after the annotation:
+// Initialized=True, Ready=True, observedGeneration == generation with
+// Ready=True. Synced=True alone is not enough: Crossplane sets it before
+// the children exist.
+func seedInitialized(obj *unstructured.Unstructured) bool {
 	switch {
 	case conditionStatus(obj, "Initialized") == "True":
 		return true

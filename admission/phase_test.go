@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/policyd/policyd/admission/initrule"
 	"github.com/policyd/policyd/config"
 )
 
@@ -26,6 +27,19 @@ func TestPhase(t *testing.T) {
 		{Group: "example.com", Kind: "Widget", Conditions: []string{"Synced"}},
 		{Group: "apps", Kind: "StatefulSet", Conditions: []string{"Healthy"}},
 	}}
+	rules := func(texts ...string) Config {
+		var c Config
+		for _, s := range texts {
+			r, err := initrule.Parse(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Initialization = append(c.Initialization, r)
+		}
+		return c
+	}
+	seedDeploy := rules("apps/Deployment=default")
+	anyOf := rules("apps/Deployment=default", "apps/Deployment=Available+observedGeneration")
 	tests := []struct {
 		name string
 		cfg  Config
@@ -71,6 +85,17 @@ func TestPhase(t *testing.T) {
 		{"configured rule overrides a built-in", custom, rs("StatefulSet", cond("Healthy", "True")), PhaseInitialized},
 		{"configured rule overrides a built-in: replicas no longer count", custom, rs("StatefulSet", statusField("readyReplicas", int64(1))), PhaseInitializing},
 		{"other kinds keep their rules", custom, deploy(obsGen(2), cond("Available", "True")), PhaseInitialized},
+
+		// Several rules of one kind are alternatives; default is the seed's
+		// order; configured rules replace the kind's built-in one.
+		{"default rule: Ready=True", seedDeploy, deploy(cond("Ready", "True")), PhaseInitialized},
+		{"default rule: Initialized=True", seedDeploy, deploy(cond("Initialized", "True")), PhaseInitialized},
+		{"default rule replaces the built-in: Available=True no longer counts", seedDeploy, deploy(obsGen(2), cond("Available", "True")), PhaseInitializing},
+		{"any of: first rule", anyOf, deploy(cond("Ready", "True")), PhaseInitialized},
+		{"any of: second rule", anyOf, deploy(obsGen(2), cond("Available", "True")), PhaseInitialized},
+		{"any of: neither", anyOf, deploy(obsGen(1), cond("Available", "True")), PhaseInitializing},
+		{"any of: annotation still first", anyOf, deploy(ann("phase", PhaseInitialized)), PhaseInitialized},
+		{"any of: other kinds untouched", anyOf, rs("ReplicaSet", specField("replicas", int64(1)), statusField("readyReplicas", int64(1))), PhaseInitialized},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,42 +103,6 @@ func TestPhase(t *testing.T) {
 			cfg.AnnotationPrefix = "policyd.io"
 			if got := cfg.Phase(tc.obj); got != tc.want {
 				t.Errorf("Phase = %q, want %q", got, tc.want)
-			}
-		})
-	}
-}
-
-func TestParseInitOverride(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    InitOverride
-		wantErr string
-	}{
-		{in: "apps/Deployment=Available+observedGeneration", want: InitOverride{Group: "apps", Kind: "Deployment", Conditions: []string{"Available"}, ObservedGeneration: true}},
-		{in: "/Pod=Ready", want: InitOverride{Kind: "Pod", Conditions: []string{"Ready"}}},
-		{in: "example.com/Widget=Synced+Ready+readyReplicas", want: InitOverride{Group: "example.com", Kind: "Widget", Conditions: []string{"Synced", "Ready"}, ReadyReplicas: true}},
-		{in: "Widget=Ready", wantErr: "not group/Kind"},
-		{in: "apps/Deployment", wantErr: "want group/Kind=Signal"},
-		{in: "apps/=Ready", wantErr: "not group/Kind"},
-		{in: "a/b/C=Ready", wantErr: "not group/Kind"},
-		{in: "apps/Deployment=", wantErr: "is not a condition type"},
-		{in: "apps/Deployment=Ready++Available", wantErr: "is not a condition type"},
-		{in: "apps/Deployment=Ready Now", wantErr: "is not a condition type"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := ParseInitOverride(tc.in)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
 	}
@@ -136,6 +125,14 @@ func TestConfigFromDrift(t *testing.T) {
 	want := Config{AnnotationPrefix: "drift.example.com", Mode: ModeEnforce, Initialization: []InitOverride{{Group: "example.com", Kind: "Widget", Conditions: []string{"Ready"}}}}
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("config (-want +got):\n%s", diff)
+	}
+	d.Initialization = []string{"apps/Deployment=default", "apps/Deployment=Ready+observedGeneration"}
+	if cfg, err = ConfigFromDrift(d); err != nil || len(cfg.Initialization) != 2 || !cfg.Initialization[0].Default {
+		t.Errorf("two rules for one kind: %+v, %v", cfg.Initialization, err)
+	}
+	d.Initialization = []string{"apps/Deployment=default+Ready"}
+	if _, err := ConfigFromDrift(d); err == nil || !strings.Contains(err.Error(), "stands alone") {
+		t.Errorf("default with another signal: err = %v", err)
 	}
 	d.Initialization = []string{"nope"}
 	if _, err := ConfigFromDrift(d); err == nil || !strings.Contains(err.Error(), "drift.initialization[0]") {

@@ -111,8 +111,10 @@ type Drift struct {
 	Mode string `mapstructure:"mode"`
 	// Callbacks receive a DriftReport POST per drift (sent by the leader).
 	Callbacks []string `mapstructure:"callbacks"`
-	// Initialization adds per-kind initialization rules for parents, each
-	// "group/Kind=Signal+Signal" (parsed by admission.ParseInitOverride).
+	// Initialization holds per-kind initialization rules for parents, each
+	// "group/Kind=Signal+Signal" or "group/Kind=default" (package
+	// admission/initrule); rules of one kind are alternatives and replace
+	// its built-in rule.
 	Initialization []string `mapstructure:"initialization"`
 }
 

@@ -2,6 +2,8 @@ package config
 
 import (
 	"strings"
+
+	"github.com/policyd/policyd/admission/initrule"
 )
 
 // validateTLS checks that every TLS block names both halves of its key pair.
@@ -67,6 +69,11 @@ func (c *Config) validateDrift(p *problems) {
 	for i, u := range d.Callbacks {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			p.add("drift.callbacks", "[%d] %q must be an http:// or https:// URL", i, u)
+		}
+	}
+	for i, r := range d.Initialization {
+		if _, err := initrule.Parse(r); err != nil {
+			p.add("drift.initialization", "[%d] %v", i, err)
 		}
 	}
 }

@@ -173,6 +173,9 @@ func TestValidate(t *testing.T) {
 		{name: "drift mode", mutate: func(c *Config) { c.Drift.Mode = "block" }, want: []string{`drift.mode: "block" must be one of enforce, log`}},
 		{name: "drift addr without tls", mutate: func(c *Config) { c.Drift.Addr = "127.0.0.1:8443" }, want: []string{"drift.tls: cert_file and key_file are required"}},
 		{name: "drift callback not a URL", mutate: func(c *Config) { c.Drift.Callbacks = []string{"ftp://x"} }, want: []string{`drift.callbacks: [0] "ftp://x" must be an http:// or https:// URL`}},
+		{name: "drift initialization rules", mutate: func(c *Config) {
+			c.Drift.Initialization = []string{"apps/Deployment=default", "apps/Deployment=Ready+observedGeneration", "apps/Deployment=ready", "apps/StatefulSet=default+Ready"}
+		}, want: []string{`drift.initialization: [2] initialization rule "apps/Deployment=ready": unknown signal "ready"`, `drift.initialization: [3] initialization rule "apps/StatefulSet=default+Ready": default is the seed's whole detection order and stands alone`}},
 		{name: "extra kind pattern", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"lowerKind"} }, want: []string{`policies.extra_kinds[0]: "lowerKind" must match`}},
 		{name: "extra kind empty", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{""} }, want: []string{`policies.extra_kinds[0]: "" must match`}},
 		{name: "extra kind duplicate", mutate: func(c *Config) { c.Policy.ExtraKinds = []string{"A", "B", "A"} }, want: []string{`policies.extra_kinds[2]: "A" duplicates policies.extra_kinds[0]`}},

@@ -8,8 +8,9 @@
 // `go test`; it fails at once with the command to run instead.
 //
 // A package starts one Env in TestMain and gives each test its own
-// namespace (Env.Namespace). No kube-controller-manager runs: tests play
-// the controllers they need.
+// namespace (Env.Namespace). No kube-controller-manager runs unless a test
+// starts one (Env.StartControllerManager, with only the controllers it
+// names); otherwise tests play the controllers they need.
 package kubetest
 
 import (
@@ -65,8 +66,9 @@ func Start(opts Options) (*Env, error) {
 	}
 	te := &envtest.Environment{WebhookInstallOptions: opts.Webhooks}
 	args := te.ControlPlane.GetAPIServer().Configure()
-	// No controller-manager runs, so nothing would reconcile the kubernetes
-	// service's endpoints; don't let the API server try.
+	// The controller-manager, when a test starts one, runs no endpoints
+	// controller, so nothing would reconcile the kubernetes service's
+	// endpoints; don't let the API server try.
 	args.Set("endpoint-reconciler-type", "none")
 	for k, v := range opts.APIServerFlags {
 		args.Set(k, v)
@@ -106,16 +108,22 @@ type Kubeconfig struct {
 // WriteKubeconfig writes a kubeconfig file for the API server to path, for
 // a policyd node under test (which reads kubernetes.kubeconfig).
 func (e *Env) WriteKubeconfig(path string, k Kubeconfig) error {
-	server := e.Config.Host
+	return writeKubeconfig(path, e.Config, k)
+}
+
+// writeKubeconfig writes a kubeconfig for the client certificate of rc (a
+// user envtest made), changed as k says.
+func writeKubeconfig(path string, rc *rest.Config, k Kubeconfig) error {
+	server := rc.Host
 	if k.Server != "" {
 		server = k.Server
 	}
-	auth := &clientcmdapi.AuthInfo{ClientCertificateData: e.Config.CertData, ClientKeyData: e.Config.KeyData, Impersonate: k.Impersonate}
+	auth := &clientcmdapi.AuthInfo{ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData, Impersonate: k.Impersonate}
 	if k.Token != "" {
 		auth = &clientcmdapi.AuthInfo{Token: k.Token, Impersonate: k.Impersonate}
 	}
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: e.Config.CAData}
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: rc.CAData}
 	kc.AuthInfos["user"] = auth
 	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
 	kc.CurrentContext = "envtest"
@@ -131,7 +139,14 @@ func (e *Env) WriteKubeconfig(path string, k Kubeconfig) error {
 // it would stay Terminating anyway, and names never repeat.
 func (e *Env) Namespace(t testing.TB, labels, annotations map[string]string) string {
 	t.Helper()
-	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	// A DNS label: every character of the test's name that is not a
+	// lower-case letter or a digit becomes "-".
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, strings.ToLower(t.Name()))
 	if len(name) > 50 {
 		name = name[:50]
 	}

@@ -25,8 +25,9 @@ import (
 //
 // Deduplication happens here, in Apply, so that it follows the log order and
 // is the same on every replica: a Detected report is delivered once per
-// DriftDedupWindow, a Resolved one only for an open drift, and identical patch
-// tasks collapse into one while pending.
+// DriftDedupWindow, an approved drift's Resolved report once per occurrence
+// (its report id) and window, another Resolved one only for an open drift,
+// and identical patch tasks collapse into one while pending.
 var (
 	bucketDriftReports = []byte("drift_reports")
 	bucketDriftTasks   = []byte("drift_tasks")
@@ -41,6 +42,11 @@ const DriftDedupWindow = 10 * time.Minute
 const (
 	DriftDetected = "detected"
 	DriftResolved = "resolved"
+	// DriftApproved is the Resolved report of an approved drift: recorded
+	// whether or not a drift of its pair is open (it closes one that is),
+	// and deduplicated like a Detected report, by its id (one per approved
+	// change, however many webhooks observed it).
+	DriftApproved = "approved"
 )
 
 // Report phases, as in the DriftReport JSON.
@@ -79,7 +85,7 @@ type DriftObservation struct {
 
 // IsReport reports whether the observation is a DriftReport (not a patch).
 func (o *DriftObservation) IsReport() bool {
-	return o.Kind == DriftDetected || o.Kind == DriftResolved
+	return o.Kind == DriftDetected || o.Kind == DriftResolved || o.Kind == DriftApproved
 }
 
 // URLDelivery is the delivery of one report to one callback URL.
@@ -140,8 +146,8 @@ func (b *Batch) ObserveDrift(m Meta, obs []DriftObservation) error {
 		o := &obs[i]
 		var err error
 		switch o.Kind {
-		case DriftDetected:
-			err = b.observeDetected(m, o)
+		case DriftDetected, DriftApproved:
+			err = b.observeReport(m, o)
 		case DriftResolved:
 			err = b.observeResolved(m, o)
 		default:
@@ -154,7 +160,9 @@ func (b *Batch) ObserveDrift(m Meta, obs []DriftObservation) error {
 	return nil
 }
 
-func (b *Batch) observeDetected(m Meta, o *DriftObservation) error {
+// observeReport records a Detected report, or an approved drift's Resolved
+// one, delivering it once per DriftDedupWindow.
+func (b *Batch) observeReport(m Meta, o *DriftObservation) error {
 	var rec DriftReport
 	found, err := getJSON(b.tx.Bucket(bucketDriftReports), o.ReportID, &rec)
 	if err != nil {
@@ -180,7 +188,13 @@ func (b *Batch) observeDetected(m Meta, o *DriftObservation) error {
 		rec = newReport(m, o, found, rec)
 		rec.SentAt = m.ProcessedAt
 		rec.Delivery = DeliveryPending
-		if err := b.tx.Bucket(bucketDriftOpen).Put([]byte(o.PairID), []byte(o.ReportID)); err != nil {
+		open := b.tx.Bucket(bucketDriftOpen)
+		if o.Kind == DriftApproved {
+			err = open.Delete([]byte(o.PairID)) // the approval resolves an open drift
+		} else {
+			err = open.Put([]byte(o.PairID), []byte(o.ReportID))
+		}
+		if err != nil {
 			return err
 		}
 		if err := b.putTask(m, DriftTask{Key: reportTaskKey(o.ReportID), Kind: o.Kind, ReportID: o.ReportID, PairID: o.PairID}); err != nil {
@@ -233,7 +247,7 @@ func (b *Batch) observeResolved(m Meta, o *DriftObservation) error {
 // counters when it existed.
 func newReport(m Meta, o *DriftObservation, found bool, old DriftReport) DriftReport {
 	phase := PhaseDetected
-	if o.Kind == DriftResolved {
+	if o.Kind == DriftResolved || o.Kind == DriftApproved {
 		phase = PhaseResolved
 	}
 	rec := DriftReport{

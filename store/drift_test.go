@@ -31,6 +31,10 @@ func resolved(pair string, snoozed bool) DriftObservation {
 	return DriftObservation{Kind: DriftResolved, ReportID: pair, PairID: pair, Snoozed: snoozed, Report: []byte(`{"spec":{"id":"` + pair + `"}}`)}
 }
 
+func approved(id, pair string) DriftObservation {
+	return DriftObservation{Kind: DriftApproved, ReportID: id, PairID: pair, Report: []byte(`{"spec":{"id":"` + pair + `"}}`)}
+}
+
 func patchTask(key string) DriftObservation {
 	return DriftObservation{Kind: "RecordController", Key: key, Effect: []byte(`{"kind":"RecordController"}`)}
 }
@@ -129,6 +133,34 @@ func TestDriftDedupAndDelivery(t *testing.T) {
 				"p1": {PhaseResolved, DeliveryPending, 1},
 			},
 			wantTasks:  []string{"report/d1", "report/p1"},
+			wantEvents: 2,
+		},
+		{
+			name: "every approved drift is reported, with or without an open drift; each occurrence once",
+			steps: []driftStep{
+				{at: 1 * time.Second, observe: []DriftObservation{approved("a1", "p1")}},
+				{at: 2 * time.Second, observe: []DriftObservation{approved("a1", "p1")}},
+				{at: 3 * time.Second, observe: []DriftObservation{approved("a2", "p1")}},
+			},
+			wantReports: map[string]reportState{
+				"a1": {PhaseResolved, DeliveryPending, 2},
+				"a2": {PhaseResolved, DeliveryPending, 1},
+			},
+			wantTasks:  []string{"report/a1", "report/a2"},
+			wantEvents: 2,
+		},
+		{
+			name: "an approval closes the open drift: the parent's spec change then resolves nothing",
+			steps: []driftStep{
+				{at: 1 * time.Second, observe: []DriftObservation{detected("d1", "p1", false)}},
+				{at: 2 * time.Second, observe: []DriftObservation{approved("a1", "p1")}},
+				{at: 3 * time.Second, observe: []DriftObservation{resolved("p1", false)}},
+			},
+			wantReports: map[string]reportState{
+				"d1": {PhaseDetected, DeliveryPending, 1},
+				"a1": {PhaseResolved, DeliveryPending, 1},
+			},
+			wantTasks:  []string{"report/d1", "report/a1"},
 			wantEvents: 2,
 		},
 		{

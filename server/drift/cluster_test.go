@@ -31,7 +31,7 @@ func newTestCluster(t *testing.T, callbacks []string) *testCluster {
 	logger := servertest.Logger(t)
 	for i := range 3 {
 		id := fmt.Sprintf("node%d", i+1)
-		cfg := nodeConfig(filepath.Join(t.TempDir(), id), id)
+		cfg := env.nodeConfig(filepath.Join(t.TempDir(), id), id)
 		cfg.Raft.Bootstrap = i == 0
 		cfg.Drift.Callbacks = callbacks
 		n, err := server.New(cfg, logger.With("node", id), nil)
@@ -133,7 +133,7 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 	c := newTestCluster(t, []string{recv.URL})
 	c.register("cluster")
 	// Log mode: every webhook allows, so the API server calls all three.
-	ns := newNamespace(t, "cluster", admission.ModeLog)
+	ns := env.newNamespace(t, "cluster", admission.ModeLog)
 	ch := newChain(t, ns, c.leader())
 	settledEverywhere(t, c.nodes, ns, ch.dep.ResourceVersion)
 

@@ -6,7 +6,9 @@
 //     parent kind the first time a request names it (RESTMapper from
 //     discovery), so the hot path makes no API call. A miss falls back to a
 //     GET: an informer that has not synced yet, or an object created since
-//     its last event.
+//     its last event. A decision that would be drift is confirmed on a GET
+//     of the parent (FreshParent): a real controller acts on a spec change
+//     within milliseconds, often before the cache has seen it.
 //   - Sink turns a decision's effects into ObserveDrift Raft commands. It
 //     queues them and proposes in the background: a webhook answer never
 //     waits for a Raft commit, and an election does not time out the API

@@ -11,24 +11,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/policyd/policyd/admission"
 	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/server"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
 func TestDriftEnforceAndLog(t *testing.T) {
 	t.Run("enforce blocks the controller's drift", func(t *testing.T) {
-		c := newChain(t, newNamespace(t, "single", admission.ModeEnforce), env.node)
+		c := newChain(t, env.newNamespace(t, "single", admission.ModeEnforce), env.node)
 		_, err := c.scaleRS(c.ctrl, "web-1", 3)
 		if err := isForbidden(err, "drift"); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("log allows it with a warning and reports it", func(t *testing.T) {
-		ns := newNamespace(t, "single", admission.ModeLog)
+		ns := env.newNamespace(t, "single", admission.ModeLog)
 		c := newChain(t, ns, env.node)
 		c.ctrl.Take()
 		rs, err := c.scaleRS(c.ctrl, "web-1", 3)
@@ -103,9 +106,9 @@ func TestListDriftRejectsBadFilters(t *testing.T) {
 }
 
 func TestIntentionalChangeAndOtherActors(t *testing.T) {
-	ns := newNamespace(t, "single", admission.ModeEnforce)
+	ns := env.newNamespace(t, "single", admission.ModeEnforce)
 	c := newChain(t, ns, env.node)
-	human := newActor(t, humanUser)
+	human := env.newActor(t, humanUser)
 
 	t.Run("a kubectl-like user is a new origin, allowed", func(t *testing.T) {
 		if _, err := c.scaleRS(human, "web-1", 2); err != nil {
@@ -163,24 +166,39 @@ func TestApprovalsAndRejections(t *testing.T) {
 		b, _ := json.Marshal([]admission.Approval{a})
 		return string(b)
 	}
-	t.Run("rejection overrides approval", func(t *testing.T) {
-		c := newChain(t, newNamespace(t, "single", admission.ModeEnforce), env.node)
-		c.annotateDeployment(map[string]string{
-			prefix + "/approvals":  rsApproval(admission.ApprovalAlways, 0),
-			prefix + "/rejections": `[{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"web-1","reason":"frozen by change board"}]`,
+	for _, tc := range []struct{ name, rejection, reason string }{
+		{"rejection overrides approval", `{"apiVersion":"apps/v1","kind":"ReplicaSet","name":"web-1","reason":"frozen by change board"}`, "frozen by change board"},
+		{"rejection with wildcards for apiVersion and kind", `{"apiVersion":"*","kind":"*","name":"web-1","reason":"no drift of web-1 of any kind"}`, "no drift of web-1 of any kind"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChain(t, env.newNamespace(t, "single", admission.ModeEnforce), env.node)
+			c.annotateDeployment(map[string]string{
+				prefix + "/approvals":  rsApproval(admission.ApprovalAlways, 0),
+				prefix + "/rejections": "[" + tc.rejection + "]",
+			})
+			_, err := c.scaleRS(c.ctrl, "web-1", 3)
+			if err := isForbidden(err, tc.reason); err != nil {
+				t.Fatal(err)
+			}
 		})
-		_, err := c.scaleRS(c.ctrl, "web-1", 3)
-		if err := isForbidden(err, "frozen by change board"); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("once approval is consumed after one use", func(t *testing.T) {
-		c := newChain(t, newNamespace(t, "single", admission.ModeEnforce), env.node)
+	}
+	t.Run("once approval is consumed after one use; the approved drift is reported Resolved", func(t *testing.T) {
+		ns := env.newNamespace(t, "single", admission.ModeEnforce)
+		c := newChain(t, ns, env.node)
 		// Writing the annotation bumps the Deployment's generation.
 		c.annotateDeployment(map[string]string{prefix + "/approvals": rsApproval(admission.ApprovalOnce, c.dep.Generation+1)})
 		if _, err := c.scaleRS(c.ctrl, "web-1", 3); err != nil {
 			t.Fatalf("approved drift: %v, want allowed", err)
 		}
+		// Approved before the controller acted, so no Detected report came
+		// first: the Resolved report is sent all the same.
+		kubetest.Eventually(t, 30*time.Second, "the Resolved report of the approved drift", func() error {
+			reps := env.recv.reports(ns)
+			if len(reps) != 1 || reps[0].Spec.Phase != admission.ReportResolved || reps[0].Spec.Request.User != controllerUser {
+				return fmt.Errorf("reports %+v, want one Resolved for the controller's change", reps)
+			}
+			return nil
+		})
 		kubetest.Eventually(t, 30*time.Second, "the leader to consume the approval", c.noApprovals)
 		c.settle()
 		_, err := c.scaleRS(c.ctrl, "web-1", 4)
@@ -189,7 +207,7 @@ func TestApprovalsAndRejections(t *testing.T) {
 		}
 	})
 	t.Run("generation approval is pruned after a spec change", func(t *testing.T) {
-		c := newChain(t, newNamespace(t, "single", admission.ModeEnforce), env.node)
+		c := newChain(t, env.newNamespace(t, "single", admission.ModeEnforce), env.node)
 		c.annotateDeployment(map[string]string{prefix + "/approvals": rsApproval(admission.ApprovalGeneration, c.dep.Generation+1)})
 		if _, err := c.scaleRS(c.ctrl, "web-1", 3); err != nil {
 			t.Fatalf("approved drift: %v, want allowed", err)
@@ -206,14 +224,14 @@ func TestApprovalsAndRejections(t *testing.T) {
 }
 
 func TestFreeze(t *testing.T) {
-	c := newChain(t, newNamespace(t, "single", admission.ModeLog), env.node)
+	c := newChain(t, env.newNamespace(t, "single", admission.ModeLog), env.node)
 	// A finalizer keeps the Deployment around, deleting, later on.
 	fin := []byte(`{"metadata":{"finalizers":["policyd.io/test"]}}`)
 	if _, err := env.Kube.AppsV1().Deployments(c.ns).Patch(t.Context(), "web", "application/merge-patch+json", fin, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.annotateDeployment(map[string]string{prefix + "/freeze": `{"user":"bob","message":"incident 42","at":"2025-01-02T03:04:05Z"}`})
-	human := newActor(t, humanUser)
+	human := env.newActor(t, humanUser)
 	for _, a := range []*actor{c.ctrl, human} {
 		_, err := c.scaleRS(a, "web-1", 3)
 		if ferr := isForbidden(err, "incident 42"); ferr != nil {
@@ -241,7 +259,7 @@ func TestFreeze(t *testing.T) {
 }
 
 func TestSnoozeSuppressesCallbacksThenExpires(t *testing.T) {
-	ns := newNamespace(t, "single", admission.ModeLog)
+	ns := env.newNamespace(t, "single", admission.ModeLog)
 	c := newChain(t, ns, env.node)
 	expiry := time.Now().Add(20 * time.Second).UTC().Truncate(time.Second)
 	c.annotateDeployment(map[string]string{prefix + "/snooze": fmt.Sprintf(`{"expiry":%q,"user":"alice","message":"maintenance"}`, expiry.Format(time.RFC3339))})
@@ -293,13 +311,13 @@ func TestAddedLatency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement")
 	}
-	human := newActor(t, humanUser)
+	human := env.newActor(t, humanUser)
 	p50 := func(label string) time.Duration {
-		ns := newNamespace(t, label, admission.ModeEnforce)
+		ns := env.newNamespace(t, label, admission.ModeEnforce)
 		if label == "single" {
 			newChain(t, ns, env.node)
 		} else {
-			c := &chain{t: t, ns: ns, ctrl: newActor(t, controllerUser), dep: newDeploymentNoWebhook(t, ns)}
+			c := &chain{t: t, ns: ns, ctrl: env.newActor(t, controllerUser), dep: newDeploymentNoWebhook(t, ns)}
 			c.createRS("web-1", nil)
 		}
 		const warm, n = 20, 200
@@ -336,4 +354,120 @@ func newDeploymentNoWebhook(t *testing.T, ns string) *appsv1.Deployment {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// TestInitializationRules: env's node has two rules for Deployments, the
+// built-in one and the seed's default order ("any of"), so a Deployment
+// whose controller reports Ready=True but never Available is initialized,
+// and its controller's drift is caught. A rule that names an unknown
+// signal stops the node at start.
+func TestInitializationRules(t *testing.T) {
+	t.Run("Ready=True initializes through the default rule", func(t *testing.T) {
+		c := newChainReporting(t, env.newNamespace(t, "single", admission.ModeEnforce), env.node, "Ready")
+		if got := c.deployment().Annotations[prefix+"/phase"]; got != admission.PhaseInitialized {
+			t.Fatalf("phase %q, want initialized", got)
+		}
+		_, err := c.scaleRS(c.ctrl, "web-1", 3)
+		if err := isForbidden(err, "drift"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a parent that meets no rule is initializing: its children change freely", func(t *testing.T) {
+		ns := env.newNamespace(t, "single", admission.ModeEnforce)
+		c := &chain{t: t, ns: ns, ctrl: env.newActor(t, controllerUser)}
+		c.dep = newDeploymentNoWebhook(t, ns) // no status at all
+		c.createRS("web-1", nil)
+		if _, err := c.scaleRS(c.ctrl, "web-1", 3); err != nil {
+			t.Fatalf("controller's change while the parent is initializing: %v, want allowed", err)
+		}
+	})
+	t.Run("an unknown signal is a configuration error", func(t *testing.T) {
+		cfg := env.nodeConfig(t.TempDir(), "bad")
+		cfg.Drift.Initialization = []string{"apps/Deployment=default", "apps/Deployment=ready+observedGeneration"}
+		n, err := server.New(cfg, servertest.Logger(t), nil)
+		if err == nil {
+			_ = n.Close(t.Context())
+			t.Fatal("a node started with an unknown initialization signal")
+		}
+		if want := `drift.initialization: [1] initialization rule "apps/Deployment=ready+observedGeneration": unknown signal "ready"`; !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	})
+}
+
+// TestObjectModeOverridesNamespace: a child's own <prefix>/mode annotation
+// decides over its namespace's (and its parent's).
+func TestObjectModeOverridesNamespace(t *testing.T) {
+	human := env.newActor(t, humanUser)
+	markRS := func(c *chain, mode string) {
+		t.Helper()
+		body := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, prefix+"/mode", mode)
+		if _, err := human.kube.AppsV1().ReplicaSets(c.ns).Patch(t.Context(), "web-1", "application/merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("mark the ReplicaSet %s: %v", mode, err)
+		}
+	}
+	t.Run("a child marked log in an enforce namespace is allowed with a warning and reported", func(t *testing.T) {
+		ns := env.newNamespace(t, "single", admission.ModeEnforce)
+		c := newChain(t, ns, env.node)
+		markRS(c, admission.ModeLog)
+		c.ctrl.Take()
+		if _, err := c.scaleRS(c.ctrl, "web-1", 3); err != nil {
+			t.Fatalf("drift of a child marked log: %v, want allowed", err)
+		}
+		if w := c.ctrl.Take(); !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "drift") }) {
+			t.Errorf("warnings %q, want a drift warning", w)
+		}
+		kubetest.Eventually(t, 30*time.Second, "the Detected report", func() error {
+			if n := len(env.recv.reports(ns)); n != 1 {
+				return fmt.Errorf("%d reports", n)
+			}
+			return nil
+		})
+	})
+	t.Run("a child marked enforce in a log namespace, under a parent marked log, is denied", func(t *testing.T) {
+		c := newChain(t, env.newNamespace(t, "single", admission.ModeLog), env.node)
+		c.annotateDeployment(map[string]string{prefix + "/mode": admission.ModeLog})
+		markRS(c, admission.ModeEnforce)
+		_, err := c.scaleRS(c.ctrl, "web-1", 3)
+		if err := isForbidden(err, "drift"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestTraceLabelsThroughTheAPIServer: a human's trace-<key> annotations
+// label the hop of their change; a key that is no label key and a value
+// over 1 KiB are left out, and the client is told why in warnings, not
+// refused.
+func TestTraceLabelsThroughTheAPIServer(t *testing.T) {
+	c := newChain(t, env.newNamespace(t, "single", admission.ModeEnforce), env.node)
+	human := env.newActor(t, humanUser)
+	body, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{
+			prefix + "/trace-ticket": "JIRA-7",
+			prefix + "/trace--bad":   "x",
+			prefix + "/trace-big":    strings.Repeat("b", 2048),
+		}},
+		"spec": map[string]any{"replicas": 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := human.kube.AppsV1().ReplicaSets(c.ns).Patch(t.Context(), "web-1", "application/merge-patch+json", body, metav1.PatchOptions{})
+	if err != nil {
+		t.Fatalf("a change with bad trace annotations: %v, want allowed", err)
+	}
+	hops, err := admission.ParseTrace(rs.Annotations[prefix+"/trace"])
+	if err != nil || len(hops) != 1 {
+		t.Fatalf("trace %q: %v", rs.Annotations[prefix+"/trace"], err)
+	}
+	if diff := cmp.Diff(map[string]string{"ticket": "JIRA-7"}, hops[0].Labels); diff != "" || hops[0].User != humanUser {
+		t.Errorf("hop %+v: labels (-want +got):\n%s", hops[0], diff)
+	}
+	w := human.Take()
+	for _, want := range []string{"ignoring " + prefix + "/trace--bad", "ignoring " + prefix + "/trace-big"} {
+		if !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, want) }) {
+			t.Errorf("warnings %q, want one %q", w, want)
+		}
+	}
 }

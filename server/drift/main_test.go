@@ -37,18 +37,12 @@ import (
 
 // The package's tests share one kube-apiserver (envtest) and one
 // single-node policyd whose drift listener serves the webhook envtest
-// registers, so the API server really calls it. Each test works in its own
-// namespace; the namespace's <prefix>/mode annotation picks enforce or log.
-// No kube-controller-manager runs: tests play the deployment controller
-// with an impersonated identity.
-var env struct {
-	*kubetest.Env
-	kubeconfig string
-	certDir    string
-	caData     []byte
-	node       *server.Node
-	recv       *receiver
-}
+// registers, so the API server really calls it: env, a stack. Each test
+// works in its own namespace; the namespace's <prefix>/mode annotation
+// picks enforce or log. No kube-controller-manager runs against env: its
+// tests play the deployment controller with an impersonated identity.
+// TestRealControllers starts a stack of its own for the real ones.
+var env *stack
 
 const (
 	// testLabel selects which policyd a namespace's requests go to.
@@ -69,73 +63,106 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	path := strings.TrimPrefix(admission.Path, "/")
-	kenv, err := kubetest.Start(kubetest.Options{
-		Webhooks: envtest.WebhookInstallOptions{
-			LocalServingHost: "127.0.0.1",
-			MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{{
-				ObjectMeta: metav1.ObjectMeta{Name: "policyd-drift-single"},
-				Webhooks: []admissionregistrationv1.MutatingWebhook{webhook("single.drift.policyd.io", "single",
-					admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "policyd", Namespace: "default", Path: &path}})},
-			}},
-		},
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() {
-		if err := kenv.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-	}()
-	env.Env = kenv
-	wh := kenv.Envtest.WebhookInstallOptions
-	env.certDir = wh.LocalServingCertDir
-	env.caData = wh.LocalServingCAData
 	dir, err := os.MkdirTemp("", "policyd-drift-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	env.kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := kenv.WriteKubeconfig(env.kubeconfig, kubetest.Kubeconfig{}); err != nil {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The seed's initialization order as an alternative to the built-in
+	// rule for Deployments (which the test-played controller meets), so
+	// TestInitializationRules can show both.
+	s, err := startStack(dir, "single", logger, func(c *config.Config) {
+		c.Drift.Initialization = []string{"apps/Deployment=Available+observedGeneration", "apps/Deployment=default"}
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	env.recv = newReceiver()
-	defer env.recv.Close()
+	defer s.stop(func(err error) { fmt.Fprintln(os.Stderr, err) })
+	env = s
+	return m.Run()
+}
 
-	ncfg := nodeConfig(filepath.Join(dir, "single"), "single")
-	ncfg.Raft.Bootstrap = true
-	ncfg.Drift.Addr = net.JoinHostPort(wh.LocalServingHost, strconv.Itoa(wh.LocalServingPort))
-	ncfg.Drift.Callbacks = []string{env.recv.URL}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	n, err := server.New(ncfg, logger, nil)
+// stack is a kube-apiserver whose drift webhook, registered for the
+// namespaces labelled testLabel=label, is served by a single-node policyd
+// (node) that delivers its reports to recv.
+type stack struct {
+	*kubetest.Env
+	label      string
+	kubeconfig string
+	certDir    string
+	caData     []byte
+	node       *server.Node
+	recv       *receiver
+}
+
+// startStack starts a stack with its files under dir; configure, if set,
+// changes the node's configuration. On error, what was started is stopped.
+func startStack(dir, label string, logger *slog.Logger, configure func(*config.Config)) (s *stack, err error) {
+	path := strings.TrimPrefix(admission.Path, "/")
+	kenv, err := kubetest.Start(kubetest.Options{
+		Webhooks: envtest.WebhookInstallOptions{
+			LocalServingHost: "127.0.0.1",
+			MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{{
+				ObjectMeta: metav1.ObjectMeta{Name: "policyd-drift-" + label},
+				Webhooks: []admissionregistrationv1.MutatingWebhook{webhook(label+".drift.policyd.io", label,
+					admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "policyd", Namespace: "default", Path: &path}})},
+			}},
+		},
+	})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "start policyd: %v\n", err)
-		return 1
+		return nil, err
 	}
-	n.Start()
-	env.node = n
+	wh := kenv.Envtest.WebhookInstallOptions
+	s = &stack{Env: kenv, label: label, certDir: wh.LocalServingCertDir, caData: wh.LocalServingCAData, kubeconfig: filepath.Join(dir, label+".kubeconfig")}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := n.Close(ctx); err != nil {
-			fmt.Fprintf(os.Stderr, "close policyd: %v\n", err)
+		if err != nil {
+			s.stop(func(error) {})
 		}
 	}()
+	if err := kenv.WriteKubeconfig(s.kubeconfig, kubetest.Kubeconfig{}); err != nil {
+		return nil, err
+	}
+	s.recv = newReceiver()
+	ncfg := s.nodeConfig(filepath.Join(dir, label), label)
+	ncfg.Raft.Bootstrap = true
+	ncfg.Drift.Addr = net.JoinHostPort(wh.LocalServingHost, strconv.Itoa(wh.LocalServingPort))
+	ncfg.Drift.Callbacks = []string{s.recv.URL}
+	if configure != nil {
+		configure(&ncfg)
+	}
+	if s.node, err = server.New(ncfg, logger, nil); err != nil {
+		return nil, fmt.Errorf("start policyd: %w", err)
+	}
+	s.node.Start()
 	if err := kubetest.Poll(30*time.Second, func() error {
-		if !n.IsLeader() {
+		if !s.node.IsLeader() {
 			return errors.New("not leader")
 		}
 		return nil
 	}); err != nil {
-		fmt.Fprintln(os.Stderr, "policyd did not become leader:", err)
-		return 1
+		return nil, fmt.Errorf("policyd did not become leader: %w", err)
 	}
-	return m.Run()
+	return s, nil
+}
+
+// stop stops what startStack started, reporting errors to report.
+func (s *stack) stop(report func(error)) {
+	if s.node != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := s.node.Close(ctx); err != nil {
+			report(fmt.Errorf("close policyd: %w", err))
+		}
+	}
+	if s.recv != nil {
+		s.recv.Close()
+	}
+	if err := s.Stop(); err != nil {
+		report(err)
+	}
 }
 
 // webhook is the drift webhook as deploy/ registers it: every apps/v1
@@ -165,11 +192,11 @@ func webhook(name, label string, cc admissionregistrationv1.WebhookClientConfig)
 
 // nodeConfig is a policyd node on loopback with short Raft timeouts and the
 // drift webhook on envtest's serving certificate.
-func nodeConfig(dataDir, id string) config.Config {
+func (s *stack) nodeConfig(dataDir, id string) config.Config {
 	cfg := servertest.Config(dataDir, id)
-	cfg.Kubernetes.Kubeconfig = env.kubeconfig
+	cfg.Kubernetes.Kubeconfig = s.kubeconfig
 	cfg.Drift.Addr = "127.0.0.1:0"
-	cfg.Drift.TLS = config.TLS{CertFile: filepath.Join(env.certDir, "tls.crt"), KeyFile: filepath.Join(env.certDir, "tls.key")}
+	cfg.Drift.TLS = config.TLS{CertFile: filepath.Join(s.certDir, "tls.crt"), KeyFile: filepath.Join(s.certDir, "tls.key")}
 	cfg.Drift.Mode = admission.ModeLog
 	return cfg
 }
@@ -184,10 +211,10 @@ type actor struct {
 
 // newActor impersonates user; system:masters spares the test RBAC set-up,
 // and the webhook identifies actors by user name only.
-func newActor(t *testing.T, user string) *actor {
+func (s *stack) newActor(t *testing.T, user string) *actor {
 	t.Helper()
 	a := &actor{user: user}
-	rc := rest.CopyConfig(env.Config)
+	rc := rest.CopyConfig(s.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:masters", "system:authenticated"}}
 	rc.WarningHandler = &a.Warnings
 	a.kube = kubernetes.NewForConfigOrDie(rc)
@@ -196,7 +223,7 @@ func newActor(t *testing.T, user string) *actor {
 
 // newNamespace creates a namespace routed to the policyd labelled label
 // (empty: no webhook), with the given drift mode ("" = drift.mode).
-func newNamespace(t *testing.T, label, mode string) string {
+func (s *stack) newNamespace(t *testing.T, label, mode string) string {
 	t.Helper()
 	labels, annotations := map[string]string{}, map[string]string{}
 	if label != "" {
@@ -205,14 +232,14 @@ func newNamespace(t *testing.T, label, mode string) string {
 	if mode != "" {
 		annotations[prefix+"/mode"] = mode
 	}
-	name := env.Namespace(t, labels, annotations)
+	name := s.Namespace(t, labels, annotations)
 	t.Cleanup(func() {
-		_ = env.Kube.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = s.Kube.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	if label == "single" {
+	if label == s.label {
 		// The mode annotation is read from the webhook's namespace cache.
 		kubetest.Eventually(t, 30*time.Second, "namespace in the webhook's cache", func() error {
-			if env.node.DriftObjects().Cached(namespaceGVK, "", name) == nil {
+			if s.node.DriftObjects().Cached(namespaceGVK, "", name) == nil {
 				return errors.New("not cached")
 			}
 			return nil
@@ -230,6 +257,9 @@ type chain struct {
 	ctrl *actor
 	dep  *appsv1.Deployment
 	rs   *appsv1.ReplicaSet
+	// condition is the one condition the controller reports True
+	// (Available, as the deployment controller does, unless a test says).
+	condition appsv1.DeploymentConditionType
 }
 
 func int32p(v int32) *int32 { return &v }
@@ -238,7 +268,14 @@ func int32p(v int32) *int32 { return &v }
 // controller), then plays the controller until the Deployment is settled.
 func newChain(t *testing.T, ns string, node *server.Node) *chain {
 	t.Helper()
-	c := &chain{t: t, ns: ns, node: node, ctrl: newActor(t, controllerUser)}
+	return newChainReporting(t, ns, node, appsv1.DeploymentAvailable)
+}
+
+// newChainReporting is newChain with a controller that reports condition
+// True instead of Available.
+func newChainReporting(t *testing.T, ns string, node *server.Node, condition appsv1.DeploymentConditionType) *chain {
+	t.Helper()
+	c := &chain{t: t, ns: ns, node: node, ctrl: env.newActor(t, controllerUser), condition: condition}
 	labels := map[string]string{"app": "web"}
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
@@ -298,7 +335,7 @@ func (c *chain) deployment() *appsv1.Deployment {
 }
 
 // settle plays the deployment controller until the Deployment is steady:
-// its status observes its generation and says Available, the controller's
+// its status observes its generation and says c.condition, the controller's
 // hash and the initialized phase are recorded (the leader's patches bump a
 // Deployment's generation, so this takes a few rounds), no follow-up task is
 // pending, and the webhook's cache holds this state.
@@ -316,7 +353,7 @@ func (c *chain) settle() *appsv1.Deployment {
 			d.Status.Replicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas, d.Status.UpdatedReplicas = 1, 1, 1, 1
 			now := metav1.Now()
 			d.Status.Conditions = []appsv1.DeploymentCondition{{
-				Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable",
+				Type: c.condition, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable",
 				LastUpdateTime: now, LastTransitionTime: now,
 			}}
 			if _, err := c.ctrl.kube.AppsV1().Deployments(c.ns).UpdateStatus(c.t.Context(), d, metav1.UpdateOptions{}); err != nil {

@@ -161,9 +161,22 @@ func (o *Objects) mayRediscover() bool {
 	return true
 }
 
+var _ admission.FreshObjects = (*Objects)(nil)
+
 // Parent implements admission.Objects. A cached object whose UID differs
 // from the reference's is read again: the cache may trail a re-creation.
 func (o *Objects) Parent(ctx context.Context, namespace string, ref metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	return o.parent(ctx, namespace, ref, false)
+}
+
+// FreshParent implements admission.FreshObjects: Parent read from the API
+// server, for the rare decisions that must not rest on a cache that may
+// trail it.
+func (o *Objects) FreshParent(ctx context.Context, namespace string, ref metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	return o.parent(ctx, namespace, ref, true)
+}
+
+func (o *Objects) parent(ctx context.Context, namespace string, ref metav1.OwnerReference, fresh bool) (*unstructured.Unstructured, error) {
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)
 	if err != nil {
 		return nil, fmt.Errorf("owner reference apiVersion %q: %w", ref.APIVersion, err)
@@ -176,7 +189,7 @@ func (o *Objects) Parent(ctx context.Context, namespace string, ref metav1.Owner
 		namespace = ""
 	}
 	u, err := o.get(ctx, ki, namespace, ref.Name, func(u *unstructured.Unstructured) bool {
-		return ref.UID == "" || u.GetUID() == ref.UID
+		return !fresh && (ref.UID == "" || u.GetUID() == ref.UID)
 	})
 	if err != nil || u == nil {
 		return u, err

@@ -169,10 +169,16 @@ func observation(e admission.Effect) (store.DriftObservation, error) {
 			return o, fmt.Errorf("%s effect without a child", e.Kind)
 		}
 		o.Kind = store.DriftDetected
-		if e.Kind == admission.EffectDriftResolved {
+		o.ReportID = e.ReportID()
+		switch {
+		case e.Kind == admission.EffectDriftDetected:
+		case e.Resolution == admission.ResolvedApproved && e.Occurrence != "":
+			// Every approved drift is its own report: stored under its
+			// occurrence, while the report's id names the pair (DESIGN).
+			o.Kind, o.ReportID = store.DriftApproved, e.Occurrence
+		default:
 			o.Kind = store.DriftResolved
 		}
-		o.ReportID = e.ReportID()
 		o.PairID = admission.ResolvedID(e.Parent, *e.Child)
 		if o.Report, err = json.Marshal(e.Report()); err != nil {
 			return o, fmt.Errorf("encode drift report %s: %w", o.ReportID, err)

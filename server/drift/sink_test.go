@@ -2,6 +2,7 @@ package drift_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -84,6 +85,41 @@ func TestCommandsKeysAreContentOnly(t *testing.T) {
 	}
 	if ea[0][1].GetKey() == ea[0][2].GetKey() {
 		t.Error("different patches share a task key")
+	}
+}
+
+// An approved drift's Resolved is stored under its occurrence (each
+// approved change its own report, every node's observation of it one),
+// while the report's id names the pair as DESIGN says.
+func TestCommandsApprovedResolved(t *testing.T) {
+	e := effects(time.Unix(100, 0), "uid-a")[3]
+	approvedIn := func(occurrence string) *commandv1.DriftEffect {
+		a := e
+		a.Resolution, a.Occurrence = admission.ResolvedApproved, occurrence
+		cmds, err := drift.Commands("n1", []admission.Effect{a})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return decodeObserve(t, cmds)[0][0]
+	}
+	one, two := approvedIn("1111111111111111"), approvedIn("2222222222222222")
+	if one.GetKind() != "approved" || one.GetReportId() != "1111111111111111" || two.GetReportId() != "2222222222222222" {
+		t.Errorf("approved effects %v, %v: want kind approved, stored under their occurrences", one, two)
+	}
+	var rep admission.DriftReport
+	if err := json.Unmarshal(one.GetReport(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if pair := admission.ResolvedID(e.Parent, *e.Child); rep.Spec.ID != pair || one.GetPairId() != pair || rep.Spec.Phase != admission.ReportResolved {
+		t.Errorf("report id %s phase %s pair %s, want the pair's id %s and Resolved", rep.Spec.ID, rep.Spec.Phase, one.GetPairId(), pair)
+	}
+	e.Resolution = admission.ResolvedParentChanged
+	cmds, err := drift.Commands("n1", []admission.Effect{e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeObserve(t, cmds)[0][0]; got.GetKind() != "resolved" || got.GetReportId() != got.GetPairId() {
+		t.Errorf("parent-changed effect %v: want kind resolved under the pair's id", got)
 	}
 }
 
