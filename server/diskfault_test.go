@@ -116,6 +116,23 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 				return tx.Bucket([]byte("logs")).Delete(be64(30))
 			})
 		}, "entry 30 of 1-50"},
+		{"entries missing below the snapshot (a follower that installed one)", LogStoreBoltDB, func(t *testing.T, d string) {
+			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
+				for i := uint64(10); i <= 35; i++ {
+					if err := tx.Bucket([]byte("logs")).Delete(be64(i)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			writeSnapshot(t, d, 35)
+		}, ""},
+		{"entry missing above the snapshot", LogStoreBoltDB, func(t *testing.T, d string) {
+			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
+				return tx.Bucket([]byte("logs")).Delete(be64(40))
+			})
+			writeSnapshot(t, d, 35)
+		}, "entry 40 of 1-50"},
 		{"term is not a number", LogStoreBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("conf")).Put(keyCurrentTerm, []byte{1})
@@ -254,5 +271,24 @@ func TestWatchedLogStoreKeepsMonotonic(t *testing.T) {
 	}
 	if got, want := w.stablePath, filepath.Join(dir, walDir, metadb.FileName); got != want {
 		t.Errorf("stable path = %s, want %s", got, want)
+	}
+}
+
+// writeSnapshot puts a raft snapshot at index into raftDir's snapshot store.
+func writeSnapshot(t *testing.T, raftDir string, index uint64) {
+	t.Helper()
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 1, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := snaps.Create(raft.SnapshotVersionMax, index, 1, raft.Configuration{}, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Write([]byte("state")); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

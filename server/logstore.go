@@ -74,13 +74,21 @@ var ErrLogDamaged = errors.New("raft log damaged")
 // would fault or panic on a damaged one; after, it reads every entry and
 // Raft's term and vote back, since hashicorp/raft panics on an entry it
 // cannot read. A log that fails either is refused with ErrLogDamaged and an
-// error naming the file.
+// error naming the file. Entries at or below the latest snapshot may be
+// missing: a follower that installs a snapshot keeps the older entries it
+// had, so its log can skip from those to the snapshot's index, and raft
+// never reads them again.
 func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, error) {
 	ls, kind, err := openLogStore(raftDir, kind, logger)
 	if err != nil {
 		return nil, "", err
 	}
-	if err := verifyLog(ls); err != nil {
+	snap, err := latestSnapshot(raftDir, logger)
+	if err != nil {
+		_ = ls.Close()
+		return nil, "", err
+	}
+	if err := verifyLog(ls, snap); err != nil {
 		_ = ls.Close()
 		return nil, "", fmt.Errorf("raft log %s: %w", LogStorePath(raftDir, kind), err)
 	}
@@ -124,7 +132,28 @@ var (
 
 // verifyLog reads back Raft's term and vote and every entry in the log, in
 // order, the way Raft reads them when it starts and replays.
-func verifyLog(ls LogStore) (err error) {
+// latestSnapshot is the index of the newest snapshot in raftDir, 0 if none.
+func latestSnapshot(raftDir string, logger hclog.Logger) (uint64, error) {
+	if _, err := os.Stat(filepath.Join(raftDir, "snapshots")); errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 1, logger.Named("snapshots"))
+	if err != nil {
+		return 0, fmt.Errorf("open raft snapshots in %q: %w", raftDir, err)
+	}
+	metas, err := snaps.List()
+	if err != nil {
+		return 0, fmt.Errorf("list raft snapshots in %q: %w", raftDir, err)
+	}
+	if len(metas) == 0 {
+		return 0, nil
+	}
+	return metas[0].Index, nil
+}
+
+// verifyLog reads back the stable store's keys and every entry of the log;
+// an entry at or below snapshot may be missing.
+func verifyLog(ls LogStore, snapshot uint64) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v", ErrLogDamaged, r)
@@ -155,6 +184,10 @@ func verifyLog(ls LogStore) (err error) {
 	var l raft.Log
 	for i := first; i <= last; i++ {
 		if err := ls.GetLog(i, &l); err != nil {
+			if i <= snapshot && errors.Is(err, raft.ErrLogNotFound) {
+				i = snapshot // the rest up to the snapshot may be gone too
+				continue
+			}
 			return fmt.Errorf("%w: entry %d of %d-%d: %w", ErrLogDamaged, i, first, last, err)
 		}
 		if l.Index != i {
