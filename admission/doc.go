@@ -40,16 +40,82 @@
 //     (generation != 0), so their children's changes are always expected.
 //   - A parent whose UID differs from the ownerReference's is a recreated
 //     owner: the child is treated as an orphan (allowed).
+//   - The parent comes from an informer, and a real controller acts on a
+//     spec change within milliseconds, often before the informer has it.
+//     A decision that rests on the parent being at rest (drift denied or
+//     logged, approved, rejected) is made again on a fresh read of the
+//     parent (FreshObjects) when the server offers one; if that read fails,
+//     the cached copy decides. Other decisions make no API call.
 //   - freeze: "" and "false" mean not frozen; any other value that is not
 //     JSON freezes (the safe side, as DESIGN says for unparsable values).
 //   - Unparsable approvals or rejections are ignored with a warning on the
-//     response, not a denial: a typo by an approver must not block all
-//     changes, and rejections only ever narrow what approvals allow.
-//   - Approvals and rejections match the child's group and kind (any
-//     version); an empty apiVersion matches any group.
-//   - Resolved effects are emitted whenever a pair's drift would be over
-//     (approved, parent reconciling, child deleted) because Decide has no
-//     memory; the server sends one only when a Detected report for the pair
-//     is outstanding.
+//     response (and a log line), not a denial: a typo by an approver must
+//     not block all changes, and rejections only ever narrow what
+//     approvals allow.
+//   - Initialization rules (drift.initialization, package initrule): a
+//     kind's rules are alternatives ("any of"), the word default stands
+//     for the seed's whole order, and a kind with configured rules does not
+//     use its built-in one, so "apps/Deployment=default" gives the seed's
+//     order back to Deployments whose controller sets Ready. The
+//     <prefix>/phase annotation is always checked first. A rule with an
+//     unknown signal, or default beside other signals, fails config load.
+//   - Modes: the object's own <prefix>/mode, then its parent's, then its
+//     namespace's, then drift.mode. The object's annotation is read as
+//     stored (the old object): only a controller's write can be drift, and
+//     a controller's new object carries its parent's annotations, not the
+//     object's; a CREATE has no stored object, so its parent's mode
+//     applies. A value other than enforce or log is ignored.
+//   - Trace labels. An object's <prefix>/trace-<key> annotations, as the
+//     object will hold them, become labels on its own hop when the hop is
+//     written (a CREATE or a spec change), so a controller's copies of its
+//     parent's are not inherited, and a metadata-only change leaves the
+//     trace as it was. A key that is not a valid label key (a qualified
+//     name) or a value over 1 KiB is left out, with a warning on the
+//     response and a log line; the request is not refused. A child's trace
+//     copies its parent's hops byte for byte, fields this version does not
+//     know included.
+//   - Resolved reports. An approved drift always yields a Resolved effect,
+//     with both objects and the diff, so a receiver that audits approvals
+//     hears of approvals written in advance too. Its Occurrence (the pair,
+//     the child's generation before the change, both specs) keeps it to one
+//     report per approved change: the API server calls each replica's
+//     webhook with its own uid, and a controller whose approved write loses
+//     a conflict to a status update retries the same change. The parent's
+//     spec change and the child's deletion also yield Resolved effects, on
+//     every such request since Decide has no memory; the server sends those
+//     only for an open Detected report.
 //   - Subresources other than status (scale, eviction) are not examined.
+//
+// # Where the seed and Kausality differ, and what we chose
+//
+// Kausality (github.com/kausality-io/kausality) is the project seed 001
+// comes from; its code and its design document do not always agree.
+//
+//   - Initialization: Kausality's observedGeneration check is the field's
+//     mere presence; the seed requires observedGeneration == generation
+//     with Ready=True. We follow the seed: Crossplane sets Synced (and
+//     observedGeneration) before the children exist.
+//   - Mode: Kausality reads the new object's annotation, then the
+//     namespace's, then its configuration, and not the parent's. We follow
+//     DESIGN's object > parent > namespace > drift.mode, reading the
+//     object as stored (see Modes above), so that a controller syncing its
+//     parent's annotations cannot change its child's mode.
+//   - Rejections: Kausality denies a rejected drift only in enforce mode.
+//     We deny it in both modes (DESIGN): a rejection is an explicit human
+//     decision.
+//   - Wildcards: as in Kausality, "*" matches any apiVersion, kind or name,
+//     and only the whole value "*" is a wildcard ("web-*" is a name). Unlike
+//     Kausality, apiVersion matches by group (the version is ignored: an
+//     object is the same at every served version) and an empty apiVersion
+//     matches any group.
+//   - Resolved: as in Kausality, every approved drift is reported Resolved.
+//     Kausality sends one per webhook call; we send one per approved change
+//     (see Resolved reports above), since a cluster of replicas would
+//     otherwise report each approval several times.
+//   - Trace: as in Kausality, labels are the object's own and not
+//     inherited, and a controller's write extends its parent's trace.
+//     Kausality starts a new origin when the parent is at rest (drift); we
+//     extend the parent's trace and mark the hop (approval mode, or drift
+//     when logged), so a report's trace shows where the drift came from.
+//     Label keys and sizes are checked, which Kausality does not do.
 package admission

@@ -1,6 +1,7 @@
 package initrule
 
 import (
+	"os"
 	"strings"
 	"testing"
 
@@ -57,6 +58,35 @@ func TestParse(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestExampleRules parses the rules config.example.yaml shows.
+func TestExampleRules(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []string
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "#   initialization:":
+			in = true
+		case in && strings.HasPrefix(trimmed, "#     - "):
+			rules = append(rules, strings.TrimPrefix(trimmed, "#     - "))
+		default:
+			in = false
+		}
+	}
+	if len(rules) < 2 {
+		t.Fatalf("found %q, want the example's rules", rules)
+	}
+	for _, r := range rules {
+		if _, err := Parse(r); err != nil {
+			t.Errorf("example rule: %v", err)
+		}
 	}
 }
 
