@@ -6,14 +6,16 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"math"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/hashicorp/go-msgpack/v2/codec"
-	"github.com/hashicorp/raft"
+
+	"github.com/policyd/policyd/server/peer"
 )
 
 // These tests show that the suite's checks can fail: the model rejects the
@@ -199,37 +201,36 @@ func TestCheckSidecar(t *testing.T) {
 	}
 }
 
-// TestIdentify encodes RPCs the way raft's NetworkTransport does and checks
-// that the proxy reads their sender, and refuses what it cannot attribute.
+// TestIdentify: the proxy reads the sender from the peer handshake's hello
+// that opens every connection, for Raft and the node-to-node API alike, and
+// refuses what it cannot attribute.
 func TestIdentify(t *testing.T) {
 	ids := map[string]int{"node1": 0, "node2": 1}
-	encode := func(typ uint8, req any) []byte {
-		var b bytes.Buffer
-		b.WriteByte(typ)
-		h := &codec.MsgpackHandle{}
-		h.TimeNotBuiltin = true // as raft's encoder
-		if err := codec.NewEncoder(&b, h).Encode(req); err != nil {
-			t.Fatal(err)
-		}
-		return b.Bytes()
-	}
-	hdr := func(id string) raft.RPCHeader {
-		return raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(id), Addr: []byte("127.0.0.1:1")}
+	hello := func(kind peer.Kind, id string) []byte {
+		t.Helper()
+		// What a dialling node writes first: its hello (the rest of its
+		// handshake waits for the answer, which nobody gives here).
+		client, server := net.Pipe()
+		defer server.Close()
+		go func() {
+			cfg := &peer.Config{NodeID: id, HandshakeTimeout: time.Second}
+			_, _, _ = cfg.Client(client, "127.0.0.1:1", kind)
+			_ = client.Close()
+		}()
+		b := make([]byte, 512)
+		n, _ := io.ReadAtLeast(server, b, 1)
+		return b[:n]
 	}
 	tests := []struct {
 		name string
 		wire []byte
 		want int // -1: error
 	}{
-		{"append entries", encode(rpcAppendEntries, &raft.AppendEntriesRequest{RPCHeader: hdr("node2"), Term: 3,
-			Entries: []*raft.Log{{Index: 1, Term: 3, Data: []byte("node1")}}}), 1},
-		{"vote", encode(rpcRequestVote, &raft.RequestVoteRequest{RPCHeader: hdr("node1"), Term: 4}), 0},
-		{"pre-vote", encode(rpcRequestPreVote, &raft.RequestPreVoteRequest{RPCHeader: hdr("node2"), Term: 4}), 1},
-		{"snapshot", encode(rpcInstallSnapshot, &raft.InstallSnapshotRequest{RPCHeader: hdr("node1"), Size: 10}), 0},
-		{"timeout now", encode(rpcTimeoutNow, &raft.TimeoutNowRequest{RPCHeader: hdr("node2")}), 1},
-		{"unknown server", encode(rpcRequestVote, &raft.RequestVoteRequest{RPCHeader: hdr("node9")}), -1},
-		{"unknown rpc type", []byte{42, 0x80}, -1},
-		{"garbage", []byte{rpcAppendEntries, 0xc1, 0xc1}, -1},
+		{"raft", hello(peer.KindRaft, "node2"), 1},
+		{"node-to-node API", hello(peer.KindAPI, "node1"), 0},
+		{"unknown server", hello(peer.KindRaft, "node9"), -1},
+		{"raft without a handshake", []byte{0, 0x80}, -1},
+		{"garbage", []byte("PDP1\xff"), -1},
 		{"empty", nil, -1},
 	}
 	for _, tc := range tests {

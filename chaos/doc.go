@@ -20,17 +20,17 @@
 // the test binary, even when `go test -timeout` aborts it without running
 // cleanups; the normal path stops every process in t.Cleanup.
 //
-// # Network faults: one proxy per node, sources told apart by the RPC header
+// # Network faults: one proxy per node, sources told apart by the hello
 //
 // Every node's raft.advertise (and its address in raft.peers and in joins) is
 // a proxy in the test process in front of the node's real raft.addr, so all
 // Raft traffic to node j flows through proxy j. To cut one direction of one
 // pair (i → j) rather than all of j's traffic, proxy j must know which node
-// dialled: every connection hashicorp/raft's NetworkTransport opens carries
-// RPCs of one sender only, and each RPC begins with an RPCHeader holding the
-// sender's server ID. The proxy decodes the first RPC of each connection (one
-// type byte, then msgpack, as raft writes it), forwards the bytes it read,
-// and from then on copies blindly. A cut link (i, j) closes the open
+// dialled: every connection to a node's Raft port, Raft's and the
+// node-to-node API's alike, opens with the peer handshake's hello naming the
+// dialling node (server/peer). The proxy reads the hello (peer.ReadHello),
+// forwards the bytes it read, and from then on copies blindly, so writes
+// forwarded to the leader are cut by a partition as Raft is. A cut link (i, j) closes the open
 // connections i → j at proxy j (the dialler sees a reset) and holds new ones
 // open without forwarding a byte until the cut heals (it sees a black hole
 // and its timeouts). Responses travel back on the dialler's connection, so a

@@ -13,21 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/server/peer"
 )
 
-// Raft RPC type bytes of hashicorp/raft's NetworkTransport (net_transport.go).
-const (
-	rpcAppendEntries uint8 = iota
-	rpcRequestVote
-	rpcInstallSnapshot
-	rpcTimeoutNow
-	rpcRequestPreVote
-)
-
-// identifyTimeout bounds the wait for a new connection's first RPC. raft
-// sends one as soon as it dials.
+// identifyTimeout bounds the wait for a new connection's hello, which a
+// node sends as soon as it dials.
 const identifyTimeout = 10 * time.Second
 
 // network is the set of Raft proxies, one per node, and the links currently
@@ -110,7 +100,7 @@ func (p *proxy) serve() {
 	}
 }
 
-// handle identifies the sender from the first RPC, then forwards, or holds
+// handle identifies the sender from its hello, then forwards, or holds
 // the connection silent while the link is cut.
 func (p *proxy) handle(c net.Conn) {
 	var seen bytes.Buffer
@@ -168,35 +158,17 @@ func (p *proxy) handle(c net.Conn) {
 	<-done
 }
 
-// identify reads the first RPC of a Raft connection and returns its sender's
-// node index.
+// identify reads the peer handshake's hello that opens every connection to
+// a node's Raft port (Raft and the node-to-node API alike) and returns its
+// sender's node index.
 func identify(r *bufio.Reader, ids map[string]int) (int, error) {
-	typ, err := r.ReadByte()
+	h, err := peer.ReadHello(r)
 	if err != nil {
 		return 0, err
 	}
-	var req interface{ GetRPCHeader() raft.RPCHeader }
-	switch typ {
-	case rpcAppendEntries:
-		req = &raft.AppendEntriesRequest{}
-	case rpcRequestVote:
-		req = &raft.RequestVoteRequest{}
-	case rpcInstallSnapshot:
-		req = &raft.InstallSnapshotRequest{}
-	case rpcTimeoutNow:
-		req = &raft.TimeoutNowRequest{}
-	case rpcRequestPreVote:
-		req = &raft.RequestPreVoteRequest{}
-	default:
-		return 0, fmt.Errorf("unknown raft rpc type %d", typ)
-	}
-	if err := codec.NewDecoder(r, &codec.MsgpackHandle{}).Decode(req); err != nil {
-		return 0, fmt.Errorf("decode raft rpc type %d: %w", typ, err)
-	}
-	id := string(req.GetRPCHeader().ID)
-	i, ok := ids[id]
+	i, ok := ids[h.NodeID]
 	if !ok {
-		return 0, fmt.Errorf("rpc from unknown server %q", id)
+		return 0, fmt.Errorf("connection from unknown server %q", h.NodeID)
 	}
 	return i, nil
 }

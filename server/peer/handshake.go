@@ -210,6 +210,14 @@ func readHello(r io.Reader) (h hello, raw []byte, err error) {
 	return h, rec.buf.Bytes(), nil
 }
 
+// ReadHello reads the hello that opens a connection: who dials and for
+// what. It is for what sits between nodes and must tell connections apart
+// (the chaos suite's fault-injecting proxy); it proves nothing.
+func ReadHello(r io.Reader) (Info, error) {
+	h, _, err := readHello(r)
+	return Info{Kind: h.kind, NodeID: h.nodeID, ClusterID: h.clusterID}, err
+}
+
 // readChallenge reads the answer to a hello: a challenge, or a refusal.
 func readChallenge(r io.Reader, h *hello) (c challenge, raw []byte, err error) {
 	rec := &recorder{r: r}
