@@ -23,7 +23,7 @@ type watchProc struct {
 	cmd   *exec.Cmd
 	lines chan string
 	seen  []string
-	logs  *syncBuffer
+	logs  *servertest.LogBuffer
 	done  chan error
 	// exited is set once wait has seen the process end.
 	exited bool
@@ -43,7 +43,7 @@ func startWatch(t *testing.T, name string, args ...string) *watchProc {
 	t.Helper()
 	cmd := exec.Command(policydBinary(t), append([]string{"watch", "--output", "json"}, args...)...)
 	cmd.Env = servertest.CleanEnv()
-	w := &watchProc{name: name, cmd: cmd, lines: make(chan string, 100), logs: &syncBuffer{}, done: make(chan error, 1)}
+	w := &watchProc{name: name, cmd: cmd, lines: make(chan string, 100), logs: &servertest.LogBuffer{}, done: make(chan error, 1)}
 	cmd.Stderr = w.logs
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -57,25 +57,8 @@ func policydBinary(t *testing.T) string {
 // daemon is a running `policyd serve`.
 type daemon struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *servertest.LogBuffer
 	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startDaemon(t *testing.T, dir string, args ...string) *daemon {
@@ -89,7 +72,7 @@ func startDaemonEnv(t *testing.T, dir string, env []string, args ...string) *dae
 	cmd := exec.Command(policydBinary(t), append([]string{"serve"}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(servertest.CleanEnv(), env...)
-	d := &daemon{cmd: cmd, logs: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemon{cmd: cmd, logs: &servertest.LogBuffer{}, done: make(chan error, 1)}
 	cmd.Stdout, cmd.Stderr = d.logs, d.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,43 +1,25 @@
 package peer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/server/servertest"
 )
 
-// lockedBuffer is a log sink tests can read while the mux writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func serveMux(t *testing.T, cfg *Config) (*Mux, *lockedBuffer) {
+func serveMux(t *testing.T, cfg *Config) (*Mux, *servertest.LogBuffer) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs servertest.LogBuffer
 	m := NewMux(ln, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	done := make(chan struct{})
 	go func() { defer close(done); m.Serve() }()
