@@ -101,6 +101,13 @@ func FuzzAnnotationParsers(f *testing.F) {
 		}
 		_, _ = ParseSnooze(s)
 		_, _ = ParseTrace(s)
+		if raw, err := rawTrace(s); err == nil {
+			// A parent's hops copied whole stay a trace a child can parse.
+			if _, err := ParseTrace(formatTrace(extendTrace(raw, Hop{Kind: "Child"}))); err != nil {
+				t.Fatalf("trace built on %q does not parse: %v", s, err)
+			}
+		}
+		_, _ = (Config{}).traceLabels(map[string]string{"policyd.io/trace-" + s: s, "policyd.io/trace-k": s})
 		hs := ParseHashes(s)
 		if len(hs) > maxHashes {
 			t.Fatalf("%d hashes", len(hs))

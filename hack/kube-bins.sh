@@ -26,14 +26,14 @@ KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_${GOVER}_${PLAT}"
 DEST="$CACHE_ROOT/$KEY"
 KCM_DONE="$DEST/.complete-kube-controller-manager"
 
-complete() { [[ -f "$DEST/.complete" && -f "$KCM_DONE" ]]; }
+published() { [[ -f "$DEST/.complete" && -f "$KCM_DONE" ]]; }
 
-if complete; then echo "$DEST"; exit 0; fi
+if published; then echo "$DEST"; exit 0; fi
 
 mkdir -p "$CACHE_ROOT"
 exec 9>"$CACHE_ROOT/.lock"
 flock 9                                   # serialize concurrent builders on one machine
-if complete; then echo "$DEST"; exit 0; fi
+if published; then echo "$DEST"; exit 0; fi
 
 WORK="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT

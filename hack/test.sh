@@ -25,9 +25,10 @@ step "tools"
 tools_bin="$(hack/tools.sh)"
 export PATH="$tools_bin:$PATH"
 
-# envtest's kube-apiserver and etcd, built once from the Go module proxy and
+# envtest's kube-apiserver and etcd, and kube-controller-manager for the
+# drift tests' real controllers, built once from the Go module proxy and
 # cached under ~/.cache/kubeenv (several minutes the first time on 2 cores).
-step "kube-apiserver and etcd for envtest"
+step "kube-apiserver, etcd and kube-controller-manager for the Kubernetes tests"
 KUBEBUILDER_ASSETS="$(hack/kube-bins.sh)"
 export KUBEBUILDER_ASSETS
 
