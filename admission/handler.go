@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
+
+	"github.com/policyd/policyd/utf8field"
 )
 
 // MaxReviewBytes bounds a request body. An AdmissionReview carries at most
@@ -211,6 +213,10 @@ func decodeReview(body io.Reader) (*admissionv1.AdmissionReview, error) {
 	b, err := io.ReadAll(body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: read body: %w", errBadReview, err)
+	}
+	// encoding/json would take invalid UTF-8 for U+FFFD without a word.
+	if err := utf8field.JSON(b); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadReview, err)
 	}
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(b, &review); err != nil {

@@ -197,6 +197,8 @@ func TestHandlerHTTPErrors(t *testing.T) {
 		{"no request", http.MethodPost, "application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), http.StatusBadRequest, "no request"},
 		{"no uid", http.MethodPost, "application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"operation":"CREATE"}}`), http.StatusBadRequest, "no uid"},
 		{"wrong field type", http.MethodPost, "application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":7}}`), http.StatusBadRequest, "bad admission review"},
+		{"invalid UTF-8", http.MethodPost, "application/json", []byte("{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{\"uid\":\"u\",\"object\":{\"metadata\":{\"name\":\"a\xffb\"}}}}"), http.StatusBadRequest, "request.object.metadata.name is not valid UTF-8"},
+		{"lone surrogate escape", http.MethodPost, "application/json", []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"\udc00"}}`), http.StatusBadRequest, "request.uid is not valid UTF-8"},
 		{"too large", http.MethodPost, "application/json", append(append([]byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","x":"`), bytes.Repeat([]byte("a"), MaxReviewBytes)...), '"', '}'), http.StatusRequestEntityTooLarge, "too large"},
 	}
 	for _, tc := range tests {
@@ -219,8 +221,8 @@ func TestHandlerHTTPErrors(t *testing.T) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(w.h.metrics.invalid); got != 7 {
-		t.Errorf("invalid reviews counted %v, want 7", got)
+	if got := testutil.ToFloat64(w.h.metrics.invalid); got != 9 {
+		t.Errorf("invalid reviews counted %v, want 9", got)
 	}
 }
 

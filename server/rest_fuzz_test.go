@@ -8,12 +8,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/policyd/policyd/utf8field"
 )
 
 // FuzzAdminREST sends arbitrary methods, paths, bodies and If-Match headers
 // to a real single-node daemon over HTTP. Whatever arrives, the API must
 // answer with a non-500 status, every error must be the JSON envelope with a
-// known code, and a policy the input did not address must be unchanged.
+// known code, a policy the input did not address must be unchanged, and a
+// write whose path, query or body text is not valid UTF-8 never succeeds.
 //
 // Longer run: go test ./server -run '^$' -fuzz '^FuzzAdminREST$' -fuzztime 5m
 func FuzzAdminREST(f *testing.F) {
@@ -42,6 +46,13 @@ func FuzzAdminREST(f *testing.F) {
 	f.Add(uint8(2), "policies/does.not.exist", []byte(nil), "3")
 	f.Add(uint8(3), "cluster/join", []byte(`{"id":"","raft_addr":"nowhere"}`), "")
 	f.Add(uint8(5), "policies/x", []byte(`[]`), "")
+	f.Add(uint8(1), "policies/acme.u", []byte("{\"name\":\"acme.u\",\"kind\":\"ToolPolicy\",\"spec\":{\"tool_name\":\"Bash\",\"action\":\"deny\",\"reason\":\"\xff\"}}"), "")
+	f.Add(uint8(1), "policies/acme.v", []byte(`{"name":"acme.v","kind":"ToolPolicy","spec":{"tool_name":"Bash","action":"deny","reason":"\ud800"}}`), "")
+	f.Add(uint8(1), "policies/acme.w", []byte("{\"name\":\"acme.w\",\"kind\":\"ToolPolicy\",\"labels\":{\"\xc3\":\"x\"},\"spec\":{\"tool_name\":\"Bash\",\"action\":\"deny\"}}"), "")
+	f.Add(uint8(1), "employees/e3", []byte("{\"id\":\"e3\",\"org\":\"acme\",\"team\":\"\xe2\x82\",\"status\":\"active\"}"), "")
+	f.Add(uint8(1), "employees/e%FF", []byte(`{"org":"acme","status":"active"}`), "")
+	f.Add(uint8(0), "policies?org=%FF", []byte(nil), "")
+	f.Add(uint8(2), "policies/%C3", []byte(nil), "")
 
 	f.Fuzz(func(t *testing.T, m uint8, path string, body []byte, ifMatch string) {
 		if strings.Contains(path, "sentinel") || strings.Contains(path, "cluster") {
@@ -78,6 +89,12 @@ func FuzzAdminREST(f *testing.F) {
 			default:
 				t.Fatalf("%s %s: unknown error code %q", req.Method, req.URL, env.Error.Code)
 			}
+		}
+		// utf8field.JSON is fuzzed against an oracle of its own.
+		textValid := utf8.ValidString(req.URL.Path) && utf8field.Query(req.URL.Query()) == nil &&
+			utf8.Valid(body) && utf8field.JSON(body) == nil
+		if resp.StatusCode/100 == 2 && (req.Method == http.MethodPut || req.Method == http.MethodPost) && !textValid {
+			t.Fatalf("%s %s with text that is not valid UTF-8: status %d: %s", req.Method, req.URL, resp.StatusCode, data)
 		}
 		if after := get(t, client, base+"/v1/policies/sentinel.keep"); !bytes.Equal(after, before) {
 			t.Fatalf("%s %s changed an unrelated policy:\nbefore %s\nafter  %s", req.Method, req.URL, before, after)

@@ -8,6 +8,14 @@
 // including an unknown path or method, is the JSON envelope
 // {"error": {"code", "message"}}, produced by writeError, the one place where
 // errors become HTTP statuses. Request bodies are capped at 1 MiB (413).
+//
+// Text is valid UTF-8 or refused: a request whose path parameter, query
+// parameter, or any string of its JSON body (member names included) is not
+// valid UTF-8, or is a \u escape of a lone UTF-16 surrogate, gets 400
+// naming the field ("body: spec.reason is not valid UTF-8") before anything
+// is decoded, proposed or stored. encoding/json would otherwise store
+// U+FFFD in its place without a word. A path that matches no route gets the
+// same 400 rather than 404 when it is not valid UTF-8.
 package adminapi
 
 import (
@@ -22,6 +30,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -31,6 +40,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
 	"github.com/policyd/policyd/tlsfiles"
+	"github.com/policyd/policyd/utf8field"
 )
 
 // MaxBodyBytes caps every request body.
@@ -198,6 +208,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 // body limit, panic recovery and metrics.
 func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 	method, path, _ := strings.Cut(pattern, " ")
+	params := pathParams(path)
 	a.routes = append(a.routes, Route{Pattern: pattern, Role: need})
 	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -224,6 +235,10 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 				return
 			}
 		}
+		if err := checkText(r, params); err != nil {
+			a.writeError(sw, r, err)
+			return
+		}
 		r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes)
 		if err := h(sw, r); err != nil {
 			a.writeError(sw, r, err)
@@ -231,9 +246,39 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 	})
 }
 
+// pathParams lists the wildcards of a route's path ("{name}", "{rest...}").
+func pathParams(path string) []string {
+	var names []string
+	for seg := range strings.SplitSeq(path, "/") {
+		if name, ok := strings.CutPrefix(seg, "{"); ok {
+			names = append(names, strings.TrimSuffix(strings.TrimSuffix(name, "}"), "..."))
+		}
+	}
+	return names
+}
+
+// checkText refuses a request whose path parameters or query parameters
+// are not valid UTF-8 (the body is checked by readBody).
+func checkText(r *http.Request, params []string) error {
+	for _, p := range params {
+		if !utf8.ValidString(r.PathValue(p)) {
+			return badRequest(fmt.Sprintf("path parameter %s is not valid UTF-8", p))
+		}
+	}
+	if err := utf8field.Query(r.URL.Query()); err != nil {
+		return badRequest(err.Error())
+	}
+	return nil
+}
+
 // noRoute answers every unmatched request: 405 with Allow when the path
-// exists for other methods, else 404, both in the error envelope.
+// exists for other methods, else 404, both in the error envelope; 400 for
+// a path that is not valid UTF-8.
 func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
+	if !utf8.ValidString(r.URL.Path) {
+		writeJSON(w, http.StatusBadRequest, errorBody("invalid", "the path is not valid UTF-8"))
+		return
+	}
 	var allowed []string
 	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodDelete} {
 		probe := r.Clone(r.Context())
@@ -317,6 +362,9 @@ func readBody(r *http.Request) ([]byte, error) {
 	}
 	if len(b) == 0 {
 		return nil, badRequest("body: empty; a JSON object is required")
+	}
+	if err := utf8field.JSON(b); err != nil {
+		return nil, badRequest("body: " + err.Error())
 	}
 	return b, nil
 }

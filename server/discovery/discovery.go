@@ -37,6 +37,12 @@
 //     discovery.max_client_inactive are ended with DeadlineExceeded and
 //     forgotten by every tracker. A client that half-closes its side (sends
 //     no more requests) keeps receiving pushes until then.
+//   - Text. A request whose strings are not valid UTF-8 (proto3 requires
+//     it) ends the stream, or fails HealthCheck, with InvalidArgument
+//     naming the field ("invalid request: scope.team is not valid UTF-8"),
+//     never the Internal that grpc-go answers a failed decode with: the
+//     codec ServerOptions installs (grpccodec) does that for every method
+//     of the server, health and reflection included.
 //   - Scope with auth.mode none. The request's scope is trusted (local
 //     development only): team or employee need org. A stream's scope is
 //     fixed when it opens; asking for another one on the same stream is
@@ -94,6 +100,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/store"
 )
@@ -201,9 +208,11 @@ func (s *Service) Register(g *grpc.Server) {
 }
 
 // ServerOptions are the options the node's gRPC server must be built with:
-// the codec that sends pre-encoded snapshots as they are.
+// the codec that sends pre-encoded snapshots as they are, wrapped so that a
+// request whose strings are not valid UTF-8 gets InvalidArgument naming the
+// field (grpccodec), with the interceptors that wrapper needs.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+	return grpccodec.New(newCodec()).ServerOptions()
 }
 
 // Run ends inactive streams every flush interval until ctx ends.

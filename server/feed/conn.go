@@ -14,6 +14,7 @@ import (
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/utf8field"
 )
 
 // maxReasonBytes is the longest close reason a close frame can carry.
@@ -388,6 +389,14 @@ func (c *conn) readTask() {
 func classifyFrame(typ websocket.MessageType, data []byte) (code websocket.StatusCode, reason string, ok bool) {
 	if typ != websocket.MessageText {
 		return websocket.StatusUnsupportedData, "binary frames are not accepted", false
+	}
+	// A text frame must be UTF-8 (RFC 6455), and encoding/json would take
+	// invalid bytes and lone surrogate escapes for U+FFFD.
+	if err := utf8field.JSON(data); err != nil {
+		return feedv1.CloseInvalidMessage, truncateReason(err.Error()), false
+	}
+	if !utf8.Valid(data) {
+		return feedv1.CloseInvalidMessage, "message is not valid UTF-8", false
 	}
 	var m clientMessage
 	if err := json.Unmarshal(data, &m); err != nil {

@@ -9,9 +9,10 @@
 // plain HTTP response with the admin API's JSON error envelope
 // ({"error":{"code":…,"message":…}}), never a WebSocket:
 //
-//   - 400 invalid: not a WebSocket upgrade, an unparsable ?since=, or a token
-//     sent as the bearer.<jwt> subprotocol without also offering
-//     policyd.feed.v1 (see below);
+//   - 400 invalid: not a WebSocket upgrade, an unparsable ?since=, a query
+//     parameter (name or value) that is not valid UTF-8, named in the
+//     message, or a token sent as the bearer.<jwt> subprotocol without also
+//     offering policyd.feed.v1 (see below);
 //   - 401 unauthorized: no token, a token that does not verify (signature,
 //     expiry, issuer, audience…), or an unknown employee;
 //   - 403 forbidden: an inactive employee, or a token whose org differs
@@ -141,8 +142,12 @@
 //
 // A connection's reader accepts only text frames holding {"type":"pong"},
 // up to feed.max_message_bytes: a binary frame closes with 1003, invalid
-// JSON or another type with 4400 (CloseInvalidMessage), a frame over the
-// limit with 1009. Protocol-level ping frames (the SDK sends them) are
+// JSON, another type, or text that is not valid UTF-8 (invalid bytes, or a
+// \u escape of a lone surrogate, which encoding/json would read as U+FFFD;
+// the reason names the field) with 4400 (CloseInvalidMessage), a frame
+// over the limit with 1009. RFC 6455 has 1007 for a text frame that is not
+// UTF-8; 4400 is used instead so that every message the client should not
+// have sent ends one way. Protocol-level ping frames (the SDK sends them) are
 // answered with pong frames by the WebSocket library.
 //
 // # Idle connections

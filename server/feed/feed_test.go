@@ -91,6 +91,7 @@ func TestHandshakeRefusals(t *testing.T) {
 		{name: "subprotocol token without policyd.feed.v1", hdr: map[string]string{"Sec-WebSocket-Protocol": "bearer." + f.token("alice", "acme", "red")}, status: 400, code: "invalid"},
 		{name: "since not a number", query: "since=yesterday", hdr: bearer(f.token("alice", "acme", "red")), status: 400, code: "invalid"},
 		{name: "since negative", query: "since=-1", hdr: bearer(f.token("alice", "acme", "red")), status: 400, code: "invalid"},
+		{name: "query parameter not UTF-8", query: "since=1&x=%C3", hdr: bearer(f.token("alice", "acme", "red")), status: 400, code: "invalid"},
 		{name: "not an upgrade", hdr: map[string]string{"Connection": "", "Upgrade": "", "Authorization": "Bearer " + f.token("alice", "acme", "red")}, status: 400, code: "invalid"},
 		{name: "wrong websocket version", hdr: map[string]string{"Sec-WebSocket-Version": "8"}, status: 400, code: "invalid"},
 		{name: "POST", method: http.MethodPost, status: 405, code: "invalid"},
@@ -179,6 +180,7 @@ func TestAuthModeNone(t *testing.T) {
 		{query: "", status: 401, code: "unauthorized"},
 		{query: "employee=mallory", status: 401, code: "unauthorized"},
 		{query: "employee=dave", status: 403, code: "forbidden"},
+		{query: "employee=%FF", status: 400, code: "invalid"},
 	}
 	for _, tc := range tests {
 		t.Run("refused "+tc.query, func(t *testing.T) {
@@ -840,6 +842,10 @@ func testBadClientInput(t *testing.T, noPoll bool) {
 		{"long unknown type", websocket.MessageText, []byte(`{"type":"` + strings.Repeat("é", 200) + `"}`), feedv1.CloseInvalidMessage},
 		{"binary frame", websocket.MessageBinary, []byte(`{"type":"pong"}`), websocket.StatusUnsupportedData},
 		{"oversized frame", websocket.MessageText, []byte(`{"type":"pong","x":"` + strings.Repeat("a", 8192) + `"}`), websocket.StatusMessageTooBig},
+		// encoding/json would read both as a pong with U+FFFD in x.
+		{"invalid UTF-8 in a pong", websocket.MessageText, []byte("{\"type\":\"pong\",\"x\":\"\xff\"}"), feedv1.CloseInvalidMessage},
+		{"lone surrogate in a pong", websocket.MessageText, []byte(`{"type":"pong","x":["\ud800"]}`), feedv1.CloseInvalidMessage},
+		{"invalid UTF-8 outside a string", websocket.MessageText, []byte("{\"type\":\"pong\"}\xff"), feedv1.CloseInvalidMessage},
 	}
 	f := newFixture(t, fixtureOpts{noPoll: noPoll})
 	seedData(f)

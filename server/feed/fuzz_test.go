@@ -15,6 +15,7 @@ import (
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/utf8field"
 )
 
 // Run longer with:
@@ -23,9 +24,9 @@ import (
 //	go test ./server/feed/ -run '^$' -fuzz '^FuzzHandshake$' -fuzztime 60s
 
 // FuzzClientFrame feeds arbitrary frames to classifyFrame, the decoder of
-// everything a client sends: it never panics, accepts exactly a pong, and
-// any other frame gets the documented close code (1003 for binary, 4400
-// otherwise) with a reason that fits a close frame.
+// everything a client sends: it never panics, accepts exactly a pong whose
+// text is valid UTF-8, and any other frame gets the documented close code
+// (1003 for binary, 4400 otherwise) with a reason that fits a close frame.
 func FuzzClientFrame(f *testing.F) {
 	for _, text := range []string{
 		`{"type":"pong"}`,
@@ -46,6 +47,13 @@ func FuzzClientFrame(f *testing.F) {
 		`{"type":"pong"} {}`,
 		`{"type":"` + strings.Repeat("é", 200) + `"}`,
 		"{\"type\":\"\xff\xfe\"}",
+		"{\"type\":\"pong\",\"x\":\"\xff\"}",
+		"{\"\xc3\":1,\"type\":\"pong\"}",
+		`{"type":"pong","x":"\ud800"}`,
+		`{"type":"pong","x":["\udc00"]}`,
+		`{"type":"pong","x":"\ud83d\ude00"}`,
+		"{\"type\":\"pong\"}\xff",
+		"\xed\xa0\x80",
 		"",
 	} {
 		f.Add(false, []byte(text))
@@ -58,7 +66,8 @@ func FuzzClientFrame(f *testing.F) {
 			typ = websocket.MessageBinary
 		}
 		code, reason, ok := classifyFrame(typ, data)
-		if want := !binary && isPong(data); ok != want {
+		// utf8field.JSON is fuzzed against an oracle of its own.
+		if want := !binary && isPong(data) && utf8field.JSON(data) == nil; ok != want {
 			t.Fatalf("classifyFrame(%v, %q) ok = %v, want %v (close %d %q)", typ, data, ok, want, code, reason)
 		}
 		if ok {
@@ -142,6 +151,9 @@ func FuzzHandshake(f *testing.F) {
 	f.Add("GET", "", "", "Bearer x", "Upgrade", "websocket", "c2hvcnQ=")
 	f.Add("POST", "", "", "Bearer x", "Upgrade", "websocket", key)
 	f.Add("", "\x00", "\xff,\xfe", "\xff", "\xff", "\xff", "\xff")
+	f.Add("GET", "employee=%FF", "", "", "Upgrade", "websocket", key)
+	f.Add("GET", "since=1&x=\xc3", "", "Bearer x", "Upgrade", "websocket", key)
+	f.Add("GET", "%FE=1", "", "Bearer x", "Upgrade", "websocket", key)
 	hub := &Hub{logger: slog.New(slog.DiscardHandler)}
 	f.Fuzz(func(t *testing.T, method, query, protocol, authorization, connection, upgrade, wsKey string) {
 		r := httptest.NewRequest(http.MethodGet, feedv1.Path, nil)
@@ -196,6 +208,9 @@ func checkAdmitted(t *testing.T, r *http.Request, req request, withToken bool) {
 		t.Fatalf("accepted a request checkUpgrade refuses: %v", err)
 	}
 	q := r.URL.Query()
+	if err := utf8field.Query(q); err != nil {
+		t.Fatalf("accepted query %q: %v", r.URL.RawQuery, err)
+	}
 	if s := q.Get(feedv1.QuerySince); s != "" {
 		if v, err := strconv.ParseUint(s, 10, 64); err != nil || v != req.since {
 			t.Fatalf("since=%q read as %d", s, req.since)

@@ -17,6 +17,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/utf8field"
 )
 
 // sinceWait is how long a handshake whose ?since= is ahead of this node
@@ -197,6 +198,9 @@ func parseRequest(r *http.Request, withToken bool) (request, error) {
 		return req, err
 	}
 	q := r.URL.Query()
+	if err := utf8field.Query(q); err != nil {
+		return req, fmt.Errorf("%w: %w", errInvalid, err)
+	}
 	if s := q.Get(feedv1.QuerySince); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
