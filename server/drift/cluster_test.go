@@ -126,7 +126,8 @@ func settledEverywhere(t *testing.T, nodes []*server.Node, ns string, rv string)
 // TestClusterReportsEachDriftOnce has the API server call the webhooks of
 // all three nodes for every request: each node observes the drift, and
 // exactly one DriftReport leaves the cluster, after the receiver's first
-// failures, and also when the leader changes before delivery.
+// failures, for an approved drift, and also when the leader changes before
+// delivery.
 func TestClusterReportsEachDriftOnce(t *testing.T) {
 	recv := newReceiver()
 	t.Cleanup(recv.Close)
@@ -175,7 +176,42 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 		t.Fatalf("%d reports accepted for one drift seen by 3 nodes, want exactly 1", n)
 	}
 
-	// 2. The receiver refuses until the leader has changed.
+	// 2. An approved drift: each node's webhook sees it (each call with its
+	// own uid), and one Resolved report leaves the cluster.
+	ch.annotateDeployment(map[string]string{prefix + "/approvals": `[{"apiVersion":"*","kind":"ReplicaSet","name":"*","mode":"always"}]`})
+	settledEverywhere(t, c.nodes, ns, ch.dep.ResourceVersion)
+	if _, err := ch.scaleRS(ch.ctrl, "web-1", 5); err != nil {
+		t.Fatalf("approved drift: %v", err)
+	}
+	var resolved admission.DriftReport
+	kubetest.Eventually(t, 60*time.Second, "the Resolved report of the approved drift", func() error {
+		for _, rep := range recv.reports(ns) {
+			if rep.Spec.Phase == admission.ReportResolved {
+				resolved = rep
+				return nil
+			}
+		}
+		return errors.New("none accepted yet")
+	})
+	kubetest.Eventually(t, 30*time.Second, "all three observations of the approval, on every node", func() error {
+		for _, n := range c.nodes {
+			rs, err := n.Store().DriftReports(store.DriftFilter{Phase: store.PhaseResolved})
+			if err != nil {
+				return err
+			}
+			if len(rs) != 1 || rs[0].Observations != 3 || rs[0].Delivery != store.DeliveryDelivered {
+				return fmt.Errorf("%s: Resolved reports %+v, want one delivered, observed 3 times", n.ID(), rs)
+			}
+		}
+		return nil
+	})
+	if n := len(recv.reports(ns)); n != 2 || resolved.Spec.Request.User != controllerUser {
+		t.Fatalf("%d reports accepted after one drift and one approved drift seen by 3 nodes, want 2; Resolved %+v", n, resolved.Spec)
+	}
+	ch.annotateDeployment(map[string]string{prefix + "/approvals": "[]"})
+	settledEverywhere(t, c.nodes, ns, ch.dep.ResourceVersion)
+
+	// 3. The receiver refuses until the leader has changed.
 	recv.setFail(-1)
 	if _, err := ch.scaleRS(ch.ctrl, "web-1", 4); err != nil {
 		t.Fatalf("second drift: %v", err)
@@ -223,7 +259,7 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 	if count != 1 {
 		t.Errorf("%d accepted copies of the second report across the failover, want 1", count)
 	}
-	if n := len(recv.reports(ns)); n != 2 {
-		t.Errorf("%d reports accepted in all, want 2", n)
+	if n := len(recv.reports(ns)); n != 3 {
+		t.Errorf("%d reports accepted in all, want 3", n)
 	}
 }
