@@ -102,7 +102,7 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 		}
 		return nil
 	})
-	apiFor(t, c.leader()).putPolicy("acme.after-remove", "acme", "still served")
+	apiFor(t, leader).putPolicy("acme.after-remove", "acme", "still served")
 	for _, s := range []*sdkRun{grpcSidecar, wsSidecar} {
 		s.hasPolicy(t, "acme.after-remove")
 	}
