@@ -21,11 +21,6 @@
 // write to either while the node runs parks the writer and closes Faulted,
 // and the process exits (diskfault.go, docs/operations.md).
 //
-// A damaged Raft log or state.db stops New with a DataError that names the
-// file, the damage and the recovery, before any listener opens; a failed
-// write to either while the node runs parks the writer and closes Faulted,
-// and the process exits (diskfault.go, docs/operations.md).
-//
 // Resource limits (connection caps per listener and per source address,
 // header and message sizes, streams per connection, keepalive enforcement,
 // and the set-up gate bounding concurrent connection set-ups) are wired
