@@ -42,6 +42,8 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -57,6 +59,7 @@ import (
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
 	"github.com/policyd/policyd/server/feed"
+	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/limits"
 	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/server/policyset"
@@ -287,12 +290,12 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
 	// The node-to-node API, on the peer plane only (DESIGN part 11).
-	n.peerSrv = grpc.NewServer(
+	n.peerSrv = grpc.NewServer(append(grpccodec.New(encoding.GetCodecV2(protoenc.Name)).ServerOptions(),
 		grpc.MaxRecvMsgSize(maxGRPCMessage),
 		grpc.StaticStreamWindowSize(grpcStreamWindow),
 		grpc.StaticConnWindowSize(grpcConnWindow),
 		grpc.ConnectionTimeout(handshakeTimeout),
-	)
+	)...)
 	clusterv1.RegisterClusterServer(n.peerSrv, &clusterService{n: n})
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
@@ -588,5 +589,41 @@ func TestPeerPlaneUnderAttack(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestPeerPlaneRefusesInvalidUTF8: a member's request whose strings are not
+// valid UTF-8 gets InvalidArgument naming the field, and changes nothing.
+func TestPeerPlaneRefusesInvalidUTF8(t *testing.T) {
+	n, _ := singleNode(t, withSecret(t))
+	cfg := secretPeer(t, n.ID(), clusterSecret)
+	cc, err := grpc.NewClient("passthrough:///"+n.RaftAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			c, _, err := cfg.Dial(ctx, a, peer.KindAPI)
+			return c, err
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	tests := []struct {
+		method, field string
+		req           []byte
+	}{
+		{clusterv1.Cluster_Join_FullMethodName, "id", wireString(wireString(nil, 2, "127.0.0.1:1"), 1, "n\xff")},
+		{clusterv1.Cluster_Join_FullMethodName, "raft_addr", wireString(wireString(nil, 1, "n9"), 2, "127.0.0.1:\xff")},
+		{clusterv1.Cluster_Remove_FullMethodName, "id", wireString(nil, 1, "\xc3")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+"/"+tc.field, func(t *testing.T) {
+			before := n.raft.LastIndex()
+			err := cc.Invoke(t.Context(), tc.method, tc.req, new(emptypb.Empty), sendRaw)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("%s = %v, want InvalidArgument naming %s", tc.method, err, tc.field)
+			}
+			if after := n.raft.LastIndex(); after != before {
+				t.Fatalf("log grew from %d to %d", before, after)
+			}
+		})
 	}
 }
