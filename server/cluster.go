@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/adminapi"
@@ -128,7 +130,13 @@ const joinProbeTimeout = 5 * time.Second
 func (n *Node) probeMember(ctx context.Context, id, addr string) error {
 	ctx, cancel := context.WithTimeout(ctx, joinProbeTimeout)
 	defer cancel()
+	// A node started a moment before the join (policyd serve … & then
+	// policyd cluster join) may not listen yet: wait for it a little.
+	retry := backoff.New(50*time.Millisecond, 500*time.Millisecond, false)
 	c, info, err := n.peerCfg.Dial(ctx, addr, peer.KindProbe)
+	for errors.Is(err, syscall.ECONNREFUSED) && retry.Wait(ctx) {
+		c, info, err = n.peerCfg.Dial(ctx, addr, peer.KindProbe)
+	}
 	if err != nil {
 		var mm *peer.ClusterMismatchError
 		if errors.As(err, &mm) {

@@ -26,6 +26,7 @@ type Mux struct {
 	pendingMu sync.Mutex
 	pending   map[string]int
 	total     int
+	isClosed  bool
 	closed    chan struct{}
 	once      sync.Once
 	wg        sync.WaitGroup
@@ -84,13 +85,16 @@ func (m *Mux) Serve() {
 			return
 		}
 		src := sourceOf(c)
-		if !m.admit(src) {
+		switch m.admit(src) {
+		case admitClosed:
+			_ = c.Close()
+			return
+		case admitFull:
 			_ = c.Close()
 			m.refusals.log(slog.LevelWarn, "peer connection refused: too many handshakes in progress",
 				"remote", c.RemoteAddr().String(), "max_pending", maxPending, "max_pending_per_source", maxPendingPerSource)
 			continue
 		}
-		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
 			m.handle(c, src)
@@ -98,15 +102,30 @@ func (m *Mux) Serve() {
 	}
 }
 
-func (m *Mux) admit(src string) bool {
+type admission int
+
+const (
+	admitted admission = iota
+	admitFull
+	admitClosed
+)
+
+// admit counts a connection in, for its handshake goroutine. It takes the
+// WaitGroup under the same lock Close raises closed under, so that no Add
+// follows Close's Wait.
+func (m *Mux) admit(src string) admission {
 	m.pendingMu.Lock()
 	defer m.pendingMu.Unlock()
-	if m.total >= maxPending || m.pending[src] >= maxPendingPerSource {
-		return false
+	switch {
+	case m.isClosed:
+		return admitClosed
+	case m.total >= maxPending || m.pending[src] >= maxPendingPerSource:
+		return admitFull
 	}
 	m.total++
 	m.pending[src]++
-	return true
+	m.wg.Add(1)
+	return admitted
 }
 
 func (m *Mux) done(src string) {
@@ -166,6 +185,9 @@ func (m *Mux) handle(raw net.Conn, src string) {
 func (m *Mux) Close() error {
 	var err error
 	m.once.Do(func() {
+		m.pendingMu.Lock()
+		m.isClosed = true
+		m.pendingMu.Unlock()
 		close(m.closed)
 		err = m.ln.Close()
 		m.wg.Wait()
