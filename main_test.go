@@ -77,11 +77,20 @@ func startDaemonEnv(t *testing.T, dir string, env []string, args ...string) *dae
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.done <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+		d.done <- waitErr
+	}()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		// exited, not cmd.ProcessState, which Wait writes concurrently.
+		select {
+		case <-exited:
+		default:
 			_ = cmd.Process.Kill()
-			if err := <-d.done; err == nil {
+			if <-exited; waitErr == nil {
 				t.Logf("daemon %v exited cleanly before it was killed", args)
 			}
 		}
