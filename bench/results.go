@@ -15,7 +15,8 @@ import (
 
 // results is the document -results writes (bench/results/latest.json for
 // `make bench`): the machine, every figure in order, and the issue targets
-// the figures carry, so that the README table can be checked against it.
+// the figures carry, so that docs/performance.md's table can be checked
+// against it.
 type results struct {
 	Machine   machineInfo       `json:"machine"`
 	Command   string            `json:"command"`

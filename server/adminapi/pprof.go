@@ -10,8 +10,8 @@ import (
 // routePprof serves the Go runtime profiles (net/http/pprof) under
 // /debug/pprof/, to the admin role only: a CPU profile or trace costs CPU
 // for its whole duration, and heap and goroutine dumps show internals. It
-// is how write-path profiles are taken (see bench/ and the README's
-// Performance section); /debug/pprof/heap?gc=1 also forces a GC.
+// is how write-path profiles are taken (see bench/ and
+// docs/performance.md); /debug/pprof/heap?gc=1 also forces a GC.
 func (a *API) routePprof() {
 	wrap := func(h http.HandlerFunc) handlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) error {
