@@ -259,9 +259,7 @@ func strangerTransport(t *testing.T, cfg *peer.Config) *raft.NetworkTransport {
 			t.Fatal(err)
 		}
 	} else {
-		sl, err := newStreamLayer("127.0.0.1:0", nil, nil, cfg, func(ln net.Listener) *peer.Mux {
-			return peer.NewMux(ln, cfg, testLogger(t))
-		})
+		sl, err := newStreamLayer("127.0.0.1:0", nil, nil, cfg, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -58,16 +58,14 @@ func (n *Node) setupRaft() error {
 		NodeID: n.id, TrustDomain: n.cfg.Cluster.TrustDomain, Keys: n.keys, TLS: n.tls.raft,
 		ClusterID: n.ClusterID, HandshakeTimeout: peerHandshakeTimeout, Member: n.mayPeer,
 	}
-	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.peerCfg, func(ln net.Listener) *peer.Mux {
-		n.mux = peer.NewMux(ln, n.peerCfg, n.logger.With("component", "peer"))
-		n.muxDone = make(chan struct{})
-		go func() { defer close(n.muxDone); n.mux.Serve() }()
-		return n.mux
-	})
+	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.peerCfg, n.logger.With("component", "peer"))
 	if err != nil {
 		return fmt.Errorf("listen raft.addr %s: %w", rc.Addr, err)
 	}
 	sl.notMember = func() { n.toldNotMember.Store(time.Now().UnixNano()) }
+	mux, done := sl.mux, make(chan struct{})
+	go func() { defer close(done); mux.Serve() }()
+	n.mux, n.muxDone = mux, done
 	tc.Stream = sl
 	tr := raft.NewNetworkTransportWithConfig(tc)
 	n.transport = tr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -37,10 +38,11 @@ type streamLayer struct {
 // unspecified address.
 var errNotAdvertisable = errors.New("local bind address is not advertisable")
 
-// newStreamLayer listens on bind and starts serving the peer plane there.
-// adv is the address peers dial; nil advertises the bound address. conns,
-// if not nil, counts and caps the accepted connections.
-func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Config, mux func(net.Listener) *peer.Mux) (*streamLayer, error) {
+// newStreamLayer listens on bind and builds the peer plane's mux there;
+// the caller starts it (mux.Serve). adv is the address peers dial; nil
+// advertises the bound address. conns, if not nil, counts and caps the
+// accepted connections.
+func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Config, logger *slog.Logger) (*streamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
@@ -55,7 +57,7 @@ func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Co
 	if conns != nil {
 		ln = conns.Listener(ln)
 	}
-	return &streamLayer{mux: mux(ln), advertise: adv, cfg: cfg}, nil
+	return &streamLayer{mux: peer.NewMux(ln, cfg, logger), advertise: adv, cfg: cfg}, nil
 }
 
 func (s *streamLayer) Accept() (net.Conn, error) { return s.mux.Listener(peer.KindRaft).Accept() }

@@ -287,9 +287,7 @@ func TestMutualTLSCluster(t *testing.T) {
 					t.Fatal(err)
 				}
 				pc := &peer.Config{NodeID: id, TrustDomain: "policyd", TLS: r}
-				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, pc, func(ln net.Listener) *peer.Mux {
-					return peer.NewMux(ln, pc, testLogger(t))
-				})
+				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, pc, testLogger(t))
 				if err != nil {
 					t.Fatal(err)
 				}
