@@ -23,6 +23,10 @@ var (
 	hostnamePattern = regexp.MustCompile(`^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$`)
 )
 
+// ValidNodeID reports whether id is a valid node ID (node_id, raft.peers,
+// a join, a node certificate's URI): every package checks IDs with this.
+func ValidNodeID(id string) bool { return idPattern.MatchString(id) }
+
 // builtinKinds are validated by policyd itself, so listing them as extra
 // kinds would silently turn their validation off.
 var builtinKinds = []string{"ToolPolicy", "ValidatingPolicy"}

@@ -13,6 +13,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	"github.com/policyd/policyd/backoff"
+	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/adminapi"
@@ -107,7 +108,7 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
 // checkMember validates a member's id and Raft address, on every path that
 // adds one (REST, the peer plane).
 func checkMember(id, raftAddr string) error {
-	if !nodeIDPattern.MatchString(id) {
+	if !config.ValidNodeID(id) {
 		return fmt.Errorf("%w: id %q is not a valid node id", errInvalidJoin, id)
 	}
 	host, port, err := net.SplitHostPort(raftAddr)

@@ -6,16 +6,15 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
+
+	"github.com/policyd/policyd/config"
 )
 
 // nodeIDFile pins a node's Raft identity to its data directory: a node whose
 // host name changes (a re-created container) must not come back as a
 // stranger to its own cluster.
 const nodeIDFile = "node-id"
-
-var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // resolveNodeID returns the configured ID, or the one persisted in dataDir, or
 // (first start, nothing configured) the host name, which it then persists. A
@@ -30,7 +29,7 @@ func resolveNodeID(configured, dataDir string) (string, error) {
 		if configured != "" && configured != persisted {
 			return "", fmt.Errorf("node_id %q does not match %q recorded in %s: this data directory belongs to node %q", configured, persisted, p, persisted)
 		}
-		if !nodeIDPattern.MatchString(persisted) {
+		if !config.ValidNodeID(persisted) {
 			return "", fmt.Errorf("node id %q in %s is not a valid node id", persisted, p)
 		}
 		return persisted, nil
@@ -66,7 +65,7 @@ func sanitizeHost(h string) string {
 	if len(s) > 63 {
 		s = s[:63]
 	}
-	if !nodeIDPattern.MatchString(s) {
+	if !config.ValidNodeID(s) {
 		return "node1"
 	}
 	return s

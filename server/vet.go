@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 )
@@ -55,7 +56,7 @@ func (n *Node) vetCommand(cmd *commandv1.Command) error {
 		}
 	case raftfsm.TypeRemoveMember:
 		var c commandv1.RemoveMember
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !nodeIDPattern.MatchString(c.GetId()) {
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !config.ValidNodeID(c.GetId()) {
 			err = fmt.Errorf("id %q is not a valid node id", c.GetId())
 		}
 	case raftfsm.TypeSetClusterID:

@@ -44,7 +44,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -314,9 +313,6 @@ func readFile(path string) ([]byte, error) {
 	return data, nil
 }
 
-// nodeIDPattern is config's node ID pattern.
-var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-
 // NodeURI is the URI SAN a node certificate carries.
 func NodeURI(trustDomain, nodeID string) string {
 	return "spiffe://" + trustDomain + "/node/" + nodeID
@@ -329,7 +325,7 @@ func NodeIDs(cert *x509.Certificate, trustDomain string) []string {
 		if u.Scheme != "spiffe" || u.Host != trustDomain || u.RawQuery != "" || u.Fragment != "" {
 			continue
 		}
-		if id, ok := strings.CutPrefix(u.Path, "/node/"); ok && nodeIDPattern.MatchString(id) {
+		if id, ok := strings.CutPrefix(u.Path, "/node/"); ok && config.ValidNodeID(id) {
 			ids = append(ids, id)
 		}
 	}

@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/tlsfiles"
 )
 
@@ -138,9 +138,6 @@ var (
 	clientLabel = []byte("policyd peer handshake v1: client proof\x00")
 	serverLabel = []byte("policyd peer handshake v1: server proof\x00")
 )
-
-// idPattern is config's node ID pattern; cluster IDs are hex.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // hello is the dialling side's first message.
 type hello struct {
@@ -279,6 +276,8 @@ func readStatus(r io.Reader) error {
 	return fmt.Errorf("%w: unknown status %d", ErrProtocol, st[0])
 }
 
+// readID reads a node or cluster ID; both have the node ID form (a cluster
+// ID is hex).
 func readID(r io.Reader, what string) (string, error) {
 	var n [1]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
@@ -291,7 +290,7 @@ func readID(r io.Reader, what string) (string, error) {
 	if _, err := io.ReadFull(r, b); err != nil {
 		return "", fmt.Errorf("%w: read %s: %w", ErrProtocol, what, err)
 	}
-	if len(b) > 0 && (!utf8.Valid(b) || !idPattern.Match(b)) {
+	if len(b) > 0 && (!utf8.Valid(b) || !config.ValidNodeID(string(b))) {
 		return "", fmt.Errorf("%w: %s %q is not a valid ID", ErrProtocol, what, strings.ToValidUTF8(string(b), "?"))
 	}
 	return string(b), nil
