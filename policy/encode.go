@@ -61,3 +61,13 @@ func AppendTimeField(dst []byte, name string, t time.Time) ([]byte, error) {
 	}
 	return append(dst, b...), nil
 }
+
+// CanonicalSpec returns p's spec in canonical form (see Canonical): what a
+// typed Raft command carries and every replica stores as it is.
+func (p *Policy) CanonicalSpec() (json.RawMessage, error) {
+	spec, err := canonicalJSON(p.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("canonical spec: %w", err)
+	}
+	return spec, nil
+}

@@ -226,6 +226,28 @@ func (v *Validator) validator() *Validator {
 // CreatedAt and UpdatedAt, which the cluster manages.
 func (v *Validator) Policy(p *Policy) error {
 	v = v.validator()
+	errs, spec := v.shape(p)
+	switch {
+	case spec == nil:
+	case p.Kind == KindToolPolicy:
+		checkToolPolicy(&errs, spec)
+	case p.Kind == KindValidatingPolicy:
+		v.checkValidatingPolicy(&errs, spec)
+	}
+	return errs.err()
+}
+
+// Shape checks what Policy checks except the kind's own rules for its spec,
+// which need the spec decoded: the name, kind, scope and labels, and that
+// the spec is a well-formed JSON object. The leader checks a typed command
+// forwarded by a peer this way; the node that took the write ran Policy.
+func (v *Validator) Shape(p *Policy) error {
+	errs, _ := v.validator().shape(p)
+	return errs.err()
+}
+
+// shape is Shape, returning the spec trimmed when it is a JSON object.
+func (v *Validator) shape(p *Policy) (ValidationError, []byte) {
 	var errs ValidationError
 	if err := checkPolicyName(p.Name); err != "" {
 		errs.add("name", "%s", err)
@@ -245,12 +267,10 @@ func (v *Validator) Policy(p *Policy) error {
 		errs.add("spec", "required")
 	case spec[0] != '{' || !validJSON(spec):
 		errs.add("spec", "must be a JSON object")
-	case p.Kind == KindToolPolicy:
-		checkToolPolicy(&errs, spec)
-	case p.Kind == KindValidatingPolicy:
-		v.checkValidatingPolicy(&errs, spec)
+	default:
+		return errs, spec
 	}
-	return errs.err()
+	return errs, nil
 }
 
 // Employee checks e and returns nil or a ValidationError listing every

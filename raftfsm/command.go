@@ -23,7 +23,9 @@ type Type uint8
 // Without it, an unknown type stops the node: skipping would diverge state.
 const IgnoreUnknown Type = 0x80
 
-// Command types.
+// Command types: every number in one table. A number is never reused once
+// released, even for a retired command, and numbers are unique with the
+// IgnoreUnknown bit masked (TestTypesUnique).
 const (
 	TypePutPolicy      Type = 1
 	TypeDeletePolicy   Type = 2
@@ -32,6 +34,25 @@ const (
 	TypeRegisterMember Type = 5
 	TypeRemoveMember   Type = 6
 	TypePruneEvents    Type = 7
+
+	// Reload (DESIGN part 6): the leader's reload controller records its
+	// hash cache, its pending-restart queue and the outcome of every restart
+	// attempt. Ignorable: the state is the controller's memory, rebuilt from
+	// Kubernetes, so a node of an older version that skips them at worst
+	// restarts a Deployment once more when it leads later; stopping instead
+	// would take the old replicas down as soon as an upgraded leader with
+	// reload enabled starts.
+	TypeReloadObserve       = IgnoreUnknown | 8
+	TypeReloadRestarted     = IgnoreUnknown | 9
+	TypeReloadRestartFailed = IgnoreUnknown | 10
+
+	// Drift (DESIGN part 7): the webhook's observations, and the leader's
+	// record of the follow-up it performed.
+	TypeObserveDrift        Type = 11
+	TypeRecordDriftDelivery Type = 12
+	TypeCompleteDriftTasks  Type = 13
+	TypePruneDrift          Type = 14
+
 	// TypeSetClusterID is ignorable: the ID only guards peer handshakes,
 	// which an older node does not make.
 	TypeSetClusterID = IgnoreUnknown | 15
@@ -51,16 +72,92 @@ func NewCommand(t Type, payload proto.Message) (*commandv1.Command, error) {
 	return &commandv1.Command{Type: uint32(t), Payload: b}, nil
 }
 
-// PutPolicy builds the command that stores p (server-managed fields are
-// dropped; the FSM sets them).
+// CommandVersion is the newest command encoding this node reads and
+// writes. Version 1 carried policies and employees as JSON, which every
+// replica parsed again; version 2 carries them as typed messages. A node
+// registers its version with its addresses, and writes version 2 only once
+// every voter reads it (ForVersion), so that a rolling upgrade never puts an
+// entry in the log that a node still running the older release cannot apply.
+const CommandVersion = 2
+
+// PutPolicy builds the command that stores p: its spec canonicalised once,
+// here, on the node that took the write (server-managed fields are dropped;
+// the FSM sets them).
 func PutPolicy(p *policy.Policy, ifMatch *uint64) (*commandv1.Command, error) {
-	cp := *p
-	cp.Revision, cp.CreatedAt, cp.UpdatedAt = 0, time.Time{}, time.Time{}
-	raw, err := cp.Canonical()
+	spec, err := p.CanonicalSpec()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("policy %q: %w", p.Name, err)
 	}
-	return NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: raw, IfMatch: precondition(ifMatch)})
+	pb := &commandv1.Policy{
+		Name: p.Name, Kind: p.Kind, Labels: p.Labels, Spec: spec,
+		Scope: &commandv1.Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
+	}
+	return NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: pb, IfMatch: precondition(ifMatch)})
+}
+
+// PolicyOf is the policy a typed command carries. The spec aliases the
+// message's bytes, which proto.Unmarshal owns.
+func PolicyOf(pb *commandv1.Policy) *policy.Policy {
+	sc := pb.GetScope()
+	return &policy.Policy{
+		Name: pb.GetName(), Kind: pb.GetKind(), Labels: pb.GetLabels(), Spec: pb.GetSpec(),
+		Scope: policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
+	}
+}
+
+// PutEmployee builds the command that stores e.
+func PutEmployee(e *policy.Employee, ifMatch *uint64) (*commandv1.Command, error) {
+	pb := &commandv1.Employee{Id: e.ID, Org: e.Org, Team: e.Team, Status: e.Status}
+	return NewCommand(TypePutEmployee, &commandv1.PutEmployee{Employee: pb, IfMatch: precondition(ifMatch)})
+}
+
+// EmployeeOf is the employee a typed command carries.
+func EmployeeOf(pb *commandv1.Employee) *policy.Employee {
+	return &policy.Employee{ID: pb.GetId(), Org: pb.GetOrg(), Team: pb.GetTeam(), Status: pb.GetStatus()}
+}
+
+// ForVersion returns cmd as a cluster whose oldest voter reads command
+// version v can apply it: unchanged for v >= 2, else with a typed policy or
+// employee written as the JSON that version 1 reads. The proposer calls it,
+// and the leader again, since a follower's view of the members may lag.
+func ForVersion(cmd *commandv1.Command, v uint32) (*commandv1.Command, error) {
+	if v >= CommandVersion {
+		return cmd, nil
+	}
+	switch Type(cmd.GetType()) {
+	case TypePutPolicy:
+		var c commandv1.PutPolicy
+		if err := decodePayload(cmd.GetPayload(), &c); err != nil || c.GetPolicy() == nil {
+			return cmd, err
+		}
+		raw, err := PolicyOf(c.GetPolicy()).AppendJSON(nil)
+		if err != nil {
+			return nil, err
+		}
+		return downgraded(cmd, &commandv1.PutPolicy{PolicyJson: raw, IfMatch: c.GetIfMatch()})
+	case TypePutEmployee:
+		var c commandv1.PutEmployee
+		if err := decodePayload(cmd.GetPayload(), &c); err != nil || c.GetEmployee() == nil {
+			return cmd, err
+		}
+		raw, err := json.Marshal(EmployeeOf(c.GetEmployee()))
+		if err != nil {
+			return nil, fmt.Errorf("encode employee: %w", err)
+		}
+		return downgraded(cmd, &commandv1.PutEmployee{EmployeeJson: raw, IfMatch: c.GetIfMatch()})
+	}
+	return cmd, nil
+}
+
+// downgraded is cmd with payload in place of its own, timestamps kept.
+func downgraded(cmd *commandv1.Command, payload proto.Message) (*commandv1.Command, error) {
+	b, err := proto.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode command type %d: %w", cmd.GetType(), err)
+	}
+	cp := proto.CloneOf(cmd)
+	cp.Payload = b
+	return cp, nil
 }
 
 // DeletePolicy builds the command that deletes a policy.
@@ -68,26 +165,17 @@ func DeletePolicy(name string, ifMatch *uint64) (*commandv1.Command, error) {
 	return NewCommand(TypeDeletePolicy, &commandv1.DeletePolicy{Name: name, IfMatch: precondition(ifMatch)})
 }
 
-// PutEmployee builds the command that stores e.
-func PutEmployee(e *policy.Employee, ifMatch *uint64) (*commandv1.Command, error) {
-	cp := *e
-	cp.Revision, cp.CreatedAt, cp.UpdatedAt = 0, time.Time{}, time.Time{}
-	raw, err := json.Marshal(&cp)
-	if err != nil {
-		return nil, fmt.Errorf("encode employee %q: %w", e.ID, err)
-	}
-	return NewCommand(TypePutEmployee, &commandv1.PutEmployee{Employee: raw, IfMatch: precondition(ifMatch)})
-}
-
 // DeleteEmployee builds the command that deletes an employee.
 func DeleteEmployee(id string, ifMatch *uint64) (*commandv1.Command, error) {
 	return NewCommand(TypeDeleteEmployee, &commandv1.DeleteEmployee{Id: id, IfMatch: precondition(ifMatch)})
 }
 
-// RegisterMember builds the command that records a node's addresses.
+// RegisterMember builds the command that records a node's addresses and
+// command version.
 func RegisterMember(m store.Member) (*commandv1.Command, error) {
 	return NewCommand(TypeRegisterMember, &commandv1.RegisterMember{
 		Id: m.ID, RaftAddr: m.RaftAddr, HttpAddr: m.HTTPAddr, GrpcAddr: m.GRPCAddr,
+		CommandVersion: m.CommandVersion,
 	})
 }
 

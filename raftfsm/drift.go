@@ -9,15 +9,6 @@ import (
 	"github.com/policyd/policyd/store"
 )
 
-// Drift command types (DESIGN part 7): the webhook's observations, and the
-// leader's record of the follow-up it performed.
-const (
-	TypeObserveDrift        Type = 11
-	TypeRecordDriftDelivery Type = 12
-	TypeCompleteDriftTasks  Type = 13
-	TypePruneDrift          Type = 14
-)
-
 // Bounds on drift commands. A decision yields a handful of effects; these
 // only keep a buggy or hostile proposer from writing entries that are
 // expensive for every replica.

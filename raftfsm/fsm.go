@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -31,9 +32,10 @@ import (
 
 // FSM is the raft.BatchingFSM over a store.
 type FSM struct {
-	st     *store.Store
-	logger *slog.Logger
-	fault  func(error) error // see SetStoreFault
+	st      *store.Store
+	logger  *slog.Logger
+	fault   func(error) error // see SetStoreFault
+	skipped atomic.Uint64
 }
 
 var (
@@ -81,6 +83,11 @@ var decoders = map[Type]decodeFunc{
 	TypeReloadRestartFailed: decodeReloadRestartFailed,
 }
 
+// Skipped is how many entries of an unknown type marked IgnoreUnknown this
+// FSM skipped since it started: a newer node's commands, during a rolling
+// upgrade.
+func (f *FSM) Skipped() uint64 { return f.skipped.Load() }
+
 // Apply applies a single entry.
 func (f *FSM) Apply(l *raft.Log) any {
 	return f.ApplyBatch([]*raft.Log{l})[0]
@@ -125,6 +132,7 @@ func (f *FSM) applyOne(b *store.Batch, l *raft.Log) *commandv1.Result {
 		panic(fmt.Sprintf("raftfsm: %v", err))
 	}
 	if e.Apply == nil {
+		f.skipped.Add(1)
 		f.logger.Warn("skipping unknown command type marked ignorable", "index", l.Index, "type", uint8(e.Type))
 		return &commandv1.Result{Index: l.Index}
 	}
@@ -206,12 +214,9 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 	if err := decodePayload(payload, &c); err != nil {
 		return nil, err
 	}
-	// The payload is the proposer's canonical JSON, which DecodeStored reads
-	// in one pass (it accepts exactly what json.Unmarshal accepts). The
-	// spec aliases the payload, which proto.Unmarshal copied.
-	p, err := policy.DecodeStored(c.GetPolicy())
+	p, err := putPolicyOf(&c)
 	if err != nil {
-		return nil, fmt.Errorf("decode policy: %w", err)
+		return nil, err
 	}
 	if err := checkKeys("put policy", "name", p.Name, "org", p.Scope.Org); err != nil {
 		return nil, err
@@ -223,6 +228,31 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 		}
 		return storedResult(m.Index, stored.Revision, raw)
 	}, nil
+}
+
+// putPolicyOf is the policy a put carries: typed, read as it is, or in an
+// entry of command version 1, its JSON (the proposer's canonical form).
+func putPolicyOf(c *commandv1.PutPolicy) (*policy.Policy, error) {
+	if pb := c.GetPolicy(); pb != nil {
+		return PolicyOf(pb), nil
+	}
+	p, err := policy.DecodeStored(c.GetPolicyJson())
+	if err != nil {
+		return nil, fmt.Errorf("decode policy: %w", err)
+	}
+	return p, nil
+}
+
+// putEmployeeOf is putPolicyOf for an employee.
+func putEmployeeOf(c *commandv1.PutEmployee) (*policy.Employee, error) {
+	if pb := c.GetEmployee(); pb != nil {
+		return EmployeeOf(pb), nil
+	}
+	var e policy.Employee
+	if err := json.Unmarshal(c.GetEmployeeJson(), &e); err != nil {
+		return nil, fmt.Errorf("decode employee: %w", err)
+	}
+	return &e, nil
 }
 
 func decodeDeletePolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
@@ -243,15 +273,15 @@ func decodePutEmployee(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	if err := decodePayload(payload, &c); err != nil {
 		return nil, err
 	}
-	var e policy.Employee
-	if err := json.Unmarshal(c.GetEmployee(), &e); err != nil {
-		return nil, fmt.Errorf("decode employee: %w", err)
+	e, err := putEmployeeOf(&c)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkKeys("put employee", "id", e.ID, "org", e.Org); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
-		stored, raw, err := b.PutEmployee(m, &e, fromPrecondition(c.GetIfMatch()))
+		stored, raw, err := b.PutEmployee(m, e, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
 		}
@@ -280,7 +310,10 @@ func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *com
 	if err := checkKeys("register member", "id", c.GetId()); err != nil {
 		return nil, err
 	}
-	mem := store.Member{ID: c.GetId(), RaftAddr: c.GetRaftAddr(), HTTPAddr: c.GetHttpAddr(), GRPCAddr: c.GetGrpcAddr()}
+	mem := store.Member{
+		ID: c.GetId(), RaftAddr: c.GetRaftAddr(), HTTPAddr: c.GetHttpAddr(), GRPCAddr: c.GetGrpcAddr(),
+		CommandVersion: c.GetCommandVersion(),
+	}
 	return func(b *store.Batch) *commandv1.Result {
 		return result(m.Index, m.Index, b.PutMember(m, mem))
 	}, nil

@@ -564,7 +564,27 @@ func TestIgnorableUnknownTypeIsSkipped(t *testing.T) {
 			if got := digest(t, st); got != before {
 				t.Error("an ignored entry changed the state")
 			}
+			if got := f.Skipped(); got != 1 {
+				t.Errorf("Skipped = %d, want 1", got)
+			}
 		})
+	}
+}
+
+// TestTypesUnique: no two command types share a number once the
+// IgnoreUnknown bit is masked, so that no entry can mean one command to a
+// node that knows it and another to a node that does not.
+func TestTypesUnique(t *testing.T) {
+	seen := map[Type]Type{}
+	for typ := range decoders {
+		n := typ &^ IgnoreUnknown
+		if other, ok := seen[n]; ok {
+			t.Errorf("types 0x%02x and 0x%02x share number %d", uint8(typ), uint8(other), n)
+		}
+		seen[n] = typ
+		if n == 0 {
+			t.Errorf("type 0x%02x has number 0, which an empty entry decodes as", uint8(typ))
+		}
 	}
 }
 
@@ -580,7 +600,7 @@ func TestUndecodableEntriesPanic(t *testing.T) {
 		{"garbage envelope", []byte{0xff, 0xff, 0xff}, "decode command envelope"},
 		{"undecodable payload", stamp(t, 3, &commandv1.Command{Type: uint32(TypePutPolicy), Payload: []byte{0xff}}), "decode *commandv1.PutPolicy"},
 		{"payload of another message type", stamp(t, 3, &commandv1.Command{Type: uint32(TypePutPolicy), Payload: []byte{0x0a, 0x01, 'x'}}), "decode policy"},
-		{"policy without a name", stamp(t, 3, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{"kind":"ToolPolicy"}`)}))), "empty name"},
+		{"policy without a name", stamp(t, 3, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"kind":"ToolPolicy"}`)}))), "empty name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -693,15 +713,15 @@ func TestDecodeEntry(t *testing.T) {
 		{"empty entry", nil, "unknown command type 0 "},
 		{"unknown type", stamp(t, idx, &commandv1.Command{Type: 0x7F}), "unknown command type 127"},
 		{"type wider than a byte", stamp(t, idx, &commandv1.Command{Type: 0x100 | uint32(TypePutPolicy)}), "not a byte"},
-		{"put policy: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{"name":`)}))), "decode policy"},
-		{"put policy: JSON of the wrong shape", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{"name":1}`)}))), "decode policy"},
-		{"put policy: empty name", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{}`)}))), "empty name"},
-		{"put policy: null", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`null`)}))), "empty name"},
+		{"put policy: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":`)}))), "decode policy"},
+		{"put policy: JSON of the wrong shape", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":1}`)}))), "decode policy"},
+		{"put policy: empty name", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{}`)}))), "empty name"},
+		{"put policy: null", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`null`)}))), "empty name"},
 		{"delete policy: empty name", stamp(t, idx, mustCmd(t)(DeletePolicy("", nil))), "empty name"},
 		{"delete employee: oversize id", stamp(t, idx, mustCmd(t)(DeleteEmployee(strings.Repeat("e", MaxKeyLen+1), nil))), "more than"},
 		{"remove member: empty id", stamp(t, idx, mustCmd(t)(RemoveMember(""))), "empty id"},
-		{"put employee: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{Employee: []byte(`[`)}))), "decode employee"},
-		{"put employee: empty id", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{Employee: []byte(`{"org":"acme"}`)}))), "empty id"},
+		{"put employee: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(`[`)}))), "decode employee"},
+		{"put employee: empty id", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(`{"org":"acme"}`)}))), "empty id"},
 		{"register member: empty id", stamp(t, idx, mustCmd(t)(RegisterMember(store.Member{RaftAddr: "r"}))), "empty id"},
 		{"delete policy: invalid UTF-8 name", stamp(t, idx, &commandv1.Command{Type: uint32(TypeDeletePolicy), Payload: []byte{0x0a, 0x01, 0xff}}), "decode *commandv1.DeletePolicy"},
 	}

@@ -154,8 +154,8 @@ func TestDecodedEntriesApply(t *testing.T) {
 		{"delete policy with an empty name", m(DeletePolicy("", nil))},
 		{"delete employee with an empty id", m(DeleteEmployee("", nil))},
 		{"prune with a zero cutoff", m(NewCommand(TypePruneEvents, &commandv1.PruneEvents{}))},
-		{"policy with a non-object spec", m(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{"name":"n","spec":[1,"x",null]}`)}))},
-		{"policy with a null spec", m(NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(`{"name":"n","spec":null}`)}))},
+		{"policy with a non-object spec", m(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":"n","spec":[1,"x",null]}`)}))},
+		{"policy with a null spec", m(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":"n","spec":null}`)}))},
 		// Keys longer than bbolt allows (32 KiB) would make Apply panic on
 		// every replica, and again on every restart; DecodeEntry must refuse
 		// them so the leader, which decodes every command before proposing,

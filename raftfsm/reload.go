@@ -10,24 +10,6 @@ import (
 	"github.com/policyd/policyd/store"
 )
 
-// Reload command types (DESIGN part 6): the leader's reload controller
-// records its hash cache, its pending-restart queue and the outcome of every
-// restart attempt.
-//
-// They carry IgnoreUnknown. The state they write is the controller's memory,
-// and Kubernetes holds the ground truth it is rebuilt from: a node of an
-// older version that skips them during a rolling upgrade at worst restarts a
-// Deployment once more when it leads later (its startup reconciliation
-// compares the Deployments' config-hash annotations with the ConfigMaps, and
-// its relist compares the cache). Stopping instead, the old behaviour for
-// unknown commands, would take the old replicas, possibly a quorum, down as
-// soon as an upgraded leader with reload enabled starts.
-const (
-	TypeReloadObserve       = IgnoreUnknown | 8
-	TypeReloadRestarted     = IgnoreUnknown | 9
-	TypeReloadRestartFailed = IgnoreUnknown | 10
-)
-
 // Bounds on reload commands. They only keep a buggy or hostile proposer from
 // writing entries that every replica would have to store; the controller
 // stays far below them.

@@ -28,5 +28,9 @@ func (n *Node) registerMetrics() {
 			return 0
 		}),
 		gauge("store_applied_index", "Last Raft index applied to the state database.", func() float64 { return float64(n.store.AppliedIndex()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "policyd", Name: "raft_entries_skipped_total",
+			Help: "Log entries of a command type this node does not know, marked ignorable, that it skipped (a newer node's commands during a rolling upgrade).",
+		}, func() float64 { return float64(n.fsm.Skipped()) }),
 	)
 }

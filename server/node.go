@@ -55,6 +55,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
@@ -84,6 +85,7 @@ type Node struct {
 
 	store     *store.Store
 	raft      *raft.Raft
+	fsm       *raftfsm.FSM
 	logStore  LogStore
 	faults    *faults // failed writes to the data directory (diskfault.go)
 	transport *raft.NetworkTransport
@@ -578,6 +580,8 @@ func (n *Node) self() store.Member {
 		RaftAddr: string(n.transport.LocalAddr()),
 		HTTPAddr: advertised(n.cfg.HTTP.Advertise, n.httpLn),
 		GRPCAddr: advertised(n.cfg.GRPC.Advertise, n.grpcLn),
+
+		CommandVersion: raftfsm.CommandVersion,
 	}
 }
 

@@ -284,10 +284,10 @@ func TestLeaderVetsForwardedCommands(t *testing.T) {
 		return cmd
 	}
 	rawPolicy := func(p string) *commandv1.Command {
-		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutPolicy, &commandv1.PutPolicy{Policy: []byte(p)}))
+		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(p)}))
 	}
 	rawEmployee := func(e string) *commandv1.Command {
-		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutEmployee, &commandv1.PutEmployee{Employee: []byte(e)}))
+		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(e)}))
 	}
 	tests := []struct {
 		name string

@@ -61,10 +61,14 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 	if cmd.GetOriginatedAtUnixNano() == 0 {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
+	cmd, err := n.forMembers(cmd)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Forward.Timeout)
 	defer cancel()
 	var res *commandv1.Result
-	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+	err = n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
 		var err error
 		if leader {
 			res, err = n.applyLocal(ctx, cmd)
@@ -134,6 +138,10 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 		}
 	}
+	cmd, err := n.forMembers(cmd)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Raft.ApplyTimeout)
 	defer cancel()
 	cp := proto.Clone(cmd).(*commandv1.Command)
@@ -182,6 +190,32 @@ var errNotMember = errors.New("not a member of the raft configuration")
 // errInvalidCommand marks a command refused before proposing; it maps to 400
 // and InvalidArgument.
 var errInvalidCommand = fmt.Errorf("invalid command: %w", policy.ErrInvalid)
+
+// forMembers returns cmd in the newest command encoding every registered
+// member reads (raftfsm.ForVersion). A node running the previous release
+// registered no version and reads version 1, so until it is upgraded and
+// registers again, policies and employees travel as JSON. A node that has
+// not registered yet is not counted: one joining an upgraded cluster runs
+// this release or a later one.
+func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
+	t := raftfsm.Type(cmd.GetType())
+	if t != raftfsm.TypePutPolicy && t != raftfsm.TypePutEmployee {
+		return cmd, nil
+	}
+	members, err := n.store.Members()
+	if err != nil {
+		return nil, fmt.Errorf("read member command versions: %w", err)
+	}
+	v := uint32(raftfsm.CommandVersion)
+	for _, m := range members {
+		v = min(v, m.CommandVersion)
+	}
+	out, err := raftfsm.ForVersion(cmd, v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	return out, nil
+}
 
 func (n *Node) inConfiguration(id string) bool {
 	f := n.raft.GetConfiguration()

@@ -109,6 +109,7 @@ func (n *Node) setupRaft() error {
 
 	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
 	fsm.SetStoreFault(n.storeFault)
+	n.fsm = fsm
 	logs := newLogCache(ls, logCacheEntries, logCacheBytes)
 	r, err := raft.NewRaft(conf, fsm, logs, ls, snaps, tr)
 	if err != nil {

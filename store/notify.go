@@ -40,6 +40,10 @@ type EntityChange struct {
 	// later state, and the copy would mix states of different indexes.
 	// Shared and read-only.
 	Data []byte
+	// Policy is Data as the apply had it, so that a subscriber need not
+	// decode it again; nil where Data is, and in a Resync. Shared and
+	// read-only.
+	Policy *policy.Policy
 }
 
 // maxPending and maxPendingBytes (the policies' Data) bound a subscriber's
@@ -155,7 +159,7 @@ func (s *Store) publish(c Change) {
 			l := c
 			l.Entities = slices.Clone(c.Entities)
 			for i := range l.Entities {
-				l.Entities[i].Data = nil
+				l.Entities[i].Data, l.Entities[i].Policy = nil, nil
 			}
 			lean = &l
 		}

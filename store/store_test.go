@@ -1049,7 +1049,7 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					st.want[i].Data = stored[e.ID].Stored
+					st.want[i].Data, st.want[i].Policy = stored[e.ID].Stored, stored[e.ID].Policy
 				}
 			}
 			want := []Change{{Index: st.last, Entities: st.want}}
@@ -1058,7 +1058,7 @@ func TestSubscribeNotifiesChanges(t *testing.T) {
 			}
 			leanWant := []Change{{Index: st.last, Entities: slices.Clone(st.want)}}
 			for i := range leanWant[0].Entities {
-				leanWant[0].Entities[i].Data = nil
+				leanWant[0].Entities[i].Data, leanWant[0].Entities[i].Policy = nil, nil
 			}
 			if diff := cmp.Diff(leanWant, lean.Next(), ignoreChangeTime); diff != "" {
 				t.Errorf("plain subscription's Next (-want +got):\n%s", diff)

@@ -51,6 +51,9 @@ type Member struct {
 	RaftAddr string `json:"raft_addr"`
 	HTTPAddr string `json:"http_addr"`
 	GRPCAddr string `json:"grpc_addr"`
+	// CommandVersion is the newest Raft command encoding the node reads
+	// (raftfsm.CommandVersion); 0 for a node that predates it.
+	CommandVersion uint32 `json:"command_version,omitempty"`
 }
 
 // Batch is one write transaction over a batch of Raft entries. It is only
@@ -247,7 +250,11 @@ func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch 
 // from p; revision and timestamps from m. It returns the stored policy and
 // its stored JSON.
 func (b *Batch) PutPolicy(m Meta, p *policy.Policy, ifMatch *uint64) (*policy.Policy, []byte, error) {
-	return putEntity(b, policyKind, m, p.Name, p, ifMatch)
+	stored, raw, err := putEntity(b, policyKind, m, p.Name, p, ifMatch)
+	if err == nil {
+		b.changes[len(b.changes)-1].Policy = stored
+	}
+	return stored, raw, err
 }
 
 // DeletePolicy deletes the named policy; ErrNotFound if it does not exist.

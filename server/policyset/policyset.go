@@ -137,9 +137,12 @@ func (x *Index) Update(c store.Change) error {
 			if e.Data == nil {
 				return fmt.Errorf("change of policy %q at index %d carries no state: subscribe with store.SubscribeWithData", e.ID, e.Index)
 			}
-			p, err := policy.DecodeStored(e.Data)
-			if err != nil {
-				return fmt.Errorf("decode changed policy %q at index %d: %w", e.ID, e.Index, err)
+			p := e.Policy
+			if p == nil {
+				var err error
+				if p, err = policy.DecodeStored(e.Data); err != nil {
+					return fmt.Errorf("decode changed policy %q at index %d: %w", e.ID, e.Index, err)
+				}
 			}
 			ch.rp, ch.ok = store.RawPolicy{Policy: p, Stored: e.Data}, true
 		}

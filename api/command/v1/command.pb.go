@@ -149,20 +149,233 @@ func (x *Precondition) GetRevision() uint64 {
 	return 0
 }
 
-// PutPolicy creates or replaces a policy.
+// Scope is who a policy is for; empty fields are wider (policy.Scope).
+type Scope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Org           string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Team          string                 `protobuf:"bytes,2,opt,name=team,proto3" json:"team,omitempty"`
+	Employee      string                 `protobuf:"bytes,3,opt,name=employee,proto3" json:"employee,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Scope) Reset() {
+	*x = Scope{}
+	mi := &file_command_v1_command_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Scope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Scope) ProtoMessage() {}
+
+func (x *Scope) ProtoReflect() protoreflect.Message {
+	mi := &file_command_v1_command_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Scope.ProtoReflect.Descriptor instead.
+func (*Scope) Descriptor() ([]byte, []int) {
+	return file_command_v1_command_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Scope) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *Scope) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *Scope) GetEmployee() string {
+	if x != nil {
+		return x.Employee
+	}
+	return ""
+}
+
+// Policy is a policy as the node that took the write decoded, validated and
+// canonicalised it, without its server-managed fields. Nothing downstream
+// parses it again: spec is the canonical JSON the store keeps and serves.
+type Policy struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind   string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Scope  *Scope                 `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	Labels map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The spec as canonical JSON (sorted keys, no insignificant space).
+	Spec          []byte `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Policy) Reset() {
+	*x = Policy{}
+	mi := &file_command_v1_command_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Policy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Policy) ProtoMessage() {}
+
+func (x *Policy) ProtoReflect() protoreflect.Message {
+	mi := &file_command_v1_command_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Policy.ProtoReflect.Descriptor instead.
+func (*Policy) Descriptor() ([]byte, []int) {
+	return file_command_v1_command_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Policy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Policy) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Policy) GetScope() *Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+func (x *Policy) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Policy) GetSpec() []byte {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// Employee is an employee without its server-managed fields.
+type Employee struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Org           string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
+	Team          string                 `protobuf:"bytes,3,opt,name=team,proto3" json:"team,omitempty"`
+	Status        string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Employee) Reset() {
+	*x = Employee{}
+	mi := &file_command_v1_command_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Employee) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Employee) ProtoMessage() {}
+
+func (x *Employee) ProtoReflect() protoreflect.Message {
+	mi := &file_command_v1_command_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Employee.ProtoReflect.Descriptor instead.
+func (*Employee) Descriptor() ([]byte, []int) {
+	return file_command_v1_command_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Employee) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Employee) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *Employee) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *Employee) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+// PutPolicy creates or replaces a policy. A node writes policy; policy_json
+// is what nodes of command version 1 wrote and read, kept so that their
+// entries still apply and so that a cluster still holding such a node can be
+// written to (raftfsm.ForVersion).
 type PutPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The policy as canonical JSON (policy.Policy without server-managed
-	// fields).
-	Policy        []byte        `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The whole policy as canonical JSON (command version 1).
+	PolicyJson    []byte        `protobuf:"bytes,1,opt,name=policy_json,json=policyJson,proto3" json:"policy_json,omitempty"`
 	IfMatch       *Precondition `protobuf:"bytes,2,opt,name=if_match,json=ifMatch,proto3" json:"if_match,omitempty"`
+	Policy        *Policy       `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutPolicy) Reset() {
 	*x = PutPolicy{}
-	mi := &file_command_v1_command_proto_msgTypes[2]
+	mi := &file_command_v1_command_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -174,7 +387,7 @@ func (x *PutPolicy) String() string {
 func (*PutPolicy) ProtoMessage() {}
 
 func (x *PutPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[2]
+	mi := &file_command_v1_command_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -187,12 +400,12 @@ func (x *PutPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutPolicy.ProtoReflect.Descriptor instead.
 func (*PutPolicy) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{2}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *PutPolicy) GetPolicy() []byte {
+func (x *PutPolicy) GetPolicyJson() []byte {
 	if x != nil {
-		return x.Policy
+		return x.PolicyJson
 	}
 	return nil
 }
@@ -200,6 +413,13 @@ func (x *PutPolicy) GetPolicy() []byte {
 func (x *PutPolicy) GetIfMatch() *Precondition {
 	if x != nil {
 		return x.IfMatch
+	}
+	return nil
+}
+
+func (x *PutPolicy) GetPolicy() *Policy {
+	if x != nil {
+		return x.Policy
 	}
 	return nil
 }
@@ -215,7 +435,7 @@ type DeletePolicy struct {
 
 func (x *DeletePolicy) Reset() {
 	*x = DeletePolicy{}
-	mi := &file_command_v1_command_proto_msgTypes[3]
+	mi := &file_command_v1_command_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +447,7 @@ func (x *DeletePolicy) String() string {
 func (*DeletePolicy) ProtoMessage() {}
 
 func (x *DeletePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[3]
+	mi := &file_command_v1_command_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +460,7 @@ func (x *DeletePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePolicy.ProtoReflect.Descriptor instead.
 func (*DeletePolicy) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{3}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeletePolicy) GetName() string {
@@ -257,19 +477,21 @@ func (x *DeletePolicy) GetIfMatch() *Precondition {
 	return nil
 }
 
-// PutEmployee creates or replaces an employee.
+// PutEmployee creates or replaces an employee; employee_json as in
+// PutPolicy.
 type PutEmployee struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The employee as JSON (policy.Employee without server-managed fields).
-	Employee      []byte        `protobuf:"bytes,1,opt,name=employee,proto3" json:"employee,omitempty"`
+	// The employee as JSON (command version 1).
+	EmployeeJson  []byte        `protobuf:"bytes,1,opt,name=employee_json,json=employeeJson,proto3" json:"employee_json,omitempty"`
 	IfMatch       *Precondition `protobuf:"bytes,2,opt,name=if_match,json=ifMatch,proto3" json:"if_match,omitempty"`
+	Employee      *Employee     `protobuf:"bytes,3,opt,name=employee,proto3" json:"employee,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutEmployee) Reset() {
 	*x = PutEmployee{}
-	mi := &file_command_v1_command_proto_msgTypes[4]
+	mi := &file_command_v1_command_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -281,7 +503,7 @@ func (x *PutEmployee) String() string {
 func (*PutEmployee) ProtoMessage() {}
 
 func (x *PutEmployee) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[4]
+	mi := &file_command_v1_command_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -294,12 +516,12 @@ func (x *PutEmployee) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEmployee.ProtoReflect.Descriptor instead.
 func (*PutEmployee) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{4}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *PutEmployee) GetEmployee() []byte {
+func (x *PutEmployee) GetEmployeeJson() []byte {
 	if x != nil {
-		return x.Employee
+		return x.EmployeeJson
 	}
 	return nil
 }
@@ -307,6 +529,13 @@ func (x *PutEmployee) GetEmployee() []byte {
 func (x *PutEmployee) GetIfMatch() *Precondition {
 	if x != nil {
 		return x.IfMatch
+	}
+	return nil
+}
+
+func (x *PutEmployee) GetEmployee() *Employee {
+	if x != nil {
+		return x.Employee
 	}
 	return nil
 }
@@ -322,7 +551,7 @@ type DeleteEmployee struct {
 
 func (x *DeleteEmployee) Reset() {
 	*x = DeleteEmployee{}
-	mi := &file_command_v1_command_proto_msgTypes[5]
+	mi := &file_command_v1_command_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +563,7 @@ func (x *DeleteEmployee) String() string {
 func (*DeleteEmployee) ProtoMessage() {}
 
 func (x *DeleteEmployee) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[5]
+	mi := &file_command_v1_command_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +576,7 @@ func (x *DeleteEmployee) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteEmployee.ProtoReflect.Descriptor instead.
 func (*DeleteEmployee) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{5}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteEmployee) GetId() string {
@@ -366,18 +595,21 @@ func (x *DeleteEmployee) GetIfMatch() *Precondition {
 
 // RegisterMember records the addresses a node advertises.
 type RegisterMember struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	HttpAddr      string                 `protobuf:"bytes,3,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
-	GrpcAddr      string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	HttpAddr string                 `protobuf:"bytes,3,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
+	GrpcAddr string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// The newest command encoding the node reads (raftfsm.CommandVersion); 0
+	// from nodes that predate it, which read version 1.
+	CommandVersion uint32 `protobuf:"varint,5,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterMember) Reset() {
 	*x = RegisterMember{}
-	mi := &file_command_v1_command_proto_msgTypes[6]
+	mi := &file_command_v1_command_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +621,7 @@ func (x *RegisterMember) String() string {
 func (*RegisterMember) ProtoMessage() {}
 
 func (x *RegisterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[6]
+	mi := &file_command_v1_command_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +634,7 @@ func (x *RegisterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterMember.ProtoReflect.Descriptor instead.
 func (*RegisterMember) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{6}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterMember) GetId() string {
@@ -433,6 +665,13 @@ func (x *RegisterMember) GetGrpcAddr() string {
 	return ""
 }
 
+func (x *RegisterMember) GetCommandVersion() uint32 {
+	if x != nil {
+		return x.CommandVersion
+	}
+	return 0
+}
+
 // RemoveMember forgets a node's addresses after it left the cluster.
 type RemoveMember struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -443,7 +682,7 @@ type RemoveMember struct {
 
 func (x *RemoveMember) Reset() {
 	*x = RemoveMember{}
-	mi := &file_command_v1_command_proto_msgTypes[7]
+	mi := &file_command_v1_command_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +694,7 @@ func (x *RemoveMember) String() string {
 func (*RemoveMember) ProtoMessage() {}
 
 func (x *RemoveMember) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[7]
+	mi := &file_command_v1_command_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +707,7 @@ func (x *RemoveMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveMember.ProtoReflect.Descriptor instead.
 func (*RemoveMember) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{7}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveMember) GetId() string {
@@ -488,7 +727,7 @@ type SetClusterID struct {
 
 func (x *SetClusterID) Reset() {
 	*x = SetClusterID{}
-	mi := &file_command_v1_command_proto_msgTypes[8]
+	mi := &file_command_v1_command_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +739,7 @@ func (x *SetClusterID) String() string {
 func (*SetClusterID) ProtoMessage() {}
 
 func (x *SetClusterID) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[8]
+	mi := &file_command_v1_command_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +752,7 @@ func (x *SetClusterID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterID.ProtoReflect.Descriptor instead.
 func (*SetClusterID) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{8}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetClusterID) GetId() string {
@@ -533,7 +772,7 @@ type PruneEvents struct {
 
 func (x *PruneEvents) Reset() {
 	*x = PruneEvents{}
-	mi := &file_command_v1_command_proto_msgTypes[9]
+	mi := &file_command_v1_command_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +784,7 @@ func (x *PruneEvents) String() string {
 func (*PruneEvents) ProtoMessage() {}
 
 func (x *PruneEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[9]
+	mi := &file_command_v1_command_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +797,7 @@ func (x *PruneEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneEvents.ProtoReflect.Descriptor instead.
 func (*PruneEvents) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{9}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PruneEvents) GetCutoffUnixNano() int64 {
@@ -588,7 +827,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_command_v1_command_proto_msgTypes[10]
+	mi := &file_command_v1_command_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +839,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_command_v1_command_proto_msgTypes[10]
+	mi := &file_command_v1_command_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +852,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_command_v1_command_proto_rawDescGZIP(), []int{10}
+	return file_command_v1_command_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Result) GetIndex() uint64 {
@@ -662,24 +901,46 @@ const file_command_v1_command_proto_rawDesc = "" +
 	"\x16processed_at_unix_nano\x18\x03 \x01(\x03R\x13processedAtUnixNano\x125\n" +
 	"\x17originated_at_unix_nano\x18\x04 \x01(\x03R\x14originatedAtUnixNano\"*\n" +
 	"\fPrecondition\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x04R\brevision\"`\n" +
-	"\tPutPolicy\x12\x16\n" +
-	"\x06policy\x18\x01 \x01(\fR\x06policy\x12;\n" +
-	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"_\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"I\n" +
+	"\x05Scope\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x02 \x01(\tR\x04team\x12\x1a\n" +
+	"\bemployee\x18\x03 \x01(\tR\bemployee\"\xf0\x01\n" +
+	"\x06Policy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12/\n" +
+	"\x05scope\x18\x03 \x01(\v2\x19.policyd.command.v1.ScopeR\x05scope\x12>\n" +
+	"\x06labels\x18\x04 \x03(\v2&.policyd.command.v1.Policy.LabelsEntryR\x06labels\x12\x12\n" +
+	"\x04spec\x18\x05 \x01(\fR\x04spec\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"X\n" +
+	"\bEmployee\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03org\x18\x02 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x03 \x01(\tR\x04team\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\"\x9d\x01\n" +
+	"\tPutPolicy\x12\x1f\n" +
+	"\vpolicy_json\x18\x01 \x01(\fR\n" +
+	"policyJson\x12;\n" +
+	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\x122\n" +
+	"\x06policy\x18\x03 \x01(\v2\x1a.policyd.command.v1.PolicyR\x06policy\"_\n" +
 	"\fDeletePolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12;\n" +
-	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"f\n" +
-	"\vPutEmployee\x12\x1a\n" +
-	"\bemployee\x18\x01 \x01(\fR\bemployee\x12;\n" +
-	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"]\n" +
+	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"\xa9\x01\n" +
+	"\vPutEmployee\x12#\n" +
+	"\remployee_json\x18\x01 \x01(\fR\femployeeJson\x12;\n" +
+	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\x128\n" +
+	"\bemployee\x18\x03 \x01(\v2\x1c.policyd.command.v1.EmployeeR\bemployee\"]\n" +
 	"\x0eDeleteEmployee\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12;\n" +
-	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"w\n" +
+	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"\xa0\x01\n" +
 	"\x0eRegisterMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x03 \x01(\tR\bhttpAddr\x12\x1b\n" +
-	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\"\x1e\n" +
+	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\x12'\n" +
+	"\x0fcommand_version\x18\x05 \x01(\rR\x0ecommandVersion\"\x1e\n" +
 	"\fRemoveMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1e\n" +
 	"\fSetClusterID\x12\x0e\n" +
@@ -705,30 +966,38 @@ func file_command_v1_command_proto_rawDescGZIP() []byte {
 	return file_command_v1_command_proto_rawDescData
 }
 
-var file_command_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_command_v1_command_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_command_v1_command_proto_goTypes = []any{
 	(*Command)(nil),        // 0: policyd.command.v1.Command
 	(*Precondition)(nil),   // 1: policyd.command.v1.Precondition
-	(*PutPolicy)(nil),      // 2: policyd.command.v1.PutPolicy
-	(*DeletePolicy)(nil),   // 3: policyd.command.v1.DeletePolicy
-	(*PutEmployee)(nil),    // 4: policyd.command.v1.PutEmployee
-	(*DeleteEmployee)(nil), // 5: policyd.command.v1.DeleteEmployee
-	(*RegisterMember)(nil), // 6: policyd.command.v1.RegisterMember
-	(*RemoveMember)(nil),   // 7: policyd.command.v1.RemoveMember
-	(*SetClusterID)(nil),   // 8: policyd.command.v1.SetClusterID
-	(*PruneEvents)(nil),    // 9: policyd.command.v1.PruneEvents
-	(*Result)(nil),         // 10: policyd.command.v1.Result
+	(*Scope)(nil),          // 2: policyd.command.v1.Scope
+	(*Policy)(nil),         // 3: policyd.command.v1.Policy
+	(*Employee)(nil),       // 4: policyd.command.v1.Employee
+	(*PutPolicy)(nil),      // 5: policyd.command.v1.PutPolicy
+	(*DeletePolicy)(nil),   // 6: policyd.command.v1.DeletePolicy
+	(*PutEmployee)(nil),    // 7: policyd.command.v1.PutEmployee
+	(*DeleteEmployee)(nil), // 8: policyd.command.v1.DeleteEmployee
+	(*RegisterMember)(nil), // 9: policyd.command.v1.RegisterMember
+	(*RemoveMember)(nil),   // 10: policyd.command.v1.RemoveMember
+	(*SetClusterID)(nil),   // 11: policyd.command.v1.SetClusterID
+	(*PruneEvents)(nil),    // 12: policyd.command.v1.PruneEvents
+	(*Result)(nil),         // 13: policyd.command.v1.Result
+	nil,                    // 14: policyd.command.v1.Policy.LabelsEntry
 }
 var file_command_v1_command_proto_depIdxs = []int32{
-	1, // 0: policyd.command.v1.PutPolicy.if_match:type_name -> policyd.command.v1.Precondition
-	1, // 1: policyd.command.v1.DeletePolicy.if_match:type_name -> policyd.command.v1.Precondition
-	1, // 2: policyd.command.v1.PutEmployee.if_match:type_name -> policyd.command.v1.Precondition
-	1, // 3: policyd.command.v1.DeleteEmployee.if_match:type_name -> policyd.command.v1.Precondition
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2,  // 0: policyd.command.v1.Policy.scope:type_name -> policyd.command.v1.Scope
+	14, // 1: policyd.command.v1.Policy.labels:type_name -> policyd.command.v1.Policy.LabelsEntry
+	1,  // 2: policyd.command.v1.PutPolicy.if_match:type_name -> policyd.command.v1.Precondition
+	3,  // 3: policyd.command.v1.PutPolicy.policy:type_name -> policyd.command.v1.Policy
+	1,  // 4: policyd.command.v1.DeletePolicy.if_match:type_name -> policyd.command.v1.Precondition
+	1,  // 5: policyd.command.v1.PutEmployee.if_match:type_name -> policyd.command.v1.Precondition
+	4,  // 6: policyd.command.v1.PutEmployee.employee:type_name -> policyd.command.v1.Employee
+	1,  // 7: policyd.command.v1.DeleteEmployee.if_match:type_name -> policyd.command.v1.Precondition
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_command_v1_command_proto_init() }
@@ -742,7 +1011,7 @@ func file_command_v1_command_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_command_v1_command_proto_rawDesc), len(file_command_v1_command_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
