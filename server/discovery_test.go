@@ -24,7 +24,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
-	"github.com/policyd/policyd/server/discovery"
+	"github.com/policyd/policyd/server/rollout"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -212,13 +212,13 @@ func (a *api) del(path string) {
 	}
 }
 
-func (a *api) rollout(query string) discovery.Rollout {
+func (a *api) rollout(query string) rollout.Status {
 	a.t.Helper()
 	r := a.do(http.MethodGet, "/v1/rollout"+query, nil, nil)
 	if r.status != http.StatusOK {
 		a.t.Fatalf("GET /v1/rollout: %d %s", r.status, r.body)
 	}
-	var ro discovery.Rollout
+	var ro rollout.Status
 	r.decode(a.t, &ro)
 	return ro
 }
@@ -284,7 +284,7 @@ func TestDiscoveryProtocol(t *testing.T) {
 					found = true
 				}
 			}
-			if !slices.ContainsFunc(v.Acked, func(r discovery.ClientRef) bool { return r.Client == "c-nack-good" }) {
+			if !slices.ContainsFunc(v.Acked, func(r rollout.ClientRef) bool { return r.Client == "c-nack-good" }) {
 				t.Errorf("rollout of %.8s: c-nack-good not acked: %+v", v1, v)
 			}
 		}
@@ -382,8 +382,8 @@ func TestDiscoveryProtocol(t *testing.T) {
 			t.Fatalf("%d responses for %d writes: pushes were not coalesced or were repeated", n, writes)
 		}
 		ro := fapi.rollout("?wait=5s")
-		idx := slices.IndexFunc(ro.Versions, func(v discovery.VersionRollout) bool {
-			return slices.ContainsFunc(v.Acked, func(r discovery.ClientRef) bool { return r.Client == "c-rapid" })
+		idx := slices.IndexFunc(ro.Versions, func(v rollout.Version) bool {
+			return slices.ContainsFunc(v.Acked, func(r rollout.ClientRef) bool { return r.Client == "c-rapid" })
 		})
 		if idx < 0 || ro.Versions[idx].Version != final {
 			t.Fatalf("rollout does not show c-rapid acked on the final version %.8s: %+v", final, ro)
@@ -642,7 +642,7 @@ func TestDiscoveryClientsAndRolloutAcrossNodes(t *testing.T) {
 	if !ro.Done || len(ro.Unreachable) != 0 {
 		t.Fatalf("rollout = %+v, want done with every node reachable", ro)
 	}
-	i := slices.IndexFunc(ro.Versions, func(v discovery.VersionRollout) bool { return v.Version == want })
+	i := slices.IndexFunc(ro.Versions, func(v rollout.Version) bool { return v.Version == want })
 	if i < 0 || len(ro.Versions[i].Acked) != 3 || len(ro.Versions[i].Pending) != 0 {
 		t.Fatalf("rollout of %.8s = %+v, want 3 acked", want, ro)
 	}

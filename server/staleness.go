@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/apierror"
 )
 
 // A node serves sidecars from its local replica, so one cut off from the
@@ -104,7 +104,7 @@ func (n *Node) refusal() string {
 func (n *Node) refuseWhenStaleHTTP(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if msg := n.refusal(); msg != "" {
-			adminapi.WriteError(w, http.StatusServiceUnavailable, "unavailable", msg)
+			apierror.Write(w, http.StatusServiceUnavailable, apierror.CodeUnavailable, msg)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -5,9 +5,10 @@
 //
 // Every route declares the role it needs (read for GET, admin for writes);
 // /healthz and /readyz are open so probes need no credentials. Every error,
-// including an unknown path or method, is the JSON envelope
-// {"error": {"code", "message"}}, produced by writeError, the one place where
-// errors become HTTP statuses. Request bodies are capped at 1 MiB (413).
+// including an unknown path or method, is the JSON envelope of package
+// apierror, {"error": {"code", "message"}}, produced by writeError, the one
+// place where errors become HTTP statuses. Request bodies are capped at
+// 1 MiB (413).
 //
 // Text is valid UTF-8 or refused: a request whose path parameter, query
 // parameter, or any string of its JSON body (member names included) is not
@@ -38,6 +39,7 @@ import (
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/apierror"
 	"github.com/policyd/policyd/store"
 	"github.com/policyd/policyd/tlsfiles"
 	"github.com/policyd/policyd/utf8field"
@@ -276,7 +278,7 @@ func checkText(r *http.Request, params []string) error {
 // a path that is not valid UTF-8.
 func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
 	if !utf8.ValidString(r.URL.Path) {
-		writeJSON(w, http.StatusBadRequest, errorBody("invalid", "the path is not valid UTF-8"))
+		writeJSON(w, http.StatusBadRequest, apierror.New(apierror.CodeInvalid, "the path is not valid UTF-8"))
 		return
 	}
 	var allowed []string
@@ -289,10 +291,10 @@ func (a *API) noRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allowed) > 0 {
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
-		writeJSON(w, http.StatusMethodNotAllowed, errorBody("invalid", fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", "))))
+		writeJSON(w, http.StatusMethodNotAllowed, apierror.New(apierror.CodeInvalid, fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed, ", "))))
 		return
 	}
-	writeJSON(w, http.StatusNotFound, errorBody("not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
+	writeJSON(w, http.StatusNotFound, apierror.New(apierror.CodeNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
 }
 
 type statusWriter struct {
@@ -355,7 +357,7 @@ func readBody(r *http.Request) ([]byte, error) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: "invalid",
+			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: apierror.CodeInvalid,
 				msg: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
 		}
 		return nil, fmt.Errorf("read request body: %w", err)

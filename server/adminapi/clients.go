@@ -7,7 +7,7 @@ import (
 	"time"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	"github.com/policyd/policyd/server/discovery"
+	"github.com/policyd/policyd/server/rollout"
 )
 
 // Rollout waits: ?wait= is capped so that a request cannot be held for
@@ -89,7 +89,7 @@ func (a *API) rollout(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		ro := discovery.ComputeRollout(clients)
+		ro := rollout.Compute(clients)
 		ro.Unreachable = unreachable
 		if ro.Done || !time.Now().Before(deadline) {
 			writeJSON(w, http.StatusOK, ro)

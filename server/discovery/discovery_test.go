@@ -7,12 +7,10 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
@@ -23,40 +21,6 @@ import (
 // nodes, in server/discovery_test.go. These are the pure parts.
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func TestComputeRollout(t *testing.T) {
-	c := func(node, addr, transport, sent, state string) *clusterv1.ClientInfo {
-		return &clusterv1.ClientInfo{NodeId: node, ClientAddress: addr, Transport: transport, VersionSent: sent, State: state, Org: "o"}
-	}
-	nacked := c("n2", "b", "grpc", "v2", stateNacked)
-	nacked.NackMessage, nacked.NackVersion = "bad regexp", "v1"
-	ref := func(node, addr string) ClientRef { return ClientRef{Node: node, Client: addr, Scope: "o//"} }
-	tests := []struct {
-		name    string
-		clients []*clusterv1.ClientInfo
-		want    Rollout
-	}{
-		{"nobody connected is done", nil, Rollout{Done: true, Versions: []VersionRollout{}}},
-		{"pending holds the rollout", []*clusterv1.ClientInfo{c("n1", "a", "grpc", "v2", stateAcked), c("n1", "c", "grpc", "v2", statePending)},
-			Rollout{Versions: []VersionRollout{{Version: "v2", Acked: []ClientRef{ref("n1", "a")}, Nacked: []NackRef{}, Pending: []ClientRef{ref("n1", "c")}}}}},
-		{"a NACK counts as an answer", []*clusterv1.ClientInfo{c("n1", "a", "grpc", "v2", stateAcked), nacked},
-			Rollout{Done: true, Versions: []VersionRollout{{Version: "v2", Done: true, Acked: []ClientRef{ref("n1", "a")},
-				Nacked: []NackRef{{ClientRef: ref("n2", "b"), Message: "bad regexp", LastGoodVersion: "v1"}}, Pending: []ClientRef{}}}}},
-		{"versions are separate; websocket clients and streams sent nothing are left out",
-			[]*clusterv1.ClientInfo{c("n1", "a", "grpc", "v1", stateAcked), c("n2", "z", "grpc", "v2", stateAcked), c("n1", "w", "ws", "v9", stateAcked), c("n3", "new", "grpc", "", "")},
-			Rollout{Done: true, Versions: []VersionRollout{
-				{Version: "v1", Done: true, Acked: []ClientRef{ref("n1", "a")}, Nacked: []NackRef{}, Pending: []ClientRef{}},
-				{Version: "v2", Done: true, Acked: []ClientRef{ref("n2", "z")}, Nacked: []NackRef{}, Pending: []ClientRef{}},
-			}}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, ComputeRollout(tc.clients)); diff != "" {
-				t.Errorf("ComputeRollout (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
 
 func TestTruncate(t *testing.T) {
 	tests := []struct {

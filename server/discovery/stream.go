@@ -20,6 +20,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/rollout"
 )
 
 // Limits on what a request may carry. gRPC's max receive size bounds the
@@ -33,13 +34,6 @@ const (
 	// nonce from an unknown one. An ACK older than that is answered as
 	// unknown, which costs one extra response, never a loop.
 	sentNonces = 16
-)
-
-// Rollout states of a stream's latest version.
-const (
-	statePending = "pending"
-	stateAcked   = "acked"
-	stateNacked  = "nacked"
 )
 
 // response is what a stream's writer sends next.
@@ -312,9 +306,9 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	st.latestNonce = r.snap.nonce
 	if st.versionSent != r.snap.version || st.state == "" {
 		st.versionSent = r.snap.version
-		st.state = statePending
+		st.state = rollout.Pending
 		if st.versionAcked == r.snap.version {
-			st.state = stateAcked
+			st.state = rollout.Acked
 		}
 	}
 	st.mu.Unlock()
@@ -409,7 +403,7 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 	switch {
 	case nonce != "" && nonce == st.latestNonce:
 		if req.GetErrorDetail() != nil {
-			st.state = stateNacked
+			st.state = rollout.Nacked
 			st.nackMessage = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
 			st.nackVersion = truncate(req.GetVersionInfo(), maxVersionInfo)
 			msg, version, scope := st.nackMessage, st.versionSent, st.scope
@@ -420,7 +414,7 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 			return nil
 		}
 		if req.GetVersionInfo() == st.versionSent {
-			st.state = stateAcked
+			st.state = rollout.Acked
 			st.versionAcked = st.versionSent
 			st.mu.Unlock()
 			s.metrics.acks.Inc()

@@ -14,7 +14,7 @@ import (
 	"github.com/coder/websocket"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/apierror"
 	"github.com/policyd/policyd/utf8field"
 )
 
@@ -190,7 +190,7 @@ func FuzzHandshake(f *testing.F) {
 			}
 			w := httptest.NewRecorder()
 			hub.reject(w, r, err)
-			var env adminapi.Envelope
+			var env apierror.Envelope
 			if w.Code != status || json.Unmarshal(w.Body.Bytes(), &env) != nil || env.Error.Code == "" || env.Error.Message == "" {
 				t.Fatalf("withToken %v: %v answered %d %q, want %d with an error envelope", withToken, err, w.Code, w.Body, status)
 			}

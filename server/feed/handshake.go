@@ -16,7 +16,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/apierror"
 	"github.com/policyd/policyd/utf8field"
 )
 
@@ -44,18 +44,18 @@ var (
 func statusOf(err error) (int, string) {
 	switch {
 	case errors.Is(err, errInvalid):
-		return http.StatusBadRequest, "invalid"
+		return http.StatusBadRequest, apierror.CodeInvalid
 	case errors.Is(err, errMethod):
-		return http.StatusMethodNotAllowed, "invalid"
+		return http.StatusMethodNotAllowed, apierror.CodeInvalid
 	case errors.Is(err, errClosing), errors.Is(err, errBehind):
-		return http.StatusServiceUnavailable, "unavailable"
+		return http.StatusServiceUnavailable, apierror.CodeUnavailable
 	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials),
 		errors.Is(err, auth.ErrUnknownEmployee):
-		return http.StatusUnauthorized, "unauthorized"
+		return http.StatusUnauthorized, apierror.CodeUnauthorized
 	case errors.Is(err, auth.ErrInactiveEmployee), errors.Is(err, auth.ErrForbidden):
-		return http.StatusForbidden, "forbidden"
+		return http.StatusForbidden, apierror.CodeForbidden
 	default:
-		return http.StatusInternalServerError, "internal"
+		return http.StatusInternalServerError, apierror.CodeInternal
 	}
 }
 
@@ -71,7 +71,7 @@ func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusUnauthorized || status == http.StatusForbidden {
 		h.logger.Debug("feed handshake refused", "peer", r.RemoteAddr, "status", status, "err", err)
 	}
-	adminapi.WriteError(w, status, code, err.Error())
+	apierror.Write(w, status, code, err.Error())
 }
 
 // handshake is an admitted request.

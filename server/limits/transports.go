@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/apierror"
 )
 
 // HTTP gates next (the WebSocket feed's handshake): the slot is held for the
@@ -21,7 +21,7 @@ func (g *Gate) HTTP(transport string, next http.Handler) http.Handler {
 		release, err := g.Enter(r.Context(), transport)
 		if err != nil {
 			if errors.Is(err, ErrBusy) {
-				adminapi.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+				apierror.Write(w, http.StatusServiceUnavailable, apierror.CodeUnavailable,
 					"node busy setting up connections ("+err.Error()+"); retry, or use another node")
 			}
 			// Otherwise the client went away while waiting.

@@ -1,4 +1,8 @@
-package discovery
+// Package rollout holds the rollout view of discovery clients (DESIGN part
+// 4): the states a stream reports for its newest version, and how
+// GET /v1/rollout groups clients by version. The discovery server writes
+// the states and the admin API reads them, so they live apart from both.
+package rollout
 
 import (
 	"cmp"
@@ -7,21 +11,28 @@ import (
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 )
 
-// Rollout is GET /v1/rollout: per version being rolled out, which
+// States of a client's newest version, as ClientInfo.State carries them.
+const (
+	Pending = "pending"
+	Acked   = "acked"
+	Nacked  = "nacked"
+)
+
+// Status is GET /v1/rollout: per version being rolled out, which
 // discovery clients have ACKed it, NACKed it (a NACK counts as an answer:
 // a sidecar that rejects a set must not hold the rollout up forever) or not
 // answered yet.
-type Rollout struct {
+type Status struct {
 	// Done: every connected discovery client has answered the newest
 	// version sent to it.
-	Done     bool             `json:"done"`
-	Versions []VersionRollout `json:"versions"`
+	Done     bool      `json:"done"`
+	Versions []Version `json:"versions"`
 	// Unreachable lists nodes whose clients are missing from this view.
 	Unreachable []string `json:"unreachable_nodes,omitempty"`
 }
 
-// VersionRollout is one policy-set version's progress.
-type VersionRollout struct {
+// Version is one policy-set version's progress.
+type Version struct {
 	Version string      `json:"version"`
 	Done    bool        `json:"done"`
 	Acked   []ClientRef `json:"acked"`
@@ -44,26 +55,26 @@ type NackRef struct {
 	LastGoodVersion string `json:"last_good_version"`
 }
 
-// ComputeRollout groups discovery clients (from every node) by the newest
+// Compute groups discovery clients (from every node) by the newest
 // version sent to them. WebSocket clients are left out: the feed has no
 // acknowledgements.
-func ComputeRollout(clients []*clusterv1.ClientInfo) Rollout {
-	byVersion := map[string]*VersionRollout{}
-	out := Rollout{Done: true, Versions: []VersionRollout{}}
+func Compute(clients []*clusterv1.ClientInfo) Status {
+	byVersion := map[string]*Version{}
+	out := Status{Done: true, Versions: []Version{}}
 	for _, c := range clients {
 		if c.GetTransport() != "grpc" || c.GetVersionSent() == "" {
 			continue
 		}
 		v := byVersion[c.GetVersionSent()]
 		if v == nil {
-			v = &VersionRollout{Version: c.GetVersionSent(), Acked: []ClientRef{}, Nacked: []NackRef{}, Pending: []ClientRef{}}
+			v = &Version{Version: c.GetVersionSent(), Acked: []ClientRef{}, Nacked: []NackRef{}, Pending: []ClientRef{}}
 			byVersion[c.GetVersionSent()] = v
 		}
 		ref := ClientRef{Node: c.GetNodeId(), Client: c.GetClientAddress(), Scope: c.GetOrg() + "/" + c.GetTeam() + "/" + c.GetEmployee()}
 		switch c.GetState() {
-		case stateAcked:
+		case Acked:
 			v.Acked = append(v.Acked, ref)
-		case stateNacked:
+		case Nacked:
 			v.Nacked = append(v.Nacked, NackRef{ClientRef: ref, Message: c.GetNackMessage(), LastGoodVersion: c.GetNackVersion()})
 		default:
 			v.Pending = append(v.Pending, ref)
@@ -78,6 +89,6 @@ func ComputeRollout(clients []*clusterv1.ClientInfo) Rollout {
 		slices.SortFunc(v.Nacked, func(a, b NackRef) int { return refOrder(a.ClientRef, b.ClientRef) })
 		out.Versions = append(out.Versions, *v)
 	}
-	slices.SortFunc(out.Versions, func(a, b VersionRollout) int { return cmp.Compare(a.Version, b.Version) })
+	slices.SortFunc(out.Versions, func(a, b Version) int { return cmp.Compare(a.Version, b.Version) })
 	return out
 }
