@@ -488,6 +488,18 @@ const (
 	responseNonceField   = 3
 )
 
+// responseHeadFields is every field of PolicyDiscoveryResponse by number
+// and name: the two responseHead reads and the ones it skips on purpose,
+// as a sidecar that only records and ACKs a response needs neither. A field
+// the proto gains fails TestResponseHeadHandlesEveryField until it is
+// placed here.
+var responseHeadFields = map[protowire.Number]string{
+	responseVersionField: "version_info",
+	responseNonceField:   "nonce",
+	2:                    "policies",  // skipped: what the generator avoids decoding
+	4:                    "unchanged", // skipped: an unchanged answer is ACKed like any other
+}
+
 // responseHead is what a sidecar needs of a PolicyDiscoveryResponse to
 // record and ACK it: version_info and nonce.
 type responseHead struct {

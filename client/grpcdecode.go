@@ -23,8 +23,12 @@ import (
 // Nodes encode snapshots deterministically (map keys in order), so an
 // unchanged policy keeps its bytes from one version to the next, and across
 // nodes. A response the fast path cannot split is decoded whole by
-// proto.Unmarshal, which also gives its error; FuzzDecodeResponse checks the
-// two agree.
+// proto.Unmarshal, which also gives its error. FuzzDecodeResponse checks
+// that the SDK reads what proto.Unmarshal reads, and
+// TestDecoderHandlesEveryField that the proto has no field it does not
+// handle. It is kept because it measured faster than the generated code:
+// about 40 % less CPU per 10-policy update, half at 1000 policies of 4 KB
+// (BenchmarkDiscoveryResponse).
 
 // rawResponse is a discovery response as received, not yet decoded.
 type rawResponse []byte
@@ -68,6 +72,22 @@ const (
 	fieldNonce       protowire.Number = 3
 	fieldUnchanged   protowire.Number = 4
 )
+
+// handledFields lists, per message of a discovery response (full name),
+// the fields the SDK takes from it, by number and name: splitResponse reads
+// the response's, fromDiscovery those of Policy and Scope. A field the proto
+// gains and this table lacks fails TestDecoderHandlesEveryField, because
+// the SDK would silently drop it.
+var handledFields = map[string]map[protowire.Number]string{
+	"policyd.discovery.v1.PolicyDiscoveryResponse": {
+		fieldVersionInfo: "version_info", fieldPolicies: "policies", fieldNonce: "nonce", fieldUnchanged: "unchanged",
+	},
+	"policyd.discovery.v1.Policy": {
+		1: "name", 2: "kind", 3: "scope", 4: "labels", 5: "spec", 6: "revision",
+	},
+	"policyd.discovery.v1.Policy.LabelsEntry": {1: "key", 2: "value"},
+	"policyd.discovery.v1.Scope":              {1: "org", 2: "team", 3: "employee"},
+}
 
 // decodeResponse decodes b, taking the policy of prev (the previous
 // response's) whose encoding is the same bytes instead of decoding it again.
