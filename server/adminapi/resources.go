@@ -82,6 +82,10 @@ type entity[T any] struct {
 	key      func(*T) *string
 	validate func(*T) error
 	get      func(string) (*T, error)
+	// stored, when set, reads the entity's stored JSON with its revision,
+	// which a GET serves as it is: policies, whose specs are large and
+	// already canonical, so that a read is a copy, not a re-encode.
+	stored   func(string) ([]byte, uint64, error)
 	revision func(*T) uint64
 	put      func(*T, *uint64) (*commandv1.Command, error)
 	del      func(string, *uint64) (*commandv1.Command, error)
@@ -93,6 +97,17 @@ func (a *API) policies() entity[policy.Policy] {
 		key:      func(p *policy.Policy) *string { return &p.Name },
 		validate: func(p *policy.Policy) error { return a.b.Validator().Policy(p) },
 		get:      func(k string) (*policy.Policy, error) { return a.b.Store().GetPolicy(k) },
+		stored: func(k string) ([]byte, uint64, error) {
+			rps, _, err := a.b.Store().RawPolicies(k)
+			if err != nil {
+				return nil, 0, err
+			}
+			rp, ok := rps[k]
+			if !ok {
+				return nil, 0, fmt.Errorf("policy %q: %w", k, store.ErrNotFound)
+			}
+			return rp.Stored, rp.Policy.Revision, nil
+		},
 		revision: func(p *policy.Policy) uint64 { return p.Revision },
 		put:      raftfsm.PutPolicy, del: raftfsm.DeletePolicy,
 	}
@@ -127,6 +142,15 @@ func (e entity[T]) target(r *http.Request) (string, *uint64, error) {
 
 // write answers with the local replica's copy and its revision as ETag.
 func (e entity[T]) write(w http.ResponseWriter, key string) error {
+	if e.stored != nil {
+		raw, rev, err := e.stored(key)
+		if err != nil {
+			return err
+		}
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(rev, 10)))
+		writeRawJSON(w, http.StatusOK, raw)
+		return nil
+	}
 	v, err := e.get(key)
 	if err != nil {
 		return err
