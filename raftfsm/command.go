@@ -179,6 +179,17 @@ func RegisterMember(m store.Member) (*commandv1.Command, error) {
 	})
 }
 
+// RegisterMemberAfresh is RegisterMember for a node's first registration
+// since it started: every other member's recorded command version is
+// cleared, so that each registers again (commandv1.RegisterMember's
+// reset_versions).
+func RegisterMemberAfresh(m store.Member) (*commandv1.Command, error) {
+	return NewCommand(TypeRegisterMember, &commandv1.RegisterMember{
+		Id: m.ID, RaftAddr: m.RaftAddr, HttpAddr: m.HTTPAddr, GrpcAddr: m.GRPCAddr,
+		CommandVersion: m.CommandVersion, ResetVersions: true,
+	})
+}
+
 // RemoveMember builds the command that forgets a node's addresses.
 func RemoveMember(id string) (*commandv1.Command, error) {
 	return NewCommand(TypeRemoveMember, &commandv1.RemoveMember{Id: id})

@@ -314,7 +314,13 @@ func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *com
 		ID: c.GetId(), RaftAddr: c.GetRaftAddr(), HTTPAddr: c.GetHttpAddr(), GRPCAddr: c.GetGrpcAddr(),
 		CommandVersion: c.GetCommandVersion(),
 	}
+	reset := c.GetResetVersions()
 	return func(b *store.Batch) *commandv1.Result {
+		if reset {
+			if err := b.ResetMemberVersions(m, mem.ID); err != nil {
+				return result(m.Index, 0, err)
+			}
+		}
 		return result(m.Index, m.Index, b.PutMember(m, mem))
 	}, nil
 }

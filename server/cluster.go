@@ -283,6 +283,7 @@ func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
 	for _, m := range members {
 		byID[m.ID] = m
 	}
+	st.CommandVersion = commandVersion(members)
 	for _, s := range f.Configuration().Servers {
 		m := byID[string(s.ID)]
 		st.Members = append(st.Members, adminapi.MemberStatus{
@@ -292,6 +293,8 @@ func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
 			GRPCAddr: m.GRPCAddr,
 			Suffrage: s.Suffrage.String(),
 			Leader:   s.ID == leaderID,
+
+			CommandVersion: m.CommandVersion,
 		})
 	}
 	return st, nil

@@ -118,7 +118,14 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 			return
 		}
 		if n.inConfiguration(n.id) {
-			cmd, err := raftfsm.RegisterMember(self)
+			// The first registration since start asks every other member
+			// to register again, in case this node applied theirs while it
+			// ran a release that drops command versions.
+			register := raftfsm.RegisterMemberAfresh
+			if n.registered {
+				register = raftfsm.RegisterMember
+			}
+			cmd, err := register(self)
 			if err != nil {
 				n.logger.Error("encode member registration", "err", err)
 				return
@@ -126,6 +133,7 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 			if res, err := n.Propose(ctx, cmd); err != nil {
 				n.logger.Debug("member registration not accepted yet", "err", err)
 			} else if err := n.store.WaitApplied(ctx, res.GetIndex()); err == nil {
+				n.registered = true
 				n.logger.Info("registered member addresses", "http", self.HTTPAddr, "grpc", self.GRPCAddr, "raft", self.RaftAddr)
 			}
 		}

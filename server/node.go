@@ -143,6 +143,7 @@ type Node struct {
 	raftUp      atomic.Bool
 	leaderTasks []LeaderTask
 	registerMu  sync.Mutex
+	registered  bool               // this process has registered its record; under registerMu
 	reload      *reload.Controller // nil unless reload.enabled
 	drift       *driftWebhook      // nil unless drift.addr is set
 

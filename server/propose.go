@@ -206,15 +206,21 @@ func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read member command versions: %w", err)
 	}
-	v := uint32(raftfsm.CommandVersion)
-	for _, m := range members {
-		v = min(v, m.CommandVersion)
-	}
-	out, err := raftfsm.ForVersion(cmd, v)
+	out, err := raftfsm.ForVersion(cmd, commandVersion(members))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
 	return out, nil
+}
+
+// commandVersion is the newest command encoding every member reads. A
+// member that registered none predates command versions and reads 1.
+func commandVersion(members []store.Member) uint32 {
+	v := uint32(raftfsm.CommandVersion)
+	for _, m := range members {
+		v = min(v, max(m.CommandVersion, 1))
+	}
+	return v
 }
 
 func (n *Node) inConfiguration(id string) bool {

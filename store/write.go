@@ -291,6 +291,33 @@ func (b *Batch) PutMember(m Meta, mem Member) error {
 	return nil
 }
 
+// ResetMemberVersions clears the command version of every member but
+// except, so that each registers again.
+func (b *Batch) ResetMemberVersions(m Meta, except string) error {
+	bk := b.tx.Bucket(bucketMembers)
+	var reset []Member
+	err := bk.ForEach(func(k, v []byte) error {
+		var mem Member
+		if err := json.Unmarshal(v, &mem); err != nil {
+			return fmt.Errorf("decode member %q: %w", k, err)
+		}
+		if mem.ID != except && mem.CommandVersion != 0 {
+			mem.CommandVersion = 0
+			reset = append(reset, mem)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, mem := range reset {
+		if err := b.PutMember(m, mem); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // DeleteMember forgets a node's addresses. Deleting an unknown member is not
 // an error: removal must be idempotent for retries.
 func (b *Batch) DeleteMember(m Meta, id string) error {

@@ -285,11 +285,30 @@ type clusterStatus struct {
 	LeaderID     string `json:"leader_id"`
 	Term         uint64 `json:"term"`
 	AppliedIndex uint64 `json:"applied_index"`
-	Members      []struct {
+	// CommandVersion is the Raft command encoding writes use; absent (0)
+	// on a release node.
+	CommandVersion uint32 `json:"command_version"`
+	Members        []struct {
 		ID       string `json:"id"`
 		HTTPAddr string `json:"http_addr"`
 		Suffrage string `json:"suffrage"`
 	} `json:"members"`
+}
+
+// waitCommandVersion waits until nd reports that writes use command
+// encoding want, and fails the test on timeout.
+func (c *cluster) waitCommandVersion(nd *node, want uint32) {
+	c.t.Helper()
+	var got uint32
+	var last error
+	if !servertest.Poll(30*time.Second, func() bool {
+		var st clusterStatus
+		last = c.get(nd, "/v1/cluster", &st)
+		got = st.CommandVersion
+		return last == nil && got == want
+	}) {
+		c.t.Fatalf("%s: command_version %d (%v), want %d", nd.id, got, last, want)
+	}
 }
 
 // errExited is a node that exited while the test expects it to run: a

@@ -43,6 +43,14 @@ func TestRollingUpgrade(t *testing.T) {
 		c.checkConverged(m, step+": writes through every node")
 	}
 
+	// Every node runs the new binary and has registered so: writes use the
+	// typed commands from here on.
+	for _, nd := range c.nodes {
+		c.waitCommandVersion(nd, 2)
+	}
+	c.writeThroughEvery(m, "typed")
+	c.checkConverged(m, "typed writes")
+
 	// All nodes run the new binary. One loses its state.db and rebuilds it
 	// by applying the whole Raft log, entries of both versions.
 	nd := c.nodes[0]
@@ -108,6 +116,9 @@ func (c *cluster) writeUnderNewLeader(m *model, bins binaries) {
 			c.t.Fatal("no node runs the release")
 		}
 		term := c.term(leader)
+		// A release node reads only command version 1 (JSON policies), so
+		// the new leader writes that until every node is upgraded.
+		c.waitCommandVersion(leader, 1)
 		c.writeThroughEvery(m, fmt.Sprintf("mixed%d", attempt))
 		if after := c.waitHealthy(); after == leader && c.term(leader) == term {
 			c.t.Logf("%s (new) led term %d while %s (release) followed; writes through every node committed",

@@ -76,17 +76,21 @@ type ClusterStatus struct {
 	NodeID string `json:"node_id"`
 	// ClusterID names the cluster (DESIGN part 11); "" until its first
 	// leader has named it.
-	ClusterID    string         `json:"cluster_id"`
-	State        string         `json:"state"`
-	LeaderID     string         `json:"leader_id"`
-	LeaderAddr   string         `json:"leader_raft_addr"`
-	Term         uint64         `json:"term"`
-	CommitIndex  uint64         `json:"commit_index"`
-	LastIndex    uint64         `json:"last_index"`
-	AppliedIndex uint64         `json:"applied_index"`
-	LastContact  string         `json:"last_contact,omitempty"`
-	Digest       string         `json:"digest"`
-	Members      []MemberStatus `json:"members"`
+	ClusterID    string `json:"cluster_id"`
+	State        string `json:"state"`
+	LeaderID     string `json:"leader_id"`
+	LeaderAddr   string `json:"leader_raft_addr"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	LastIndex    uint64 `json:"last_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	LastContact  string `json:"last_contact,omitempty"`
+	Digest       string `json:"digest"`
+	// CommandVersion is the Raft command encoding writes use: the newest
+	// that every registered member reads. Below the release's own during a
+	// rolling upgrade, until every node runs the new release.
+	CommandVersion uint32         `json:"command_version"`
+	Members        []MemberStatus `json:"members"`
 }
 
 // MemberStatus is one server in the Raft configuration, with the addresses it
@@ -98,6 +102,9 @@ type MemberStatus struct {
 	GRPCAddr string `json:"grpc_addr"`
 	Suffrage string `json:"suffrage"`
 	Leader   bool   `json:"leader"`
+	// CommandVersion is the newest command encoding the member registered
+	// it reads; 0 for a node of a release before command versions.
+	CommandVersion uint32 `json:"command_version"`
 }
 
 // Config configures the API.

@@ -603,8 +603,14 @@ type RegisterMember struct {
 	// The newest command encoding the node reads (raftfsm.CommandVersion); 0
 	// from nodes that predate it, which read version 1.
 	CommandVersion uint32 `protobuf:"varint,5,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set on a node's first registration after it starts with a stale or
+	// missing record (new, moved or upgraded): every other member's recorded
+	// command version is cleared, and each registers again. A release that
+	// predates command versions dropped them from the registrations it
+	// applied, so after its upgrade a node must hear them anew.
+	ResetVersions bool `protobuf:"varint,6,opt,name=reset_versions,json=resetVersions,proto3" json:"reset_versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterMember) Reset() {
@@ -670,6 +676,13 @@ func (x *RegisterMember) GetCommandVersion() uint32 {
 		return x.CommandVersion
 	}
 	return 0
+}
+
+func (x *RegisterMember) GetResetVersions() bool {
+	if x != nil {
+		return x.ResetVersions
+	}
+	return false
 }
 
 // RemoveMember forgets a node's addresses after it left the cluster.
@@ -934,13 +947,14 @@ const file_command_v1_command_proto_rawDesc = "" +
 	"\bemployee\x18\x03 \x01(\v2\x1c.policyd.command.v1.EmployeeR\bemployee\"]\n" +
 	"\x0eDeleteEmployee\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12;\n" +
-	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"\xa0\x01\n" +
+	"\bif_match\x18\x02 \x01(\v2 .policyd.command.v1.PreconditionR\aifMatch\"\xc7\x01\n" +
 	"\x0eRegisterMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x03 \x01(\tR\bhttpAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x04 \x01(\tR\bgrpcAddr\x12'\n" +
-	"\x0fcommand_version\x18\x05 \x01(\rR\x0ecommandVersion\"\x1e\n" +
+	"\x0fcommand_version\x18\x05 \x01(\rR\x0ecommandVersion\x12%\n" +
+	"\x0ereset_versions\x18\x06 \x01(\bR\rresetVersions\"\x1e\n" +
 	"\fRemoveMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1e\n" +
 	"\fSetClusterID\x12\x0e\n" +
