@@ -2,33 +2,53 @@ package policy
 
 import (
 	"bytes"
-	"encoding"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+	jsonv1 "github.com/go-json-experiment/json/v1"
 )
+
+// strictOptions add the refusal of unknown members to jsonv2's defaults,
+// which already refuse duplicate names and invalid UTF-8 and match names
+// case-sensitively. Where jsonv2 is stricter than encoding/json in other
+// ways (a one-digit hour, "01" in a `json:",string"` number), it keeps
+// encoding/json's rules, as DecodeStrict always has; but a Go array must
+// get exactly its length.
+var strictOptions = jsonv2.JoinOptions(
+	jsonv2.RejectUnknownMembers(true),
+	jsonv1.ParseTimeWithLooseRFC3339(true),
+	jsonv1.StringifyWithLegacySemantics(true),
+)
+
+// maxFieldErrors bounds how many field errors DecodeStrict reports: each
+// one after the first costs another decode of the input.
+const maxFieldErrors = 20
 
 // DecodeStrict decodes exactly one JSON value from data into v, which must be
 // a non-nil pointer. It is stricter than encoding/json so that a typo in a
 // request is reported instead of silently dropped:
 //   - object keys must match a field's JSON name exactly (encoding/json would
 //     also accept a case-insensitive match);
-//   - unknown and duplicate keys are rejected;
+//   - unknown and duplicate keys, anywhere in the value, are rejected;
+//   - strings must be valid UTF-8, without unpaired surrogate escapes;
 //   - a value of the wrong JSON type, or a number that does not fit its field,
 //     is rejected;
 //   - anything but whitespace after the value is rejected.
 //
-// Every problem is reported as a [ValidationError] naming the field by its JSON
-// path ("scope.org", "spec.conditions.patterns[2]", `labels["tier"]`), so
-// errors.Is(err, ErrInvalid) holds. Syntax errors, an empty input and trailing
-// data are reported with an empty field and the byte offset. Fields of type
-// json.RawMessage and interface types take any well-formed JSON value.
+// Every problem, up to maxFieldErrors, is reported as a [ValidationError]
+// naming the field by its JSON path ("scope.org", "spec.conditions.patterns[2]",
+// `labels["tier"]`), so errors.Is(err, ErrInvalid) holds. Syntax errors, an
+// empty input and trailing data are reported alone, with an empty field and
+// the byte offset, in encoding/json's words. On error, v may be partly filled.
 func DecodeStrict(data []byte, v any) error {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
@@ -38,419 +58,186 @@ func DecodeStrict(data []byte, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return ValidationError{{Reason: "empty body: expected a JSON value"}}
 	}
-
-	d := &strictDecoder{data: data, dec: json.NewDecoder(bytes.NewReader(data))}
-	d.dec.UseNumber()
-	if err := d.value(rv.Type().Elem(), "", false); err != nil {
-		return ValidationError{{Reason: d.syntaxReason(err)}}
+	err := jsonv2.Unmarshal(data, v, strictOptions)
+	if err == nil {
+		return nil
 	}
-	if off := d.next(); off < len(data) {
-		return ValidationError{{Reason: fmt.Sprintf("unexpected data after the JSON value at offset %d", off)}}
+	if reason := syntaxError(data); reason != "" {
+		return ValidationError{{Reason: reason}}
 	}
-	if len(d.errs) > 0 {
-		return d.errs
-	}
-
-	// The walk above has checked everything encoding/json would, so this only
-	// fills v. An error here means the walk missed a case; still report it
-	// as bad input rather than losing it.
-	if err := json.Unmarshal(data, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return ValidationError{{Field: te.Field, Reason: fmt.Sprintf("expected %s, got %s", te.Type, te.Value)}}
-		}
-		return ValidationError{{Reason: err.Error()}}
-	}
-	return nil
+	return fieldErrors(data, rv.Type().Elem(), err)
 }
 
-// strictDecoder walks one JSON document against a Go type. Only syntax and
-// I/O errors stop the walk; field errors are collected in errs so that a
-// client sees all of them at once.
-type strictDecoder struct {
-	data []byte
-	dec  *json.Decoder
-	errs ValidationError
-}
-
-var (
-	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
-	timeType            = reflect.TypeFor[time.Time]()
-)
-
-func (d *strictDecoder) fail(field, format string, args ...any) {
-	d.errs = append(d.errs, FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
-}
-
-// syntaxReason describes a syntax error with the offset of the offending
-// byte (0-based; the input's length for a truncated input). json.Decoder's
-// own offsets are not reliable once Token and Decode calls are mixed, so
-// the input is scanned again: the walk stopped inside the first value, so
-// a full scan fails at the same place.
-func (d *strictDecoder) syntaxReason(err error) string {
+// syntaxError describes the first syntax error in data, or data after its
+// first value, as DecodeStrict always has: encoding/json's message and the
+// offset of the offending byte (the input's length for a truncated input).
+// It returns "" for one well-formed value.
+func syntaxError(data []byte) string {
 	var raw json.RawMessage
-	var se *json.SyntaxError
-	if errors.As(json.Unmarshal(d.data, &raw), &se) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&raw); err != nil {
+		// Unmarshal reports the same error with a reliable offset.
+		var se *json.SyntaxError
+		if !errors.As(json.Unmarshal(data, &raw), &se) {
+			return fmt.Sprintf("invalid JSON: %v", err)
+		}
 		msg := strings.TrimPrefix(se.Error(), "json: ")
 		if msg == "unexpected end of JSON input" {
-			return fmt.Sprintf("invalid JSON at offset %d: unexpected end of input", len(d.data))
+			return fmt.Sprintf("invalid JSON at offset %d: unexpected end of input", len(data))
 		}
 		// SyntaxError.Offset counts the bytes read, including the bad one.
 		return fmt.Sprintf("invalid JSON at offset %d: %s", se.Offset-1, msg)
 	}
-	return fmt.Sprintf("invalid JSON: %v", err)
-}
-
-// next returns the offset of the next significant byte, skipping whitespace
-// and the single ':' or ',' that json.Decoder consumes lazily with the next
-// value. It returns len(data) at the end of the input.
-func (d *strictDecoder) next() int {
-	i := int(d.dec.InputOffset())
-	i = skipSpace(d.data, i)
-	if i < len(d.data) && (d.data[i] == ':' || d.data[i] == ',') {
-		i = skipSpace(d.data, i+1)
-	}
-	return i
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// peek names the JSON type of the next value from its first byte, or returns
-// "" when the input is malformed there (the decoder then reports why).
-func (d *strictDecoder) peek() string {
-	i := d.next()
-	if i >= len(d.data) {
-		return ""
-	}
-	switch c := d.data[i]; {
-	case c == '{':
-		return "object"
-	case c == '[':
-		return "array"
-	case c == '"':
-		return "string"
-	case c == 't' || c == 'f':
-		return "boolean"
-	case c == 'n':
-		return "null"
-	case c == '-' || (c >= '0' && c <= '9'):
-		return "number"
+	if off := skipSpace(data, int(dec.InputOffset())); off < len(data) {
+		return fmt.Sprintf("unexpected data after the JSON value at offset %d", off)
 	}
 	return ""
 }
 
-// skip consumes the next value, checking only its syntax.
-func (d *strictDecoder) skip() error {
-	var raw json.RawMessage
-	return d.dec.Decode(&raw)
-}
-
-// mismatch records a type error for the next value and skips it.
-func (d *strictDecoder) mismatch(path, want, got string) error {
-	if got == "" {
-		// Malformed input: let the decoder produce the syntax error.
-		return d.skip()
-	}
-	d.fail(path, "expected %s, got %s", want, got)
-	return d.skip()
-}
-
-// value checks the next JSON value against t. quoted is set for fields
-// tagged `json:",string"`, whose scalar is wrapped in a JSON string.
-func (d *strictDecoder) value(t reflect.Type, path string, quoted bool) error {
-	got := d.peek()
-	if got == "null" {
-		// encoding/json leaves the target unchanged for null, whatever its type.
-		return d.skip()
-	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-
-	if t == timeType {
-		return d.timeValue(path, got)
-	}
-	if reflect.PointerTo(t).Implements(jsonUnmarshalerType) {
-		return d.unmarshalerValue(t, path)
-	}
-	if reflect.PointerTo(t).Implements(textUnmarshalerType) {
-		return d.textValue(t, path, got)
-	}
-
-	if quoted {
-		switch t.Kind() {
-		case reflect.Bool, reflect.String, reflect.Float32, reflect.Float64,
-			reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-			return d.quotedValue(t, path, got)
+// fieldErrors turns err, jsonv2's first error decoding well-formed data into
+// a t, into field errors, and finds the later ones by decoding again without
+// the member or element at fault until the decode succeeds.
+func fieldErrors(data []byte, t reflect.Type, err error) ValidationError {
+	var errs ValidationError
+	for len(errs) < maxFieldErrors {
+		ptr, dupAt, fe := describe(data, t, err)
+		errs = append(errs, fe)
+		if ptr == "" {
+			break // the whole value is wrong: nothing left to decode
+		}
+		if data, err = omit(data, ptr, dupAt); err != nil {
+			break
+		}
+		if err = jsonv2.Unmarshal(data, reflect.New(t).Interface(), strictOptions); err == nil {
+			break
 		}
 	}
+	return errs
+}
 
+// describe returns the field error for err, where in data it is, and for
+// a duplicate name, the offset of the duplicate. An empty ptr means that the
+// error cannot be decoded past.
+func describe(data []byte, t reflect.Type, err error) (ptr jsontext.Pointer, dupAt int64, fe FieldError) {
+	var syn *jsontext.SyntacticError
+	if errors.As(err, &syn) {
+		fe = FieldError{Field: fieldPath(data, t, syn.JSONPointer), Reason: syn.Err.Error()}
+		if errors.Is(syn.Err, jsontext.ErrDuplicateName) {
+			fe.Reason = "duplicate field"
+			return syn.JSONPointer, syn.ByteOffset, fe
+		}
+		// Invalid UTF-8, most likely; it stops the decode, so stop here.
+		return "", -1, fe
+	}
+	var sem *jsonv2.SemanticError
+	if !errors.As(err, &sem) || sem.GoType == nil {
+		return "", -1, FieldError{Reason: err.Error()}
+	}
+	fe = FieldError{Field: fieldPath(data, t, sem.JSONPointer), Reason: semanticReason(data, sem)}
+	return sem.JSONPointer, -1, fe
+}
+
+var (
+	timeType            = reflect.TypeFor[time.Time]()
+	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+)
+
+// semanticReason says what is wrong with a well-formed value, in the words
+// DecodeStrict has always used.
+func semanticReason(data []byte, sem *jsonv2.SemanticError) string {
+	t, got := sem.GoType, kindName(sem.JSONKind)
+	// jsonv2 names the number in JSONValue when it parsed it itself.
+	number := isNumber(t) && len(sem.JSONValue) > 0
+	switch {
+	case errors.Is(sem.Err, jsonv2.ErrUnknownName):
+		return "unknown field"
+	case number && errors.Is(sem.Err, strconv.ErrRange):
+		return fmt.Sprintf("number %s out of range for %s", literal(sem.JSONValue), numberName(t))
+	case number && errors.Is(sem.Err, strconv.ErrSyntax):
+		return fmt.Sprintf("expected %s, got number %s", numberName(t), literal(sem.JSONValue))
+	case t == timeType && sem.Err != nil:
+		return fmt.Sprintf("expected RFC 3339 time, got %s", valueAt(data, sem.JSONPointer))
+	case t == timeType:
+		return "expected RFC 3339 time string, got " + got
+	case sem.Err == nil && suits(got, t):
+		// Then the field is tagged `json:",string"` and wants it quoted.
+		return fmt.Sprintf("expected string containing a %s, got %s", scalarName(t), got)
+	case sem.Err == nil:
+		return fmt.Sprintf("expected %s, got %s", wantName(t), got)
+	case t.Kind() == reflect.Array:
+		var elems []jsontext.Value
+		_ = jsonv2.Unmarshal(valueAt(data, sem.JSONPointer), &elems)
+		if len(elems) > t.Len() {
+			return fmt.Sprintf("at most %d elements, got %d", t.Len(), len(elems))
+		}
+		return fmt.Sprintf("at least %d elements, got %d", t.Len(), len(elems))
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8:
+		var ce base64.CorruptInputError
+		if errors.As(sem.Err, &ce) {
+			return "expected base64 string: " + ce.Error()
+		}
+	}
+	return sem.Err.Error()
+}
+
+// kindName names a JSON kind as the error messages do.
+func kindName(k jsontext.Kind) string {
+	switch k {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	case '0':
+		return "number"
+	}
+	return k.String()
+}
+
+// wantName names the JSON type that Go type t decodes from.
+func wantName(t reflect.Type) string {
 	switch t.Kind() {
-	case reflect.Interface:
-		return d.skip()
-	case reflect.Struct:
-		if got != "object" {
-			return d.mismatch(path, "object", got)
-		}
-		return d.object(path, func(key string) (reflect.Type, string, bool, bool) {
-			f, ok := fieldsOf(t)[key]
-			return f.typ, joinField(path, key), f.quoted, ok
-		})
-	case reflect.Map:
-		if got != "object" {
-			return d.mismatch(path, "object", got)
-		}
-		return d.object(path, func(key string) (reflect.Type, string, bool, bool) {
-			p := fmt.Sprintf("%s[%q]", path, key)
-			if !d.validMapKey(t.Key(), key, p) {
-				return nil, p, false, true
-			}
-			return t.Elem(), p, false, true
-		})
+	case reflect.Struct, reflect.Map:
+		return "object"
 	case reflect.Slice:
-		if t.Elem().Kind() == reflect.Uint8 && !reflect.PointerTo(t.Elem()).Implements(jsonUnmarshalerType) &&
-			!reflect.PointerTo(t.Elem()).Implements(textUnmarshalerType) {
-			return d.bytesValue(path, got)
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "base64 string"
 		}
-		return d.array(t, path, got)
+		return "array"
 	case reflect.Array:
-		return d.array(t, path, got)
+		return "array"
 	case reflect.String:
-		if got != "string" {
-			return d.mismatch(path, "string", got)
-		}
-		_, err := d.dec.Token()
-		return err
+		return "string"
 	case reflect.Bool:
-		if got != "boolean" {
-			return d.mismatch(path, "boolean", got)
-		}
-		_, err := d.dec.Token()
-		return err
+		return "boolean"
+	}
+	return numberName(t)
+}
+
+// suits reports whether a JSON value of type got decodes into Go type t.
+func suits(got string, t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Bool:
+		return got == "boolean"
+	case reflect.String:
+		return got == "string"
+	}
+	return got == "number" && isNumber(t)
+}
+
+func isNumber(t reflect.Type) bool {
+	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
 		reflect.Float32, reflect.Float64:
-		if got != "number" {
-			return d.mismatch(path, numberName(t), got)
-		}
-		tok, err := d.dec.Token()
-		if err != nil {
-			return err
-		}
-		d.checkNumber(t, path, string(tok.(json.Number)))
-		return nil
-	default:
-		d.fail(path, "cannot decode into a field of Go type %s", t)
-		return d.skip()
-	}
-}
-
-// object walks an object's members. field resolves a key to the type and
-// path of its value; ok=false means the key is unknown, and a nil type with
-// ok=true means the key itself was rejected.
-func (d *strictDecoder) object(path string, field func(key string) (t reflect.Type, p string, quoted, ok bool)) error {
-	if _, err := d.dec.Token(); err != nil { // '{'
-		return err
-	}
-	seen := make(map[string]bool)
-	for d.dec.More() {
-		tok, err := d.dec.Token()
-		if err != nil {
-			return err
-		}
-		key, isString := tok.(string)
-		if !isString {
-			// Unreachable: json.Decoder only yields string keys inside objects.
-			return fmt.Errorf("object key is %T, not a string", tok)
-		}
-		ft, p, quoted, ok := field(key)
-		switch {
-		case seen[key]:
-			d.fail(p, "duplicate field")
-			err = d.skip()
-		case !ok:
-			d.fail(p, "unknown field")
-			err = d.skip()
-		case ft == nil:
-			err = d.skip()
-		default:
-			err = d.value(ft, p, quoted)
-		}
-		if err != nil {
-			return err
-		}
-		seen[key] = true
-	}
-	_, err := d.dec.Token() // '}'
-	return err
-}
-
-func (d *strictDecoder) array(t reflect.Type, path, got string) error {
-	if got != "array" {
-		return d.mismatch(path, "array", got)
-	}
-	if _, err := d.dec.Token(); err != nil { // '['
-		return err
-	}
-	n := 0
-	for ; d.dec.More(); n++ {
-		if err := d.value(t.Elem(), fmt.Sprintf("%s[%d]", path, n), false); err != nil {
-			return err
-		}
-	}
-	if t.Kind() == reflect.Array && n > t.Len() {
-		// encoding/json would drop the extra elements without a word.
-		d.fail(path, "at most %d elements, got %d", t.Len(), n)
-	}
-	_, err := d.dec.Token() // ']'
-	return err
-}
-
-// timeValue insists on an RFC 3339 string, with time.Time's own parser so
-// that the result agrees with what json.Unmarshal will do.
-func (d *strictDecoder) timeValue(path, got string) error {
-	if got != "string" {
-		return d.mismatch(path, "RFC 3339 time string", got)
-	}
-	tok, err := d.dec.Token()
-	if err != nil {
-		return err
-	}
-	var tm time.Time
-	if err := tm.UnmarshalText([]byte(tok.(string))); err != nil {
-		d.fail(path, "expected RFC 3339 time, got %q", tok)
-	}
-	return nil
-}
-
-func (d *strictDecoder) unmarshalerValue(t reflect.Type, path string) error {
-	var raw json.RawMessage
-	if err := d.dec.Decode(&raw); err != nil {
-		return err
-	}
-	u := reflect.New(t).Interface().(json.Unmarshaler)
-	if err := u.UnmarshalJSON(raw); err != nil {
-		d.fail(path, "%v", err)
-	}
-	return nil
-}
-
-func (d *strictDecoder) textValue(t reflect.Type, path, got string) error {
-	if got != "string" {
-		return d.mismatch(path, "string", got)
-	}
-	tok, err := d.dec.Token()
-	if err != nil {
-		return err
-	}
-	u := reflect.New(t).Interface().(encoding.TextUnmarshaler)
-	if err := u.UnmarshalText([]byte(tok.(string))); err != nil {
-		d.fail(path, "%v", err)
-	}
-	return nil
-}
-
-func (d *strictDecoder) bytesValue(path, got string) error {
-	if got != "string" {
-		return d.mismatch(path, "base64 string", got)
-	}
-	tok, err := d.dec.Token()
-	if err != nil {
-		return err
-	}
-	if _, err := base64.StdEncoding.DecodeString(tok.(string)); err != nil {
-		d.fail(path, "expected base64 string: %v", err)
-	}
-	return nil
-}
-
-// quotedValue handles `json:",string"`: a scalar inside a JSON string.
-func (d *strictDecoder) quotedValue(t reflect.Type, path, got string) error {
-	if got != "string" {
-		return d.mismatch(path, "string containing a "+scalarName(t), got)
-	}
-	tok, err := d.dec.Token()
-	if err != nil {
-		return err
-	}
-	s := tok.(string)
-	switch t.Kind() {
-	case reflect.String:
-		var inner string
-		if err := json.Unmarshal([]byte(s), &inner); err != nil {
-			d.fail(path, "expected a quoted JSON string inside the string, got %q", s)
-		}
-	case reflect.Bool:
-		if s != "true" && s != "false" {
-			d.fail(path, "expected \"true\" or \"false\", got %q", s)
-		}
-	default:
-		d.checkNumber(t, path, s)
-	}
-	return nil
-}
-
-// checkNumber reports a number literal that t cannot hold exactly:
-// a fraction or exponent for an integer, a negative unsigned, an overflow.
-func (d *strictDecoder) checkNumber(t reflect.Type, path, s string) {
-	var err error
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		_, err = strconv.ParseInt(s, 10, t.Bits())
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		_, err = strconv.ParseUint(s, 10, t.Bits())
-	case reflect.Float32, reflect.Float64:
-		_, err = strconv.ParseFloat(s, t.Bits())
-	}
-	if err == nil {
-		return
-	}
-	if errors.Is(err, strconv.ErrRange) {
-		d.fail(path, "number %s out of range for %s", s, numberName(t))
-		return
-	}
-	d.fail(path, "expected %s, got number %s", numberName(t), s)
-}
-
-// validMapKey checks a key against the map's key type the way encoding/json
-// converts it, and records the error when it does not fit.
-func (d *strictDecoder) validMapKey(kt reflect.Type, key, path string) bool {
-	if reflect.PointerTo(kt).Implements(textUnmarshalerType) {
-		u := reflect.New(kt).Interface().(encoding.TextUnmarshaler)
-		if err := u.UnmarshalText([]byte(key)); err != nil {
-			d.fail(path, "invalid key: %v", err)
-			return false
-		}
 		return true
 	}
-	switch kt.Kind() {
-	case reflect.String:
-		return true
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		n := len(d.errs)
-		d.checkNumber(kt, path, key)
-		return len(d.errs) == n
-	}
-	d.fail(path, "cannot decode into a map with Go key type %s", kt)
 	return false
-}
-
-func numberName(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return "integer"
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
-		return "non-negative integer"
-	}
-	return "number"
 }
 
 func scalarName(t reflect.Type) string {
@@ -463,90 +250,192 @@ func scalarName(t reflect.Type) string {
 	return numberName(t)
 }
 
-func joinField(path, key string) string {
-	if path == "" {
-		return key
+func numberName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "non-negative integer"
 	}
-	return path + "." + key
+	return "number"
 }
 
-// structField is what the walk needs to know about one JSON member of a struct.
-type structField struct {
-	typ    reflect.Type
-	quoted bool
+// literal is a number as written, unquoted if it came from a string (a
+// `json:",string"` field or a map key).
+func literal(v jsontext.Value) string {
+	if s, err := strconv.Unquote(string(v)); err == nil {
+		return s
+	}
+	return string(v)
 }
 
-var fieldCache sync.Map // reflect.Type -> map[string]structField
+// fieldPath writes ptr, a JSON Pointer into data decoded as a t, in
+// DecodeStrict's notation: struct fields joined with dots, map keys as
+// ["key"], array indexes as [i]. Inside values that the Go type does not
+// describe (an interface, a json.RawMessage) object members are joined with
+// dots.
+func fieldPath(data []byte, t reflect.Type, ptr jsontext.Pointer) string {
+	var isArray []bool
+	if _, loc, ok := seek(data, ptr, -1); ok {
+		isArray = loc.isArray
+	}
+	var b strings.Builder
+	i := 0
+	for tok := range ptr.Tokens() {
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		kind := reflect.Invalid
+		if t != nil && !reflect.PointerTo(t).Implements(jsonUnmarshalerType) {
+			kind = t.Kind()
+		}
+		switch {
+		case kind == reflect.Map:
+			fmt.Fprintf(&b, "[%q]", tok)
+			t = t.Elem()
+		case kind == reflect.Slice || kind == reflect.Array:
+			fmt.Fprintf(&b, "[%s]", tok)
+			t = t.Elem()
+		case kind == reflect.Struct:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(tok)
+			t = fieldType(t, tok)
+		case i < len(isArray) && isArray[i]:
+			fmt.Fprintf(&b, "[%s]", tok)
+			t = nil
+		default:
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(tok)
+			t = nil
+		}
+		i++
+	}
+	return b.String()
+}
 
-// fieldsOf returns the JSON members of struct type t by exact name,
-// following encoding/json's rules for tags, unexported fields and embedded
-// structs. Where two embedded fields at the same depth share a name,
-// encoding/json drops both; so do we, which makes the key unknown.
-func fieldsOf(t reflect.Type) map[string]structField {
-	if f, ok := fieldCache.Load(t); ok {
-		return f.(map[string]structField)
-	}
-	type found struct {
-		f     structField
-		depth int
-		n     int
-	}
-	all := make(map[string]*found)
-	var walk func(t reflect.Type, depth int, visited map[reflect.Type]bool)
-	walk = func(t reflect.Type, depth int, visited map[reflect.Type]bool) {
-		if visited[t] {
-			return
+// fieldType returns the type of struct t's field with JSON name name,
+// looking into embedded structs, or nil if there is none.
+func fieldType(t reflect.Type, name string) reflect.Type {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
 		}
-		visited[t] = true
-		defer delete(visited, t)
-		for i := range t.NumField() {
-			sf := t.Field(i)
-			tag := sf.Tag.Get("json")
-			if tag == "-" {
-				continue
+		switch {
+		case tag == "-":
+		case f.Anonymous && tag == "" && ft.Kind() == reflect.Struct:
+			if found := fieldType(ft, name); found != nil {
+				return found
 			}
-			name, opts, _ := strings.Cut(tag, ",")
-			ft := sf.Type
-			if sf.Anonymous {
-				et := ft
-				if et.Kind() == reflect.Pointer {
-					et = et.Elem()
-				}
-				if !sf.IsExported() && et.Kind() != reflect.Struct {
-					continue
-				}
-				if name == "" && et.Kind() == reflect.Struct {
-					walk(et, depth+1, visited)
-					continue
-				}
-			} else if !sf.IsExported() {
-				continue
-			}
-			if name == "" {
-				name = sf.Name
-			}
-			quoted := false
-			for o := range strings.SplitSeq(opts, ",") {
-				quoted = quoted || o == "string"
-			}
-			cur := all[name]
-			switch {
-			case cur == nil || depth < cur.depth:
-				all[name] = &found{f: structField{typ: ft, quoted: quoted}, depth: depth, n: 1}
-			case depth == cur.depth:
-				cur.n++
-			}
+		case tag == name || (tag == "" && f.Name == name):
+			return f.Type
 		}
 	}
-	walk(t, 0, map[reflect.Type]bool{})
-	fields := make(map[string]structField, len(all))
-	for name, f := range all {
-		if f.n == 1 {
-			fields[name] = f.f
+	return nil
+}
+
+// location says where seek found a value.
+type location struct {
+	isArray []bool // for each token of the pointer, whether it indexes an array
+	prevEnd int64  // the offset after the token before the member or element
+	first   bool   // whether the member or element is the first in its container
+}
+
+// seek returns a decoder of data about to read the value at ptr, and where
+// that value is. It follows the first member with each name, except that
+// when dupAt >= 0 the last one must be the member whose name starts at
+// dupAt. It reads each value once at most, however deep ptr goes.
+func seek(data []byte, ptr jsontext.Pointer, dupAt int64) (*jsontext.Decoder, location, bool) {
+	dec := jsontext.NewDecoder(bytes.NewReader(data), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	var loc location
+	toks := slices.Collect(ptr.Tokens())
+	for i, want := range toks {
+		open, err := dec.ReadToken()
+		if err != nil || (open.Kind() != '{' && open.Kind() != '[') {
+			return nil, loc, false
+		}
+		loc.isArray = append(loc.isArray, open.Kind() == '[')
+		last := i == len(toks)-1
+		for n := 0; ; n++ {
+			if k := dec.PeekKind(); k == '}' || k == ']' || k == 0 {
+				return nil, loc, false
+			}
+			loc.prevEnd, loc.first = dec.InputOffset(), n == 0
+			var match bool
+			if open.Kind() == '[' {
+				match = strconv.Itoa(n) == want
+			} else {
+				name, err := dec.ReadToken()
+				if err != nil {
+					return nil, loc, false
+				}
+				match = name.String() == want &&
+					(!last || dupAt < 0 || (loc.prevEnd <= dupAt && dupAt < dec.InputOffset()))
+			}
+			if match {
+				break
+			}
+			if err := dec.SkipValue(); err != nil {
+				return nil, loc, false
+			}
 		}
 	}
-	fieldCache.Store(t, fields)
-	return fields
+	return dec, loc, true
+}
+
+// valueAt returns the value at ptr in data, or nil.
+func valueAt(data []byte, ptr jsontext.Pointer) jsontext.Value {
+	dec, _, ok := seek(data, ptr, -1)
+	if !ok {
+		return nil
+	}
+	v, err := dec.ReadValue()
+	if err != nil {
+		return nil
+	}
+	return v
+}
+
+// omit returns data without the object member at ptr, or with the array
+// element at ptr replaced by null (so that later indexes stay the same), for
+// jsonv2 to decode past that error. See seek for which member it is.
+func omit(data []byte, ptr jsontext.Pointer, dupAt int64) ([]byte, error) {
+	dec, loc, ok := seek(data, ptr, dupAt)
+	if !ok || ptr == "" {
+		return nil, fmt.Errorf("no member or element at %q", ptr)
+	}
+	if err := dec.SkipValue(); err != nil {
+		return nil, fmt.Errorf("skip %q: %w", ptr, err)
+	}
+	start, end := int(loc.prevEnd), int(dec.InputOffset())
+	var with string
+	switch {
+	case loc.isArray[len(loc.isArray)-1] && loc.first:
+		with = "null"
+	case loc.isArray[len(loc.isArray)-1]:
+		with = ",null"
+	case loc.first:
+		// Take the comma after the member instead of the one before.
+		if i := skipSpace(data, end); i < len(data) && data[i] == ',' {
+			end = i + 1
+		}
+	}
+	return slices.Concat(data[:start], []byte(with), data[end:]), nil
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // DecodePolicy strictly decodes a policy from a request body. The
@@ -554,9 +443,6 @@ func fieldsOf(t reflect.Type) map[string]structField {
 // that a client can send back what it read, but they are zeroed: the cluster
 // sets them when it commits the write.
 func DecodePolicy(data []byte) (*Policy, error) {
-	if p, ok := decodePolicyFast(data); ok {
-		return p, nil
-	}
 	var p Policy
 	if err := DecodeStrict(data, &p); err != nil {
 		return nil, err

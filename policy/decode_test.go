@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -276,4 +277,48 @@ func TestDecodeStrictDepthLimit(t *testing.T) {
 		!strings.HasPrefix(got[0].Reason, "invalid JSON at offset ") || !strings.Contains(got[0].Reason, "exceeded max depth") {
 		t.Fatalf("error = %v, want a depth error", err)
 	}
+}
+
+func TestDecodeStrictPastErrors(t *testing.T) {
+	deep := strings.Repeat("[", 3000) + `{"a":1,"a":2}` + strings.Repeat("]", 3000)
+	tests := []struct {
+		name string
+		in   string
+		want []FieldError
+	}{
+		{name: "duplicate then unknown", in: `{"name":"a","name":"b","foo":1,"name":"c"}`,
+			want: []FieldError{fe("name", "duplicate field"), fe("foo", "unknown field"), fe("name", "duplicate field")}},
+		{name: "duplicate in spec", in: `{"spec":{"a":[{"b":1,"b":2}],"a":3}}`,
+			want: []FieldError{fe("spec.a[0].b", "duplicate field"), fe("spec.a", "duplicate field")}},
+		{name: "duplicate label", in: `{"labels":{"a":"1","a":"2"}}`,
+			want: []FieldError{fe(`labels["a"]`, "duplicate field")}},
+		{name: "duplicate deep in spec", in: `{"spec":` + deep + `}`,
+			want: []FieldError{fe("spec"+strings.Repeat("[0]", 3000)+".a", "duplicate field")}},
+		{name: "invalid UTF-8", in: "{\"kind\":1,\"name\":\"\xff\"}",
+			want: []FieldError{fe("kind", "expected string, got number"), fe("name", "invalid UTF-8")}},
+		{name: "too many errors", in: `{"x0":0` + strings.Repeat(`,"x":0`, 30) + `}`,
+			want: append([]FieldError{fe("x0", "unknown field")}, slices.Repeat([]FieldError{fe("x", "unknown field")}, maxFieldErrors-1)...)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var p Policy
+			err := DecodeStrict([]byte(tc.in), &p)
+			var got ValidationError
+			if !errors.As(err, &got) {
+				t.Fatalf("error = %v, want a ValidationError", err)
+			}
+			if diff := cmp.Diff(ValidationError(tc.want), got); diff != "" {
+				t.Fatalf("errors mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	// Array elements in error are decoded past without moving the later ones.
+	var s ToolPolicySpec
+	err := DecodeStrict([]byte(`{"conditions":{"patterns":[1,"ok",true]},"action":{}}`), &s)
+	checkFieldErrors(t, err, []FieldError{
+		fe("conditions.patterns[0]", "expected string, got number"),
+		fe("conditions.patterns[2]", "expected string, got boolean"),
+		fe("action", "expected string, got object"),
+	})
 }

@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Built-in policy kinds.
@@ -111,20 +113,40 @@ func (p *Policy) Canonical() ([]byte, error) {
 	return cp.AppendJSON(nil)
 }
 
-// canonicalJSON re-encodes raw with sorted object keys. json.Number keeps
-// large integers exact.
+// canonicalJSON re-encodes raw as canonicalMarshal does, with sorted object
+// keys and numbers exactly as written. jsontext formats it in one pass;
+// what jsontext refuses (duplicate names, invalid UTF-8) or would sort
+// differently goes to canonicalMarshal, which defines the result.
 func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return json.RawMessage("{}"), nil
 	}
-	if b, ok := appendCanonicalFast(nil, raw); ok {
+	b, err := jsontext.AppendFormat(nil, raw,
+		jsontext.ReorderRawObjects(true), jsontext.EscapeForHTML(true), jsontext.EscapeForJS(true))
+	if err == nil && sameOrder(b) {
 		return b, nil
 	}
 	return canonicalMarshal(raw)
 }
 
-// canonicalMarshal is canonicalJSON by encoding/json: the definition that
-// appendCanonicalFast must match.
+// sameOrder reports whether sorting the object keys in b by UTF-16 code
+// units (jsontext, after RFC 8785) gives the order that sorting them by
+// bytes (encoding/json) gives. They differ only when b has both a rune in
+// U+E000 to U+FFFF (lead byte 0xEE or 0xEF) and one above U+FFFF.
+func sameOrder(b []byte) bool {
+	if bytes.IndexByte(b, 0xEE) < 0 && bytes.IndexByte(b, 0xEF) < 0 {
+		return true
+	}
+	for _, c := range b {
+		if c >= 0xF0 {
+			return false
+		}
+	}
+	return true
+}
+
+// canonicalMarshal is the canonical form by definition: raw decoded with
+// UseNumber, then json.Marshal.
 func canonicalMarshal(raw json.RawMessage) (json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/google/cel-go/cel"
 )
 
@@ -265,7 +266,7 @@ func (v *Validator) shape(p *Policy) (ValidationError, []byte) {
 	switch {
 	case len(spec) == 0 || string(spec) == "null":
 		errs.add("spec", "required")
-	case spec[0] != '{' || !validJSON(spec):
+	case spec[0] != '{' || !jsontext.Value(spec).IsValid(jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)):
 		errs.add("spec", "must be a JSON object")
 	default:
 		return errs, spec
@@ -456,11 +457,6 @@ func addSpecErrors(errs *ValidationError, decodeErrs, problems ValidationError) 
 }
 
 func checkToolPolicy(errs *ValidationError, spec []byte) {
-	if s, ok := decodeToolSpecFast(spec); ok {
-		// DecodeStrict would have found nothing to report.
-		*errs = append(*errs, toolPolicyProblems(s)...)
-		return
-	}
 	var s ToolPolicySpec
 	decodeErrs := decodeSpec(spec, &s)
 	addSpecErrors(errs, decodeErrs, toolPolicyProblems(&s))
