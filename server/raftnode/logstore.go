@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"errors"
@@ -28,10 +28,10 @@ const (
 	LogStoreBoltDB = "boltdb"
 	// LogStoreWAL is hashicorp/raft-wal: segment files in raft/wal/. Each
 	// append is one write and one fsync, and truncation after a snapshot
-	// deletes whole segments instead of freeing B-tree pages. Opt-in: the
-	// design names raft-boltdb, and raft-wal's own README still calls it
-	// experimental, although Consul has used it for new data directories
-	// since 1.20 (hashicorp/consul#21992).
+	// deletes whole segments instead of freeing B-tree pages. The default
+	// for new data directories, as in Consul since 1.20
+	// (hashicorp/consul#21992). Term and vote go to its bbolt meta
+	// database, raft/wal/wal-meta.db.
 	LogStoreWAL = "wal"
 )
 
