@@ -229,7 +229,7 @@ type Raft struct {
 	// once (with its heartbeat and election timeouts shortened to
 	// LeaderLeaseTimeout until a leader is heard from again) if the
 	// connection is refused: the leader process is gone. See
-	// server/leaderprobe.go.
+	// server/raftnode/leaderprobe.go.
 	LeaderProbe bool `mapstructure:"leader_probe"`
 }
 

@@ -46,7 +46,7 @@ func (e *DataError) Unwrap() error { return e.Err }
 // nothing after the failed write is acknowledged, Faulted is closed, and the
 // process exits (`policyd serve` waits on Faulted). Before the node is
 // armed, which Setup does once Raft is set up, the error is returned as a
-// DataError, so that a write failing while the node starts fails New.
+// DataError, so that a write failing while the node starts fails Setup.
 type faults struct {
 	dataDir string
 	// park is what a failed write waits on; nil (for ever) but in tests.
@@ -118,7 +118,7 @@ func (f *faults) fault() *DataError {
 	return f.err
 }
 
-// explain returns the failed write behind err, a failure of New, if a
+// explain returns the failed write behind err, a failure of Setup, if a
 // write failed: Raft reports a snapshot that could not be restored only as
 // "failed to load any existing snapshots".
 func (f *faults) explain(err error) error {
