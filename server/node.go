@@ -321,10 +321,10 @@ func (n *Node) goBackground(name string, fn func()) {
 // Close shuts the node down in order and waits for it. It is safe to call
 // more than once; ctx bounds the graceful parts.
 func (n *Node) Close(ctx context.Context) error {
-	if err := n.Fault(); err != nil && n.rn.Parked() {
+	if n.rn.Parked() {
 		// Raft waits on a failed write that never returns: it cannot shut
 		// down, and the process exits instead.
-		return err
+		return n.Fault()
 	}
 	n.closeOnce.Do(func() {
 		n.logger.Info("shutting down")
