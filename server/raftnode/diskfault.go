@@ -187,7 +187,7 @@ func (n *Node) openDataFiles() error {
 	ls, kind, err := OpenLogStore(raftDir, n.cfg.Raft.LogStore, NewHCLog(n.logger, "raft"))
 	if err != nil {
 		if errors.Is(err, ErrLogDamaged) {
-			return n.logDamaged(LogStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
+			return n.logDamaged(logStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
 		}
 		return err
 	}
@@ -233,7 +233,7 @@ func (n *Node) checkLogCoversState(raftDir, kind string) error {
 		last = max(last, metas[0].Index)
 	}
 	if applied := n.store.AppliedIndex(); applied > last {
-		return n.logDamaged(LogStorePath(raftDir, kind), fmt.Errorf(
+		return n.logDamaged(logStorePath(raftDir, kind), fmt.Errorf(
 			"%w: the log and snapshots end at index %d, but state.db has applied entries up to %d: the end of the log is lost",
 			ErrLogDamaged, last, applied))
 	}
@@ -255,7 +255,7 @@ type watchedLogStore struct {
 }
 
 func watchLogStore(ls LogStore, raftDir, kind string, f *faults) *watchedLogStore {
-	w := &watchedLogStore{LogStore: ls, logPath: LogStorePath(raftDir, kind), faults: f}
+	w := &watchedLogStore{LogStore: ls, logPath: logStorePath(raftDir, kind), faults: f}
 	w.stablePath = w.logPath
 	if kind == LogStoreWAL {
 		w.stablePath = filepath.Join(raftDir, walDir, metadb.FileName)

@@ -21,5 +21,5 @@ func (l Layout) ClusterIDPath() string { return filepath.Join(l.Dir, "cluster-id
 // lockFiles are the bbolt files a running node holds locked: state.db and
 // the log store's, for either kind of log.
 func (l Layout) lockFiles() []string {
-	return append([]string{l.StatePath()}, LogStoreLockFiles(l.RaftDir())...)
+	return append([]string{l.StatePath()}, logStoreLockFiles(l.RaftDir())...)
 }

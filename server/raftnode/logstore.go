@@ -90,13 +90,13 @@ func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 	}
 	if err := verifyLog(ls, snap); err != nil {
 		_ = ls.Close()
-		return nil, "", fmt.Errorf("raft log %s: %w", LogStorePath(raftDir, kind), err)
+		return nil, "", fmt.Errorf("raft log %s: %w", logStorePath(raftDir, kind), err)
 	}
 	return ls, kind, nil
 }
 
-// LogStorePath is the file (boltdb) or directory (wal) of a log store.
-func LogStorePath(raftDir, kind string) string {
+// logStorePath is the file (boltdb) or directory (wal) of a log store.
+func logStorePath(raftDir, kind string) string {
 	if kind == LogStoreWAL {
 		return filepath.Join(raftDir, walDir)
 	}
@@ -260,10 +260,10 @@ func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 	return nil, "", fmt.Errorf("raft.log_store %q: want %s or %s", kind, LogStoreBoltDB, LogStoreWAL)
 }
 
-// LogStoreLockFiles are the bbolt files in raftDir that a running node holds
+// logStoreLockFiles are the bbolt files in raftDir that a running node holds
 // locked, for either kind of log; the offline commands check them to refuse
 // a node that is running.
-func LogStoreLockFiles(raftDir string) []string {
+func logStoreLockFiles(raftDir string) []string {
 	return []string{filepath.Join(raftDir, boltLogFile), filepath.Join(raftDir, walDir, metadb.FileName)}
 }
 
