@@ -21,6 +21,7 @@ import (
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/server"
+	"github.com/policyd/policyd/server/raftnode"
 )
 
 // shutdownTimeout bounds a graceful stop; Ctrl-C must not hang.
@@ -141,14 +142,14 @@ func bridgeRaftMetrics(reg prometheus.Registerer) (err error) {
 }
 
 // lastLine ends serve on a damaged data file or a failed write
-// (server.DataError): it logs the error as the process's last line, one
+// (raftnode.DataError): it logs the error as the process's last line, one
 // ERROR record with the file, what is wrong and the recovery, and returns
 // it marked as reported, so that main exits non-zero without printing it
 // again. Lines other goroutines log after it are dropped: the node is
 // exiting, and the last line says why. Other errors are returned as they
 // are.
 func lastLine(c config.Log, out *lastLineWriter, err error) error {
-	var de *server.DataError
+	var de *raftnode.DataError
 	if !errors.As(err, &de) {
 		return err
 	}

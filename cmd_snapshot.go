@@ -1,21 +1,18 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
 
@@ -146,124 +143,18 @@ func saveSnapshot(cmd *cobra.Command, c *adminClient, path string, consistent bo
 	return nil
 }
 
-// restoreIndexGap is how far above the backup's index a restored cluster
-// starts its history (store.StartHistory): more entries than a cluster
-// could have committed after its backup was taken (at 10,000 writes a
-// second, five days' worth), and small enough to leave room in a uint64
-// for billions of restores.
-const restoreIndexGap = 1 << 32
-
-// restoreSnapshot makes a stopped node's data directory the start of a new
-// cluster. It writes FILE as state.db, moves it restoreIndexGap entries
-// ahead (a new history, see store.StartHistory), and writes beside it a Raft
-// snapshot at that index whose configuration is servers. Raft then starts
-// from that snapshot (no bootstrap) and numbers new entries after it: the
-// state's applied index and the Raft log stay in step, so no new entry is
-// mistaken for one already applied.
-func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, force bool, out, logOut io.Writer) (err error) {
-	info, err := store.Inspect(file)
-	if err != nil {
-		return fmt.Errorf("restore from %s: %w", file, err)
-	}
-	if info.AppliedIndex == 0 {
-		return fmt.Errorf("restore from %s: the snapshot holds no applied entries", file)
-	}
-	if err := checkOffline(cfg); err != nil {
-		return err
-	}
-	// Opened before the state is moved aside: FILE may be the node's own
-	// state.db, the way out for a node alone whose Raft log is damaged.
-	src, err := os.Open(file)
-	if err != nil {
-		return fmt.Errorf("restore: %w", err)
-	}
-	defer src.Close()
-	moved, err := moveStateAside(cfg.DataDir, force)
+// restoreSnapshot makes a stopped node's data directory a new cluster
+// holding file's state (raftnode.Restore) and says what it did.
+func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, force bool, out, logOut io.Writer) error {
+	r, err := raftnode.Restore(cfg, file, servers, force, logOut)
 	if err != nil {
 		return err
 	}
-	st, err := store.Open(filepath.Join(cfg.DataDir, stateFile), slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, st.Close()) }()
-	if err := st.Restore(src); err != nil {
-		return err
-	}
-	digest, idx, err := st.Digest()
-	if err != nil {
-		return err
-	}
-	if digest != info.Digest || idx != info.AppliedIndex {
-		return fmt.Errorf("restored state is at %d (digest %s), the file at %d (digest %s)", idx, digest, info.AppliedIndex, info.Digest)
-	}
-	// Every server restores the same file, so every one starts the new
-	// history at the same index and with the same digest.
-	if err := st.StartHistory(idx + restoreIndexGap); err != nil {
-		return err
-	}
-	if digest, idx, err = st.Digest(); err != nil {
-		return err
-	}
-
-	r, err := openOfflineRaft(cfg, logOut)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, r.Close()) }()
-	// Term 1, as a freshly bootstrapped cluster's first entries; the
-	// configuration counts as committed at the snapshot's index.
-	sink, err := r.snaps.Create(raft.SnapshotVersionMax, idx, 1, raftConfiguration(servers), idx, r.trans)
-	if err != nil {
-		return fmt.Errorf("create raft snapshot: %w", err)
-	}
-	sn, err := st.Snapshot()
-	if err != nil {
-		_ = sink.Cancel()
-		return err
-	}
-	_, err = sn.WriteTo(sink)
-	sn.Release()
-	if err != nil {
-		_ = sink.Cancel()
-		return fmt.Errorf("write raft snapshot: %w", err)
-	}
-	if err := sink.Close(); err != nil {
-		return fmt.Errorf("finish raft snapshot: %w", err)
-	}
-
 	fmt.Fprintf(out, "restored %s into %s: applied index %d (the backup's %d + %d, a new history), digest %s\n",
-		file, cfg.DataDir, idx, info.AppliedIndex, restoreIndexGap, digest)
-	if moved != "" {
-		fmt.Fprintf(out, "previous state moved to %s\n", moved)
+		file, cfg.DataDir, r.Applied, r.BackupIndex, raftnode.RestoreIndexGap, r.Digest)
+	if r.MovedTo != "" {
+		fmt.Fprintf(out, "previous state moved to %s\n", r.MovedTo)
 	}
 	fmt.Fprintf(out, "new cluster: %s\nstart the node (with the same FILE restored on every server listed); raft.bootstrap no longer applies\n", formatServers(servers))
 	return nil
-}
-
-// moveStateAside moves state.db and raft/ into a fresh pre-restore-<time>
-// directory, if either exists. Without force, existing state is an error.
-func moveStateAside(dataDir string, force bool) (string, error) {
-	var present []string
-	for _, name := range []string{stateFile, raftDirName} {
-		if _, err := os.Stat(filepath.Join(dataDir, name)); err == nil {
-			present = append(present, name)
-		}
-	}
-	if len(present) == 0 {
-		return "", os.MkdirAll(dataDir, 0o700)
-	}
-	if !force {
-		return "", fmt.Errorf("data_dir %s already holds state (%v): pass --force to move it aside, or use an empty directory", dataDir, present)
-	}
-	aside := filepath.Join(dataDir, "pre-restore-"+time.Now().UTC().Format("20060102T150405.000000000Z"))
-	if err := os.Mkdir(aside, 0o700); err != nil {
-		return "", fmt.Errorf("move state aside: %w", err)
-	}
-	for _, name := range present {
-		if err := os.Rename(filepath.Join(dataDir, name), filepath.Join(aside, name)); err != nil {
-			return "", fmt.Errorf("move %s aside: %w", name, err)
-		}
-	}
-	return aside, nil
 }

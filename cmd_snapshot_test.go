@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
 
@@ -85,7 +86,7 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		}
 	}
 	backupIndex, _ := strconv.ParseUint(m[1], 10, 64)
-	restoredIndex := backupIndex + restoreIndexGap
+	restoredIndex := backupIndex + raftnode.RestoreIndexGap
 	var restored string
 	for i := range 3 {
 		out := cli(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(i))
@@ -232,7 +233,7 @@ func TestSnapshotRestoreRefuses(t *testing.T) {
 	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != string(stateBytes) {
 		t.Fatalf("moved state: %q %v", b, err)
 	}
-	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1+restoreIndexGap {
+	if info, err := store.Inspect(filepath.Join(existing, "state.db")); err != nil || info.AppliedIndex != 1+raftnode.RestoreIndexGap {
 		t.Fatalf("restored state: %+v %v", info, err)
 	}
 }

@@ -192,6 +192,9 @@ func TestDamagedDataRefused(t *testing.T) {
 	// Raft snapshot and replays the log after it.
 	const snapshots = "  snapshot_threshold: 8\n  trailing_logs: 4\n  snapshot_interval: 100ms\n"
 	const wal = "  log_store: wal\n"
+	// The raft.db cases damage raft-boltdb's file: they choose that log
+	// store, which new data dirs no longer get by default.
+	const boltdb = "  log_store: boltdb\n"
 	stateDB, raftDB := "state.db", filepath.Join("raft", "raft.db")
 	tests := []struct {
 		name      string
@@ -215,16 +218,16 @@ func TestDamagedDataRefused(t *testing.T) {
 				overwrite(t, p, off, []byte("this page was overwritten by something else"))
 			}
 		}, "damaged bbolt file: page", true},
-		{"raft.db truncated", snapshots, raftDB, func(t *testing.T, p string) {
+		{"raft.db truncated", snapshots + boltdb, raftDB, func(t *testing.T, p string) {
 			if err := os.Truncate(p, highMark(t, p)-4096); err != nil {
 				t.Fatal(err)
 			}
 		}, "the file is truncated", false},
-		{"raft.db meta pages overwritten", "", raftDB, func(t *testing.T, p string) {
+		{"raft.db meta pages overwritten", boltdb, raftDB, func(t *testing.T, p string) {
 			overwrite(t, p, 16, []byte("overwritten"))
 			overwrite(t, p, 4096+16, []byte("overwritten"))
 		}, "both meta pages are invalid", false},
-		{"raft.db entry overwritten", "", raftDB, func(t *testing.T, p string) {
+		{"raft.db entry overwritten", boltdb, raftDB, func(t *testing.T, p string) {
 			db, err := bolt.Open(p, 0o600, &bolt.Options{NoFreelistSync: true})
 			if err != nil {
 				t.Fatal(err)
@@ -257,7 +260,7 @@ func TestDamagedDataRefused(t *testing.T) {
 			if acked := putPolicies(c.http[0], written, "r", false); len(acked) != len(written) {
 				t.Fatalf("%d of %d writes acknowledged", len(acked), len(written))
 			}
-			if tc.raftExtra == snapshots {
+			if strings.HasPrefix(tc.raftExtra, snapshots) {
 				waitForCLI(t, "a raft snapshot", func() error {
 					s, _ := filepath.Glob(filepath.Join(c.dataDir(0), "raft", "snapshots", "*", "meta.json"))
 					if len(s) == 0 {
@@ -298,7 +301,8 @@ func TestDamagedDataRefused(t *testing.T) {
 // short refuses to start and names the way back; removed, wiped and joined
 // again as its line says, it holds every acknowledged write.
 func TestDamagedLogRejoin(t *testing.T) {
-	c := newProcCluster(t, 3)
+	// raft-boltdb's raft.db is what gets cut short.
+	c := newProcClusterWith(t, 3, "  log_store: boltdb\n")
 	leader := c.leader(0, 1, 2)
 	written := policyNamesN("c", 30)
 	if acked := putPolicies(c.http[leader], written, "r", false); len(acked) != len(written) {

@@ -48,7 +48,7 @@ type etcdConfig struct {
 //
 // etcd runs with its defaults, which match policyd's durability: every
 // entry is fsynced to the WAL before it is acknowledged (policyd fsyncs
-// its Raft log, see server/raft.go).
+// its Raft log, see server/raftnode/raft.go).
 func etcdScenario() scenario {
 	return scenario{
 		name:    "etcd",

@@ -19,7 +19,7 @@ var (
 	flagCheckTimeout = flag.Duration("chaos.check-timeout", 5*time.Minute, "longest porcupine may search; a search that does not finish fails the run as inconclusive")
 	flagFaults       = flag.String("chaos.faults", "kill,pause,partition,transfer,membership", "fault kinds to inject, comma-separated")
 	flagBinary       = flag.String("chaos.binary", "", "policyd binary to test instead of building this module")
-	flagLogStore     = flag.String("chaos.log-store", "", "raft.log_store of the nodes (boltdb|wal; empty: the default)")
+	flagLogStore     = flag.String("chaos.log-store", "", "raft.log_store of the nodes (wal|boltdb; empty: the default, wal); make test runs both")
 	flagKeep         = flag.Bool("chaos.keep", false, "keep the run directory (logs, history) even when the run passes")
 )
 

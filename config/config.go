@@ -221,15 +221,15 @@ type Raft struct {
 	// fsyncs off every write's path.
 	StateFsync bool `mapstructure:"state_fsync"`
 	// LogStore is the Raft log's format for a node created from now on:
-	// boltdb (hashicorp/raft-boltdb) or wal (hashicorp/raft-wal). A node
-	// keeps the format its log already has.
+	// wal (hashicorp/raft-wal, the default) or boltdb
+	// (hashicorp/raft-boltdb). A node keeps the format its log already has.
 	LogStore string `mapstructure:"log_store"`
 	// LeaderProbe lets a follower that has not heard from its leader for
 	// LeaderLeaseTimeout dial the leader's Raft address, and campaign at
 	// once (with its heartbeat and election timeouts shortened to
 	// LeaderLeaseTimeout until a leader is heard from again) if the
 	// connection is refused: the leader process is gone. See
-	// server/leaderprobe.go.
+	// server/raftnode/leaderprobe.go.
 	LeaderProbe bool `mapstructure:"leader_probe"`
 }
 
@@ -349,7 +349,7 @@ func Default() Config {
 			SnapshotRetain:     2,
 			TrailingLogs:       10240,
 			ApplyTimeout:       10 * time.Second,
-			LogStore:           "boltdb",
+			LogStore:           "wal",
 		},
 		Auth:    Auth{Mode: "none", JWT: JWT{Leeway: 30 * time.Second}},
 		Cluster: Cluster{TrustDomain: "policyd"},

@@ -3,7 +3,8 @@
 # It checks that the generated protobuf code matches the .proto files, checks
 # formatting, vets and lints the module, and runs the tests with the race
 # detector, then upstream hashicorp/raft's tests on the patched copy in
-# third_party/raft (hack/raft-fork-test.sh).
+# third_party/raft (hack/raft-fork-test.sh). The chaos suite runs on both
+# Raft log stores.
 #
 # Environment:
 #	PKGS         packages to test (default ./...)
@@ -93,6 +94,16 @@ step "go test"
 read -ra pkgs <<<"${PKGS:-./...}"
 read -ra testflags <<<"${GOTESTFLAGS:-}"
 go test -race -count=1 -timeout 20m "${testflags[@]}" "${pkgs[@]}"
+
+# The chaos suite ran above on the default log store (raft-wal); the
+# porcupine-checked history must also hold on raft-boltdb, which existing
+# data dirs keep.
+step "chaos suite on the boltdb log store"
+if [[ -z "${PKGS:-}" ]]; then
+	go test -race -count=1 -timeout 20m "${testflags[@]}" -run '^TestChaos$' ./chaos -chaos.log-store=boltdb
+else
+	echo "skipped: PKGS is set" >&2
+fi
 
 # The race detector randomises which runnable goroutine runs next, so tests
 # that measure what the scheduler's hand-off does skip under -race and run

@@ -18,6 +18,7 @@ import (
 
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
 
@@ -129,10 +130,10 @@ func TestFailoverCatchUpAndSnapshotInstall(t *testing.T) {
 	}
 	// Force compaction past what the stopped node has, so it must install a
 	// snapshot.
-	if err := newLeader.raft.Snapshot().Error(); err != nil {
+	if err := newLeader.rn.Raft().Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	first, err := newLeader.logStore.FirstIndex()
+	first, err := newLeader.rn.LogStore().FirstIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +409,7 @@ func TestNoLeaderIs503(t *testing.T) {
 		}
 	}
 	waitFor(t, 10*time.Second, "the survivor to lose its leader", func() error {
-		if _, id := survivor.raft.LeaderWithID(); id != "" {
+		if _, id := survivor.rn.Raft().LeaderWithID(); id != "" {
 			return fmt.Errorf("still sees leader %s", id)
 		}
 		return nil
@@ -533,7 +534,7 @@ func TestLeaderTasksFollowLeadership(t *testing.T) {
 	running := map[string]int{}
 	overlap := false
 	probe := func(n *Node) {
-		n.AddLeaderTask(LeaderTask{Name: "probe", Run: func(ctx context.Context) {
+		n.AddLeaderTask(raftnode.LeaderTask{Name: "probe", Run: func(ctx context.Context) {
 			mu.Lock()
 			running[n.ID()]++
 			overlap = overlap || running[n.ID()] > 1
@@ -559,7 +560,7 @@ func TestLeaderTasksFollowLeadership(t *testing.T) {
 	waitFor(t, 10*time.Second, "probe on the first leader only", onlyOnLeader)
 	for range 2 {
 		old := c.leader()
-		if err := old.raft.LeadershipTransfer().Error(); err != nil {
+		if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
 			t.Fatalf("transfer: %v", err)
 		}
 		waitFor(t, 10*time.Second, "leadership to move", func() error {
@@ -682,13 +683,13 @@ func TestNewLeaderForgetsRemovedMembers(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	old := c.leader()
 	gone := c.follower()
-	if err := old.raft.RemoveServer(raft.ServerID(gone.ID()), 0, 5*time.Second).Error(); err != nil {
+	if err := old.rn.Raft().RemoveServer(raft.ServerID(gone.ID()), 0, 5*time.Second).Error(); err != nil {
 		t.Fatalf("remove %s from raft: %v", gone.ID(), err)
 	}
 	if _, err := old.store.Member(gone.ID()); err != nil {
 		t.Fatalf("the record should still be there before a new term: %v", err)
 	}
-	if err := old.raft.LeadershipTransfer().Error(); err != nil {
+	if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
 		t.Fatalf("transfer leadership: %v", err)
 	}
 	waitFor(t, 10*time.Second, "the removed node's record forgotten by the new leader", func() error {

@@ -17,6 +17,7 @@ import (
 	"github.com/policyd/policyd/admission"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/server/drift"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/tlsfiles"
 )
 
@@ -97,7 +98,7 @@ func (n *Node) setupDrift() (err error) {
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	n.drift = d
-	n.AddLeaderTask(LeaderTask{Name: "drift-followup", Run: d.followup.Run})
+	n.AddLeaderTask(raftnode.LeaderTask{Name: "drift-followup", Run: d.followup.Run})
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()

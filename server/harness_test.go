@@ -57,6 +57,20 @@ func closeNode(t testing.TB, n *Node) {
 	}
 }
 
+// inConfiguration reports whether id is in n's Raft configuration.
+func (n *Node) inConfiguration(id string) bool {
+	f := n.rn.Raft().GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
 // waitFor polls cond until it returns nil or the deadline passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
@@ -123,7 +137,7 @@ func (c *cluster) leader() *Node {
 			return fmt.Errorf("no leader")
 		}
 		for _, n := range c.running() {
-			if _, id := n.raft.LeaderWithID(); string(id) != leader.ID() {
+			if _, id := n.rn.Raft().LeaderWithID(); string(id) != leader.ID() {
 				return fmt.Errorf("%s sees leader %q, not %q", n.ID(), id, leader.ID())
 			}
 		}
@@ -202,7 +216,7 @@ func (c *cluster) stop(i int) {
 // once, with no leadership transfer, then the rest is cleaned up.
 func (c *cluster) crash(i int) {
 	c.t.Helper()
-	if err := c.nodes[i].raft.Shutdown().Error(); err != nil {
+	if err := c.nodes[i].rn.Raft().Shutdown().Error(); err != nil {
 		c.t.Fatalf("crash %s: %v", c.nodes[i].ID(), err)
 	}
 	c.stop(i)

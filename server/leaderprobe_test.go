@@ -1,9 +1,7 @@
 package server
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -22,9 +20,9 @@ func TestLeaderProbeFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("leader_probe=%v", probe), func(t *testing.T) {
 			c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.LeaderProbe = probe })
 			for _, n := range c.running() {
-				rc := n.raft.ReloadableConfig()
+				rc := n.rn.Raft().ReloadableConfig()
 				rc.HeartbeatTimeout, rc.ElectionTimeout = slow, slow
-				if err := n.raft.ReloadConfig(rc); err != nil {
+				if err := n.rn.Raft().ReloadConfig(rc); err != nil {
 					t.Fatalf("slow down %s: %v", n.ID(), err)
 				}
 			}
@@ -57,7 +55,7 @@ func TestLeaderProbeFailover(t *testing.T) {
 			}
 			waitFor(t, 5*time.Second, "survivors back on their own timeouts", func() error {
 				for _, n := range c.running() {
-					if got := n.raft.ReloadableConfig().HeartbeatTimeout; got != slow {
+					if got := n.rn.Raft().ReloadableConfig().HeartbeatTimeout; got != slow {
 						return fmt.Errorf("%s heartbeat timeout %v, want %v", n.ID(), got, slow)
 					}
 				}
@@ -65,36 +63,6 @@ func TestLeaderProbeFailover(t *testing.T) {
 			})
 			// The new leader takes writes.
 			apiFor(t, leader).putPolicy("after-probe", "acme", "written after failover")
-		})
-	}
-}
-
-func TestRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedAddr := closed.Addr().String()
-	closed.Close()
-	tests := []struct {
-		name string
-		addr string
-		want bool
-	}{
-		{"listening", ln.Addr().String(), false},
-		{"closed port", closedAddr, true},
-		{"bad address", "127.0.0.1:notaport", false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := refused(context.Background(), tc.addr, time.Second); got != tc.want {
-				t.Errorf("refused(%s) = %v, want %v", tc.addr, got, tc.want)
-			}
 		})
 	}
 }

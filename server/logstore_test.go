@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/server/raftnode"
 )
 
 // TestLogStoreKinds runs a 3-node cluster on each raft.log_store: writes
@@ -15,8 +16,8 @@ import (
 // setting changes.
 func TestLogStoreKinds(t *testing.T) {
 	for _, tc := range []struct{ kind, file, other string }{
-		{LogStoreBoltDB, boltLogFile, LogStoreWAL},
-		{LogStoreWAL, walDir, LogStoreBoltDB},
+		{raftnode.LogStoreBoltDB, "raft.db", raftnode.LogStoreWAL},
+		{raftnode.LogStoreWAL, "wal", raftnode.LogStoreBoltDB},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.LogStore = tc.kind })
@@ -38,7 +39,7 @@ func TestLogStoreKinds(t *testing.T) {
 				_, err := n.store.GetPolicy("acme.after")
 				return err
 			})
-			if got, err := ExistingLogStore(filepath.Join(c.cfgs[l].DataDir, "raft")); err != nil || got != tc.kind {
+			if got, err := raftnode.ExistingLogStore(raftnode.Layout{Dir: c.cfgs[l].DataDir}.RaftDir()); err != nil || got != tc.kind {
 				t.Errorf("restarted node's log store = %q (%v), want %q", got, err, tc.kind)
 			}
 			c.waitConverged()

@@ -1,9 +1,8 @@
-// Package server runs one policyd node. It is the only package that touches
-// Raft: it builds the raft instance over raftfsm and store, bootstraps or
-// joins the cluster, forwards writes from followers to the leader over the
-// internal gRPC service (api/cluster/v1), answers linearizable reads with a
-// read index, runs leader-only tasks while this node leads, and owns the
-// listeners (admin REST in server/adminapi, gRPC).
+// Package server runs one policyd node. It wires Raft (server/raftnode,
+// the one owner of hashicorp/raft) to the listeners (admin REST in
+// server/adminapi, gRPC discovery, the WebSocket feed, metrics), the
+// in-memory policy index, the settings SIGHUP may change, and the leader
+// tasks of the reload controller and drift detection.
 //
 // Shutdown runs in a fixed order: stop accepting (listeners), end long-lived
 // streams, stop leader tasks and background loops, hand leadership over if
@@ -11,15 +10,15 @@
 // database.
 //
 // Each listener serves TLS when its tls block is set, mutual TLS with
-// client_ca_file (tls.go; Raft through a TLS stream layer, streamlayer.go).
+// client_ca_file (tls.go; Raft through a TLS stream layer, raftnode).
 // Nodes reach each other with their own certificate as client certificate.
 // Reload applies a re-read configuration's run-time settings, on SIGHUP
 // (settings.go).
 //
-// A damaged Raft log or state.db stops New with a DataError that names the
-// file, the damage and the recovery, before any listener opens; a failed
-// write to either while the node runs parks the writer and closes Faulted,
-// and the process exits (diskfault.go, docs/operations.md).
+// A damaged Raft log or state.db stops New with a raftnode.DataError that
+// names the file, the damage and the recovery, before any listener opens; a
+// failed write to either while the node runs parks the writer and closes
+// Faulted, and the process exits (docs/operations.md).
 //
 // Resource limits (connection caps per listener and per source address,
 // header and message sizes, streams per connection, keepalive enforcement,
@@ -39,42 +38,30 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/encoding"
-	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	commandv1 "github.com/policyd/policyd/api/command/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/discovery"
 	"github.com/policyd/policyd/server/feed"
-	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/limits"
 	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
-
-// LeaderTask is work that runs only on the leader. Run is started once this
-// node is leader and its state has caught up with every entry committed
-// before its term (a barrier); ctx ends when leadership is lost or the node
-// stops, and the next leadership term does not start until Run has returned.
-type LeaderTask struct {
-	Name string
-	Run  func(ctx context.Context)
-}
 
 // Node is one running policyd server.
 type Node struct {
@@ -83,12 +70,10 @@ type Node struct {
 	id     string
 	reg    *prometheus.Registry
 
+	// rn owns Raft, the data directory and the peer API; store is its
+	// local replica.
+	rn        *raftnode.Node
 	store     *store.Store
-	raft      *raft.Raft
-	fsm       *raftfsm.FSM
-	logStore  LogStore
-	faults    *faults // failed writes to the data directory (diskfault.go)
-	transport *raft.NetworkTransport
 	validator *policy.Validator
 
 	httpLn  net.Listener
@@ -97,21 +82,11 @@ type Node struct {
 	grpcSrv *grpc.Server
 	health  *health.Server
 	api     *adminapi.API
-	peers   *peerPool
 	tls     nodeTLS
-	// The peer plane (server/peer): raft.addr carries Raft and the
-	// node-to-node API (peerSrv), behind the handshake peerCfg describes.
-	keys      *peer.Keyring // nil without cluster.secret_file
-	peerCfg   *peer.Config
-	mux       *peer.Mux
-	muxDone   chan struct{}
-	peerSrv   *grpc.Server
-	peerDone  chan struct{}
-	clusterID atomic.Pointer[string]
-	// raftConns and driftConns cap the Raft and drift webhook listeners,
-	// which setupRaft and setupDrift bind; driftConns is nil without
-	// drift.addr.
-	raftConns, driftConns *limits.Conns
+	keys    *peer.Keyring // nil without cluster.secret_file
+	// driftConns caps the drift webhook listener, which setupDrift binds;
+	// nil without drift.addr.
+	driftConns *limits.Conns
 
 	// Sidecar-facing serving: the in-memory policy index, fed by one
 	// subscription in commit order, and the two transports reading it.
@@ -126,26 +101,11 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// readyTerm is the term in which this node, as leader, has applied a
-	// barrier: reads at its commit index are linearizable only then.
-	readyTerm atomic.Uint64
 	// stale is set while the node has not heard from a leader for longer
 	// than setup.max_staleness (see staleness.go).
-	stale atomic.Bool
-	// removed is set while the Raft configuration no longer holds this
-	// node (removed.go).
-	removed atomic.Bool
-	// toldNotMember is when a peer last refused this node as not in its
-	// configuration (Unix nanoseconds).
-	toldNotMember atomic.Int64
-	// raftUp is set once n.raft is assigned, for the peer plane's
-	// goroutines, which start before it.
-	raftUp      atomic.Bool
-	leaderTasks []LeaderTask
-	registerMu  sync.Mutex
-	registered  bool               // this process has registered its record; under registerMu
-	reload      *reload.Controller // nil unless reload.enabled
-	drift       *driftWebhook      // nil unless drift.addr is set
+	stale  atomic.Bool
+	reload *reload.Controller // nil unless reload.enabled
+	drift  *driftWebhook      // nil unless drift.addr is set
 
 	// settings are what SIGHUP may change at run time (settings.go).
 	settings settings
@@ -170,22 +130,18 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir %q: %w", cfg.DataDir, err)
 	}
-	id, err := resolveNodeID(cfg.NodeID, cfg.DataDir)
+	id, err := raftnode.ResolveNodeID(cfg.NodeID, raftnode.Layout{Dir: cfg.DataDir})
 	if err != nil {
 		return nil, err
 	}
 	logger = logger.With("node", id)
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, logger: logger, id: id, reg: reg, ctx: ctx, cancel: cancel}
-	n.peers = newPeerPool(func(ctx context.Context, addr string) (net.Conn, error) {
-		c, _, err := n.peerCfg.Dial(ctx, addr, peer.KindAPI)
-		return c, err
-	})
 	// On any failure below, release what was acquired, in reverse order. (n
 	// is a local, not the named result, which is nil on failure.)
 	defer func() {
 		if err != nil {
-			if rerr := n.release(); rerr != nil {
+			if rerr := n.release(func() error { return n.rn.Release() }); rerr != nil {
 				logger.Warn("cleanup after failed start", "err", rerr)
 			}
 		}
@@ -210,13 +166,10 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.jwt: %w", err)
 		}
 	}
-	n.faults = newFaults(cfg.DataDir)
-	if err = n.openDataFiles(); err != nil {
+	if n.rn, err = raftnode.New(cfg, logger, id); err != nil {
 		return nil, err
 	}
-	if err = n.loadClusterID(); err != nil {
-		return nil, err
-	}
+	n.store = n.rn.Store()
 	// Subscribe before the index loads, so no commit falls between the two.
 	n.changes = n.store.SubscribeWithData()
 	if n.policies, err = policyset.New(n.store); err != nil {
@@ -243,29 +196,34 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	n.grpcLn = limits.NewConns("grpc",
 		limits.Caps{Max: cfg.GRPC.MaxConnections, PerIP: cfg.GRPC.MaxConnectionsPerIP}, lm, limitsLog).Listener(n.grpcLn)
-	n.raftConns = limits.NewConns("raft", limits.Caps{Max: cfg.Raft.MaxConnections}, lm, limitsLog)
+	raftConns := limits.NewConns("raft", limits.Caps{Max: cfg.Raft.MaxConnections}, lm, limitsLog)
 	if cfg.Drift.Addr != "" {
 		n.driftConns = limits.NewConns("drift", limits.Caps{Max: cfg.Drift.MaxConnections}, lm, limitsLog)
 	}
 	gate := limits.NewGate(cfg.Setup.MaxConcurrent, cfg.Setup.MaxWait, lm)
-	if err = n.setupRaft(); err != nil {
-		return nil, n.faults.explain(err)
+	if err = n.rn.Setup(raftnode.Deps{
+		Validator: n.validator, Keys: n.keys, TLS: n.tls.raft, Conns: raftConns,
+		Addrs: func() (string, string) {
+			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
+		},
+		LocalClients: func() []*clusterv1.ClientInfo { return append(n.discovery.Clients(), n.feed.Clients()...) },
+		DropSidecars: func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
+		ServerOptions: []grpc.ServerOption{
+			grpc.MaxRecvMsgSize(maxGRPCMessage),
+			grpc.StaticStreamWindowSize(grpcStreamWindow),
+			grpc.StaticConnWindowSize(grpcConnWindow),
+			grpc.ConnectionTimeout(handshakeTimeout),
+		},
+		DialOptions: []grpc.DialOption{grpc.WithStaticStreamWindowSize(grpcStreamWindow), grpc.WithStaticConnWindowSize(grpcConnWindow)},
+	}); err != nil {
+		return nil, err
 	}
-	n.faults.arm()
 
-	n.leaderTasks = []LeaderTask{
-		// Followers forward writes to the leader's registered address, so a
-		// new leader makes sure its own is current before anything else.
-		{Name: "register-self", Run: n.ensureRegistered},
-		{Name: "forget-removed-members", Run: n.forgetRemovedMembers},
-		{Name: "event-retention", Run: n.pruneEventsTask},
-		{Name: "cluster-id", Run: n.ensureClusterID},
-	}
 	// One gate for both transports: sidecars of both kinds that fail over
 	// together share the consistent reads.
-	caughtUp := newReadGate(n.ctx, cfg.Forward.Timeout, n.ConsistentRead).Wait
+	caughtUp := n.rn.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
-		NodeID: id, LeaderID: n.leaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+		NodeID: id, LeaderID: n.rn.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
 		CaughtUp: caughtUp,
 	}); err != nil {
 		return nil, err
@@ -292,14 +250,6 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	n.health = health.NewServer()
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
-	// The node-to-node API, on the peer plane only (DESIGN part 11).
-	n.peerSrv = grpc.NewServer(append(grpccodec.New(encoding.GetCodecV2(protoenc.Name)).ServerOptions(),
-		grpc.MaxRecvMsgSize(maxGRPCMessage),
-		grpc.StaticStreamWindowSize(grpcStreamWindow),
-		grpc.StaticConnWindowSize(grpcConnWindow),
-		grpc.ConnectionTimeout(handshakeTimeout),
-	)...)
-	clusterv1.RegisterClusterServer(n.peerSrv, &clusterService{n: n})
 
 	n.api = adminapi.New(adminapi.Config{Tokens: tokens, Registry: reg}, logger.With("component", "adminapi"), n)
 	mux := http.NewServeMux()
@@ -327,8 +277,8 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 
 // AddLeaderTask registers work to run while this node leads. It must be
 // called before Start.
-func (n *Node) AddLeaderTask(t LeaderTask) {
-	n.leaderTasks = append(n.leaderTasks, t)
+func (n *Node) AddLeaderTask(t raftnode.LeaderTask) {
+	n.rn.AddLeaderTask(t)
 }
 
 // Start serves the listeners and starts the background loops. It returns at
@@ -345,31 +295,16 @@ func (n *Node) Start() {
 				n.logger.Error("grpc server stopped", "err", err)
 			}
 		})
-		// Not a background loop: the peer API serves until raft stops
-		// (release), so that followers can forward to this node while it
-		// hands leadership over.
-		n.peerDone = make(chan struct{})
-		go func() {
-			defer close(n.peerDone)
-			if err := n.peerSrv.Serve(n.mux.Listener(peer.KindAPI)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-				n.logger.Error("peer api stopped", "err", err)
-			}
-		}()
+		n.rn.Start()
 		n.goBackground("changes", n.dispatchChanges)
 		n.goBackground("discovery", func() { n.discovery.Run(n.ctx) })
 		n.goBackground("feed", func() { n.feed.Run(n.ctx) })
-		n.goBackground("leadership", n.leadershipLoop)
-		if n.cfg.Raft.LeaderProbe {
-			n.goBackground("leader-probe", n.leaderProbeLoop)
-		}
-		n.goBackground("register", n.registerLoop)
-		n.goBackground("removed", n.removedLoop)
 		if n.cfg.Setup.MaxStaleness > 0 {
 			n.goBackground("staleness", n.stalenessLoop)
 		}
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		n.logger.Info("node started",
-			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", string(n.transport.LocalAddr()),
+			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.rn.RaftAddr(),
 			"data_dir", n.cfg.DataDir, "applied_index", n.store.AppliedIndex())
 	})
 }
@@ -386,9 +321,9 @@ func (n *Node) goBackground(name string, fn func()) {
 // Close shuts the node down in order and waits for it. It is safe to call
 // more than once; ctx bounds the graceful parts.
 func (n *Node) Close(ctx context.Context) error {
-	if n.faults.parked() {
-		// Raft waits on a failed write that never returns (diskfault.go):
-		// it cannot shut down, and the process exits instead.
+	if n.rn.Parked() {
+		// Raft waits on a failed write that never returns: it cannot shut
+		// down, and the process exits instead.
 		return n.Fault()
 	}
 	n.closeOnce.Do(func() {
@@ -414,53 +349,24 @@ func (n *Node) Close(ctx context.Context) error {
 		n.closeDrift(ctx)
 		// 2. Background loops and leader tasks.
 		n.cancel()
+		n.rn.Stop()
 		n.wg.Wait()
-		n.peers.Close()
 		// 3. Raft: hand leadership over so the cluster doesn't wait out an
-		// election timeout.
-		if n.raft.State() == raft.Leader && n.otherVoters() > 0 {
-			if err := n.raft.LeadershipTransfer().Error(); err != nil {
-				// Expected when the whole cluster is stopping at once.
-				n.logger.Info("leadership transfer before shutdown failed", "err", err)
-			}
-		}
-		n.closeErr = n.release()
+		// election timeout, then shut it down.
+		n.closeErr = n.release(n.rn.Close)
 		n.logger.Info("shut down")
 	})
 	return n.closeErr
 }
 
-// release closes raft, the transport, the log store and the state database,
-// whichever exist. It is also the cleanup path of a failed New.
-func (n *Node) release() error {
+// release closes Raft with closeRaft (raftnode's Close, or its Release
+// after a failed New), then what the wiring holds. It is also the cleanup
+// path of a failed New.
+func (n *Node) release(closeRaft func() error) error {
 	var errs []error
-	if n.peerSrv != nil {
-		n.peerSrv.Stop()
-		if n.peerDone != nil {
-			<-n.peerDone
-		}
-	}
-	if n.raft != nil {
-		if err := n.raft.Shutdown().Error(); err != nil {
-			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
-		}
-	}
-	if n.transport != nil {
-		// Close only stops the listener; pooled and pipelined connections
-		// stay open (and peers' handlers blocked on them) unless closed too.
-		n.transport.CloseStreams()
-		if err := n.transport.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("raft transport: %w", err))
-		}
-	}
-	if n.mux != nil {
-		// The transport closed it; a failed New may not have built one.
-		_ = n.mux.Close()
-		<-n.muxDone
-	}
-	if n.logStore != nil {
-		if err := n.logStore.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("raft log store: %w", err))
+	if n.rn != nil {
+		if err := closeRaft(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if n.changes != nil {
@@ -474,11 +380,6 @@ func (n *Node) release() error {
 	for _, ln := range []net.Listener{n.httpLn, n.grpcLn} {
 		if ln != nil {
 			_ = ln.Close() // already closed by Shutdown/Stop on the normal path
-		}
-	}
-	if n.store != nil {
-		if err := n.store.Close(); err != nil {
-			errs = append(errs, err)
 		}
 	}
 	n.cancel()
@@ -525,7 +426,7 @@ func (n *Node) dispatchChanges() {
 			}
 		}
 		for _, c := range n.changes.Next() {
-			n.noteClusterID(c)
+			n.rn.NoteChange(c)
 			if err := n.policies.Update(c); err != nil {
 				// The index would serve stale sets; start over from the store.
 				n.logger.Error("policy index update failed, reloading", "index", c.Index, "err", err)
@@ -540,11 +441,6 @@ func (n *Node) dispatchChanges() {
 	}
 }
 
-func (n *Node) leaderID() string {
-	_, id := n.raft.LeaderWithID()
-	return string(id)
-}
-
 // ID is this node's Raft server ID.
 func (n *Node) ID() string { return n.id }
 
@@ -555,7 +451,7 @@ func (n *Node) HTTPAddr() string { return n.httpLn.Addr().String() }
 func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
 
 // RaftAddr is the address peers use for Raft.
-func (n *Node) RaftAddr() string { return string(n.transport.LocalAddr()) }
+func (n *Node) RaftAddr() string { return n.rn.RaftAddr() }
 
 // Store is the node's local replica. Reads from it are local and may trail
 // the leader; see ConsistentRead.
@@ -565,7 +461,7 @@ func (n *Node) Store() *store.Store { return n.store }
 func (n *Node) Validator() *policy.Validator { return n.validator }
 
 // IsLeader reports whether this node currently leads.
-func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+func (n *Node) IsLeader() bool { return n.rn.IsLeader() }
 
 // advertised returns the configured advertise address, or the bound one.
 func advertised(configured string, ln net.Listener) string {
@@ -575,49 +471,62 @@ func advertised(configured string, ln net.Listener) string {
 	return ln.Addr().String()
 }
 
-func (n *Node) self() store.Member {
-	return store.Member{
-		ID:       n.id,
-		RaftAddr: string(n.transport.LocalAddr()),
-		HTTPAddr: advertised(n.cfg.HTTP.Advertise, n.httpLn),
-		GRPCAddr: advertised(n.cfg.GRPC.Advertise, n.grpcLn),
-
-		CommandVersion: raftfsm.CommandVersion,
-	}
-}
-
-func (n *Node) otherVoters() int {
-	f := n.raft.GetConfiguration()
-	if f.Error() != nil {
-		return 0
-	}
-	c := 0
-	for _, s := range f.Configuration().Servers {
-		if s.Suffrage == raft.Voter && string(s.ID) != n.id {
-			c++
-		}
-	}
-	return c
-}
+// ClusterID is the cluster this node belongs to, "" until the first leader
+// has named it (DESIGN part 11).
+func (n *Node) ClusterID() string { return n.rn.ClusterID() }
 
 // Ready reports nil when a leader is known and this node's state has caught
-// up with the commit index it knows of (within maxReadyLag entries).
-func (n *Node) Ready() error {
-	if n.removed.Load() {
-		return &unavailableError{msg: errRemoved}
-	}
-	if _, id := n.raft.LeaderWithID(); id == "" {
-		return fmt.Errorf("no known leader: %w", ErrNoLeader)
-	}
-	commit, applied := n.raft.CommitIndex(), n.store.AppliedIndex()
-	if commit > applied+maxReadyLag {
-		return &unavailableError{msg: fmt.Sprintf("catching up: applied %d of %d", applied, commit)}
-	}
-	return nil
+// up with the commit index it knows of.
+func (n *Node) Ready() error { return n.rn.Ready() }
+
+// Propose commits cmd through the leader (raftnode.Node.Propose).
+func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+	return n.rn.Propose(ctx, cmd)
 }
 
-// maxReadyLag tolerates the few entries that are always in flight under write
-// load; a node further behind is still replaying or installing a snapshot.
-const maxReadyLag = 1024
+// ConsistentRead returns once the local replica holds every write
+// acknowledged before the call.
+func (n *Node) ConsistentRead(ctx context.Context) error { return n.rn.ConsistentRead(ctx) }
+
+// Join adds a voter with the given Raft address, through the leader.
+func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
+	return n.rn.Join(ctx, id, raftAddr)
+}
+
+// Remove removes a server from the cluster, through the leader.
+func (n *Node) Remove(ctx context.Context, id string) (uint64, error) { return n.rn.Remove(ctx, id) }
+
+// Clients lists the sidecars connected to every member of the cluster.
+func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
+	return n.rn.Clients(ctx)
+}
+
+// Faulted is closed when a write to the data directory has failed and the
+// node must end; Fault says which. Such a node cannot be closed: the
+// process exits.
+func (n *Node) Faulted() <-chan struct{} { return n.rn.Faulted() }
+
+// Fault is the write that ended the node, or nil.
+func (n *Node) Fault() error { return n.rn.Fault() }
+
+// Status describes the cluster as this node sees it.
+func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
+	rs, err := n.rn.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st := &adminapi.ClusterStatus{
+		NodeID: rs.NodeID, ClusterID: rs.ClusterID, State: rs.State, LeaderID: rs.LeaderID, LeaderAddr: rs.LeaderAddr,
+		Term: rs.Term, CommitIndex: rs.CommitIndex, LastIndex: rs.LastIndex, AppliedIndex: rs.AppliedIndex,
+		LastContact: rs.LastContact, Digest: rs.Digest, CommandVersion: rs.CommandVersion,
+	}
+	for _, m := range rs.Members {
+		st.Members = append(st.Members, adminapi.MemberStatus{
+			ID: m.ID, RaftAddr: m.RaftAddr, HTTPAddr: m.HTTPAddr, GRPCAddr: m.GRPCAddr, Suffrage: m.Suffrage, Leader: m.Leader,
+			CommandVersion: m.CommandVersion,
+		})
+	}
+	return st, nil
+}
 
 var _ adminapi.Backend = (*Node)(nil)

@@ -27,6 +27,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/peer"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 	"github.com/policyd/policyd/tlsfiles"
 )
@@ -234,14 +235,14 @@ func TestRaftRefusesStrangers(t *testing.T) {
 		{"wrong secret", secretPeer(t, "stranger", wrongSecret)},
 		{"no secret", &peer.Config{NodeID: "stranger"}},
 	}
-	term, last := n.raft.CurrentTerm(), n.raft.LastIndex()
+	term, last := n.rn.Raft().CurrentTerm(), n.rn.Raft().LastIndex()
 	for _, s := range strangers {
 		for _, rpc := range rpcs {
 			t.Run(s.name+"/"+rpc.name, func(t *testing.T) {
 				if err := rpc.send(strangerTransport(t, s.cfg)); err == nil {
 					t.Fatal("the node answered")
 				}
-				if gotTerm, gotLast, state := n.raft.CurrentTerm(), n.raft.LastIndex(), n.raft.State(); gotTerm != term || gotLast != last || state != raft.Leader {
+				if gotTerm, gotLast, state := n.rn.Raft().CurrentTerm(), n.rn.Raft().LastIndex(), n.rn.Raft().State(); gotTerm != term || gotLast != last || state != raft.Leader {
 					t.Fatalf("term %d -> %d, last index %d -> %d, state %v", term, gotTerm, last, gotLast, state)
 				}
 			})
@@ -251,7 +252,7 @@ func TestRaftRefusesStrangers(t *testing.T) {
 
 func strangerTransport(t *testing.T, cfg *peer.Config) *raft.NetworkTransport {
 	t.Helper()
-	tc := &raft.NetworkTransportConfig{MaxPool: 1, Timeout: 5 * time.Second, Logger: newHCLog(testLogger(t), "stranger")}
+	tc := &raft.NetworkTransportConfig{MaxPool: 1, Timeout: 5 * time.Second, Logger: raftnode.NewHCLog(testLogger(t), "stranger")}
 	var tr *raft.NetworkTransport
 	if cfg == nil {
 		var err error
@@ -259,7 +260,7 @@ func strangerTransport(t *testing.T, cfg *peer.Config) *raft.NetworkTransport {
 			t.Fatal(err)
 		}
 	} else {
-		sl, err := newStreamLayer("127.0.0.1:0", nil, nil, cfg, testLogger(t))
+		sl, err := raftnode.NewStreamLayer("127.0.0.1:0", nil, nil, cfg, testLogger(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -312,12 +313,12 @@ func TestLeaderVetsForwardedCommands(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			before := n.raft.LastIndex()
+			before := n.rn.Raft().LastIndex()
 			_, err := c.Apply(t.Context(), &clusterv1.ApplyRequest{Command: tc.cmd})
 			if got := status.Code(err); got != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Apply = %v (%v), want InvalidArgument naming %q", got, err, tc.want)
 			}
-			if after := n.raft.LastIndex(); after != before {
+			if after := n.rn.Raft().LastIndex(); after != before {
 				t.Fatalf("log grew from %d to %d", before, after)
 			}
 		})
@@ -375,7 +376,7 @@ func TestJoinRefusesWhatWouldCostQuorum(t *testing.T) {
 			if n.inConfiguration(tc.id) {
 				t.Fatalf("%s is in the configuration", tc.id)
 			}
-			a.putPolicy(fmt.Sprintf("after.%d", n.raft.LastIndex()), "acme", "quorum kept")
+			a.putPolicy(fmt.Sprintf("after.%d", n.rn.Raft().LastIndex()), "acme", "quorum kept")
 		})
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
@@ -576,11 +577,11 @@ func TestPeerPlaneUnderAttack(t *testing.T) {
 
 	member := peerClient(t, addr, secretPeer(t, c.follower().ID(), clusterSecret))
 	huge := &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: bytes.Repeat([]byte("x"), 5<<20)}
-	before := leader.raft.LastIndex()
+	before := leader.rn.Raft().LastIndex()
 	if _, err := member.Apply(t.Context(), &clusterv1.ApplyRequest{Command: huge}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized Apply = %v, want ResourceExhausted", err)
 	}
-	if after := leader.raft.LastIndex(); after != before {
+	if after := leader.rn.Raft().LastIndex(); after != before {
 		t.Fatalf("log grew from %d to %d", before, after)
 	}
 	for range attacks {
@@ -614,12 +615,12 @@ func TestPeerPlaneRefusesInvalidUTF8(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.method+"/"+tc.field, func(t *testing.T) {
-			before := n.raft.LastIndex()
+			before := n.rn.Raft().LastIndex()
 			err := cc.Invoke(t.Context(), tc.method, tc.req, new(emptypb.Empty), sendRaw)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("%s = %v, want InvalidArgument naming %s", tc.method, err, tc.field)
 			}
-			if after := n.raft.LastIndex(); after != before {
+			if after := n.rn.Raft().LastIndex(); after != before {
 				t.Fatalf("log grew from %d to %d", before, after)
 			}
 		})

@@ -12,6 +12,7 @@ import (
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/reload"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
 
@@ -38,7 +39,7 @@ func (n *Node) setupReload() error {
 		return err
 	}
 	n.reload = c
-	n.AddLeaderTask(LeaderTask{Name: "reload", Run: func(ctx context.Context) {
+	n.AddLeaderTask(raftnode.LeaderTask{Name: "reload", Run: func(ctx context.Context) {
 		c.Run(ctx, n.leaderlessFor())
 	}})
 	return nil
@@ -65,7 +66,7 @@ func kubeConfig(path string) (*rest.Config, error) {
 // from the last contact with the previous leader until now. Zero for a node
 // that never followed one (bootstrap).
 func (n *Node) leaderlessFor() time.Duration {
-	last := n.raft.LastContact()
+	last := n.rn.LastContact()
 	if last.IsZero() {
 		return 0
 	}
@@ -95,12 +96,12 @@ func (s reloadState) Apply(ctx context.Context, cmd *commandv1.Command) error {
 		return err
 	}
 	if !s.n.IsLeader() {
-		return ErrNotLeader
+		return raftnode.ErrNotLeader
 	}
 	if cmd.GetOriginatedAtUnixNano() == 0 {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
-	res, err := s.n.applyLocal(ctx, cmd)
+	res, err := s.n.rn.ProposeLocal(ctx, cmd)
 	if err != nil {
 		return err
 	}

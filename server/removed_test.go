@@ -13,6 +13,7 @@ import (
 
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/server/raftnode"
 )
 
 // TestRemovedNodeKnowsIt: once the configuration no longer holds a node,
@@ -70,8 +71,8 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 			}
 			return false
 		})
-		n.raft.RegisterObserver(o)
-		t.Cleanup(func() { n.raft.DeregisterObserver(o) })
+		n.rn.Raft().RegisterObserver(o)
+		t.Cleanup(func() { n.rn.Raft().DeregisterObserver(o) })
 	}
 
 	start := time.Now()
@@ -120,7 +121,7 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 	if !slices.ContainsFunc(others, func(n *Node) bool { return n.IsLeader() }) {
 		t.Fatal("no remaining node leads")
 	}
-	if got := victim.refusal(); got != errRemoved {
-		t.Fatalf("refusal %q, want %q", got, errRemoved)
+	if got := victim.refusal(); got != raftnode.RemovedRefusal {
+		t.Fatalf("refusal %q, want %q", got, raftnode.RemovedRefusal)
 	}
 }

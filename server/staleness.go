@@ -6,12 +6,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/server/apierror"
+	"github.com/policyd/policyd/server/raftnode"
 )
 
 // A node serves sidecars from its local replica, so one cut off from the
@@ -64,8 +64,7 @@ func (n *Node) stalenessLoop() {
 			return
 		case now = <-t.C:
 		}
-		_, leaderID := n.raft.LeaderWithID()
-		heard = lastHeard(heard, now, n.raft.State() == raft.Leader, leaderID != "", n.raft.LastContact())
+		heard = lastHeard(heard, now, n.rn.IsLeader(), n.rn.LeaderID() != "", n.rn.LastContact())
 		silent := now.Sub(heard)
 		stale := silent > bound
 		was := n.stale.Swap(stale)
@@ -91,8 +90,8 @@ const errStale = "this node has not heard from a Raft leader for longer than set
 // refusal is why the node refuses new sidecars now, "" if it does not.
 func (n *Node) refusal() string {
 	switch {
-	case n.removed.Load():
-		return errRemoved
+	case n.rn.Removed():
+		return raftnode.RemovedRefusal
 	case n.stale.Load():
 		return errStale
 	}

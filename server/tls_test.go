@@ -26,6 +26,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/peer"
+	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/tlsfiles"
 	"github.com/policyd/policyd/tlsfiles/testca"
 )
@@ -280,14 +281,14 @@ func TestMutualTLSCluster(t *testing.T) {
 		}
 		transport := func(id string, tc config.TLS) *raft.NetworkTransport {
 			var tr *raft.NetworkTransport
-			cfg := &raft.NetworkTransportConfig{MaxPool: 1, Timeout: 5 * time.Second, Logger: newHCLog(testLogger(t), "probe")}
+			cfg := &raft.NetworkTransportConfig{MaxPool: 1, Timeout: 5 * time.Second, Logger: raftnode.NewHCLog(testLogger(t), "probe")}
 			if tc.Enabled() {
 				r, err := tlsfiles.New(tc, testLogger(t))
 				if err != nil {
 					t.Fatal(err)
 				}
 				pc := &peer.Config{NodeID: id, TrustDomain: "policyd", TLS: r}
-				sl, err := newStreamLayer("127.0.0.1:0", nil, nil, pc, testLogger(t))
+				sl, err := raftnode.NewStreamLayer("127.0.0.1:0", nil, nil, pc, testLogger(t))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -340,7 +341,7 @@ func TestMutualTLSCluster(t *testing.T) {
 		}
 		httpsAPI(t, leader, admin).putPolicy("acme.after-rogue", "acme", "x")
 		c.waitConverged()
-		if li, ai := rogue.raft.LastIndex(), rogue.store.AppliedIndex(); li != 0 || ai != 0 {
+		if li, ai := rogue.rn.Raft().LastIndex(), rogue.store.AppliedIndex(); li != 0 || ai != 0 {
 			t.Fatalf("the rogue node has raft log index %d and applied index %d: it was replicated to", li, ai)
 		}
 	})

@@ -151,7 +151,7 @@ func (m *Mux) handle(raw net.Conn, src string) {
 		_ = raw.Close()
 		if errors.Is(err, io.EOF) && info.Kind == 0 {
 			// Connected and closed without a byte: a port check, or a
-			// follower's leader probe (server/leaderprobe.go).
+			// follower's leader probe (server/raftnode/leaderprobe.go).
 			m.logger.Debug("peer connection closed before its handshake", "remote", raw.RemoteAddr().String())
 			return
 		}

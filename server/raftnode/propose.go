@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -122,6 +122,15 @@ func (n *Node) tryLeader(ctx context.Context, fn func(ctx context.Context, leade
 		return err
 	}
 	return fn(ctx, false, c)
+}
+
+// ProposeLocal commits cmd on this node, which must lead: it never
+// forwards, and answers ErrNotLeader on a follower.
+func (n *Node) ProposeLocal(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+	if !n.IsLeader() {
+		return nil, ErrNotLeader
+	}
+	return n.applyLocal(ctx, cmd)
 }
 
 // applyLocal proposes cmd on this node, which must be the leader. The leader
@@ -340,10 +349,11 @@ type peerPool struct {
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 	dial  func(ctx context.Context, addr string) (net.Conn, error)
+	opts  []grpc.DialOption
 }
 
-func newPeerPool(dial func(ctx context.Context, addr string) (net.Conn, error)) *peerPool {
-	return &peerPool{conns: map[string]*grpc.ClientConn{}, dial: dial}
+func newPeerPool(dial func(ctx context.Context, addr string) (net.Conn, error), opts []grpc.DialOption) *peerPool {
+	return &peerPool{conns: map[string]*grpc.ClientConn{}, dial: dial, opts: opts}
 }
 
 func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
@@ -352,9 +362,8 @@ func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	if cc, ok := p.conns[addr]; ok {
 		return clusterv1.NewClusterClient(cc), nil
 	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(p.dial),
-		grpc.WithStaticStreamWindowSize(grpcStreamWindow), grpc.WithStaticConnWindowSize(grpcConnWindow))
+	cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(p.dial)}, p.opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial peer %s: %w", addr, err)
 	}

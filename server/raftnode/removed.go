@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"time"
@@ -44,8 +44,8 @@ func (n *Node) mayPeer(id string) bool {
 	return false
 }
 
-// errRemoved is the refusal given to sidecars by a removed node.
-const errRemoved = "this node was removed from the cluster; try another node"
+// RemovedRefusal is the refusal given to sidecars by a removed node.
+const RemovedRefusal = "this node was removed from the cluster; try another node"
 
 func (n *Node) removedLoop() {
 	t := time.NewTicker(removedCheckInterval)
@@ -60,7 +60,10 @@ func (n *Node) removedLoop() {
 		was := n.removed.Swap(removed)
 		switch {
 		case removed:
-			streams, conns := n.discovery.DropAll(errRemoved), n.feed.DropAll(errRemoved)
+			var streams, conns int
+			if n.deps.DropSidecars != nil {
+				streams, conns = n.deps.DropSidecars(RemovedRefusal)
+			}
 			if !was {
 				n.logger.Warn("this node was removed from the cluster: it no longer campaigns, /readyz answers 503 and its sidecars are sent to other nodes; "+
 					"stop it, or wipe its data dir and join it again with policyd cluster join",

@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"errors"
@@ -45,8 +45,8 @@ func (e *DataError) Unwrap() error { return e.Err }
 // commit. So once armed, the goroutine whose write failed never returns:
 // nothing after the failed write is acknowledged, Faulted is closed, and the
 // process exits (`policyd serve` waits on Faulted). Before the node is
-// armed, which New does once Raft is set up, the error is returned as a
-// DataError, so that a write failing while the node starts fails New.
+// armed, which Setup does once Raft is set up, the error is returned as a
+// DataError, so that a write failing while the node starts fails Setup.
 type faults struct {
 	dataDir string
 	// park is what a failed write waits on; nil (for ever) but in tests.
@@ -118,7 +118,7 @@ func (f *faults) fault() *DataError {
 	return f.err
 }
 
-// explain returns the failed write behind err, a failure of New, if a
+// explain returns the failed write behind err, a failure of Setup, if a
 // write failed: Raft reports a snapshot that could not be restored only as
 // "failed to load any existing snapshots".
 func (f *faults) explain(err error) error {
@@ -172,7 +172,7 @@ func (n *Node) logDamaged(path string, err error) error {
 			"move %[2]s aside, start it again with an empty data directory and raft.bootstrap false, and join it "+
 			"(policyd cluster join --id %[1]s --raft-addr %[3]s); a node alone: policyd snapshot restore --force %[4]s --node-id %[1]s "+
 			"with its other serve flags (a new cluster from what state.db holds; the old files are kept in %[2]s/pre-restore-*)",
-		n.id, n.cfg.DataDir, n.cfg.RaftAdvertise(), filepath.Join(n.cfg.DataDir, "state.db"))}
+		n.id, n.cfg.DataDir, n.cfg.RaftAdvertise(), n.layout.StatePath())}
 }
 
 // openDataFiles opens the Raft log, then state.db, refusing either if
@@ -180,20 +180,20 @@ func (n *Node) logDamaged(path string, err error) error {
 // discarded when it opens, and is the only other copy of the state if the
 // log turns out to be damaged.
 func (n *Node) openDataFiles() error {
-	raftDir := filepath.Join(n.cfg.DataDir, "raft")
+	raftDir := n.layout.RaftDir()
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return fmt.Errorf("create raft dir %q: %w", raftDir, err)
 	}
-	ls, kind, err := OpenLogStore(raftDir, n.cfg.Raft.LogStore, newHCLog(n.logger, "raft"))
+	ls, kind, err := OpenLogStore(raftDir, n.cfg.Raft.LogStore, NewHCLog(n.logger, "raft"))
 	if err != nil {
 		if errors.Is(err, ErrLogDamaged) {
-			return n.logDamaged(LogStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
+			return n.logDamaged(logStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
 		}
 		return err
 	}
 	n.logger.Info("raft log store", "kind", kind)
 	n.logStore = watchLogStore(ls, raftDir, kind, n.faults)
-	statePath := filepath.Join(n.cfg.DataDir, "state.db")
+	statePath := n.layout.StatePath()
 	if n.store, err = store.OpenWithOptions(statePath, n.logger.With("component", "store"),
 		store.Options{NoSync: !n.cfg.Raft.StateFsync}); err != nil {
 		if errors.Is(err, store.ErrDamaged) {
@@ -221,7 +221,7 @@ func (n *Node) checkLogCoversState(raftDir, kind string) error {
 	if err != nil {
 		return fmt.Errorf("raft log: last index: %w", err)
 	}
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 1, newHCLog(n.logger, "raft").Named("snapshots"))
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 1, NewHCLog(n.logger, "raft").Named("snapshots"))
 	if err != nil {
 		return fmt.Errorf("open raft snapshots in %q: %w", raftDir, err)
 	}
@@ -233,7 +233,7 @@ func (n *Node) checkLogCoversState(raftDir, kind string) error {
 		last = max(last, metas[0].Index)
 	}
 	if applied := n.store.AppliedIndex(); applied > last {
-		return n.logDamaged(LogStorePath(raftDir, kind), fmt.Errorf(
+		return n.logDamaged(logStorePath(raftDir, kind), fmt.Errorf(
 			"%w: the log and snapshots end at index %d, but state.db has applied entries up to %d: the end of the log is lost",
 			ErrLogDamaged, last, applied))
 	}
@@ -255,7 +255,7 @@ type watchedLogStore struct {
 }
 
 func watchLogStore(ls LogStore, raftDir, kind string, f *faults) *watchedLogStore {
-	w := &watchedLogStore{LogStore: ls, logPath: LogStorePath(raftDir, kind), faults: f}
+	w := &watchedLogStore{LogStore: ls, logPath: logStorePath(raftDir, kind), faults: f}
 	w.stablePath = w.logPath
 	if kind == LogStoreWAL {
 		w.stablePath = filepath.Join(raftDir, walDir, metadb.FileName)
@@ -288,3 +288,6 @@ func (s *watchedLogStore) IsMonotonic() bool {
 	m, ok := s.LogStore.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
 }
+
+// Parked reports whether a failed write holds Raft until the process exits.
+func (n *Node) Parked() bool { return n.faults.parked() }

@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 func TestHCLogRendersFormats(t *testing.T) {
 	var buf bytes.Buffer
-	l := newHCLog(slog.New(slog.NewTextHandler(&buf, nil)), "raft")
+	l := NewHCLog(slog.New(slog.NewTextHandler(&buf, nil)), "raft")
 	args := []any{"servers", hclog.Fmt("%+v", []string{"a", "b"}), "n", 1}
 	l.Info("initial configuration", args...)
 	if got := buf.String(); !strings.Contains(got, "servers=\"[a b]\"") || strings.Contains(got, "%+v") {

@@ -1,11 +1,10 @@
-package server
+package raftnode
 
 import (
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -22,11 +21,11 @@ const peerHandshakeTimeout = 5 * time.Second
 // exists.
 func (n *Node) setupRaft() error {
 	rc := n.cfg.Raft
-	raftDir := filepath.Join(n.cfg.DataDir, "raft")
+	raftDir := n.layout.RaftDir()
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return fmt.Errorf("create raft dir %q: %w", raftDir, err)
 	}
-	hl := newHCLog(n.logger, "raft")
+	hl := NewHCLog(n.logger, "raft")
 
 	// Without an advertise address the transport advertises the bound one
 	// (config validation refuses an unspecified bind host without advertise).
@@ -55,10 +54,10 @@ func (n *Node) setupRaft() error {
 		MaxRPCsInFlight: 1,
 	}
 	n.peerCfg = &peer.Config{
-		NodeID: n.id, TrustDomain: n.cfg.Cluster.TrustDomain, Keys: n.keys, TLS: n.tls.raft,
+		NodeID: n.id, TrustDomain: n.cfg.Cluster.TrustDomain, Keys: n.deps.Keys, TLS: n.deps.TLS,
 		ClusterID: n.ClusterID, HandshakeTimeout: peerHandshakeTimeout, Member: n.mayPeer,
 	}
-	sl, err := newStreamLayer(rc.Addr, adv, n.raftConns, n.peerCfg, n.logger.With("component", "peer"))
+	sl, err := NewStreamLayer(rc.Addr, adv, n.deps.Conns, n.peerCfg, n.logger.With("component", "peer"))
 	if err != nil {
 		return fmt.Errorf("listen raft.addr %s: %w", rc.Addr, err)
 	}

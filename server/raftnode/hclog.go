@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -21,7 +21,8 @@ type hclogAdapter struct {
 
 var _ hclog.Logger = (*hclogAdapter)(nil)
 
-func newHCLog(l *slog.Logger, name string) hclog.Logger {
+// NewHCLog routes hclog output (raft's) to l, under component name.
+func NewHCLog(l *slog.Logger, name string) hclog.Logger {
 	return &hclogAdapter{l: l.With("component", name), name: name}
 }
 

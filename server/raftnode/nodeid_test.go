@@ -1,8 +1,7 @@
-package server
+package raftnode
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -32,19 +31,19 @@ func TestSanitizeHost(t *testing.T) {
 // with or without node_id configured, and refuse a different one.
 func TestResolveNodeID(t *testing.T) {
 	dir := t.TempDir()
-	id, err := resolveNodeID("alpha", dir)
+	id, err := ResolveNodeID("alpha", Layout{Dir: dir})
 	if err != nil || id != "alpha" {
 		t.Fatalf("first start = %q, %v", id, err)
 	}
-	if raw, err := os.ReadFile(filepath.Join(dir, nodeIDFile)); err != nil || strings.TrimSpace(string(raw)) != "alpha" {
+	if raw, err := os.ReadFile(Layout{Dir: dir}.NodeIDPath()); err != nil || strings.TrimSpace(string(raw)) != "alpha" {
 		t.Fatalf("persisted %q, %v", raw, err)
 	}
 	for _, configured := range []string{"", "alpha"} {
-		if id, err := resolveNodeID(configured, dir); err != nil || id != "alpha" {
+		if id, err := ResolveNodeID(configured, Layout{Dir: dir}); err != nil || id != "alpha" {
 			t.Fatalf("restart with %q = %q, %v", configured, id, err)
 		}
 	}
-	if _, err := resolveNodeID("beta", dir); err == nil || !strings.Contains(err.Error(), "alpha") {
+	if _, err := ResolveNodeID("beta", Layout{Dir: dir}); err == nil || !strings.Contains(err.Error(), "alpha") {
 		t.Fatalf("mismatch accepted or unclear: %v", err)
 	}
 }

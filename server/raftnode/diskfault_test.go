@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"encoding/binary"
@@ -169,7 +169,7 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 				_ = ls.Close()
 				t.Fatal("OpenLogStore accepted a damaged log")
 			}
-			path := LogStorePath(raftDir, tc.kind)
+			path := logStorePath(raftDir, tc.kind)
 			if !errors.Is(err, ErrLogDamaged) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("OpenLogStore = %v, want ErrLogDamaged naming %s and saying %q", err, path, tc.want)
 			}

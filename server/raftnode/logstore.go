@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"errors"
@@ -28,10 +28,10 @@ const (
 	LogStoreBoltDB = "boltdb"
 	// LogStoreWAL is hashicorp/raft-wal: segment files in raft/wal/. Each
 	// append is one write and one fsync, and truncation after a snapshot
-	// deletes whole segments instead of freeing B-tree pages. Opt-in: the
-	// design names raft-boltdb, and raft-wal's own README still calls it
-	// experimental, although Consul has used it for new data directories
-	// since 1.20 (hashicorp/consul#21992).
+	// deletes whole segments instead of freeing B-tree pages. The default
+	// for new data directories, as in Consul since 1.20
+	// (hashicorp/consul#21992). Term and vote go to its bbolt meta
+	// database, raft/wal/wal-meta.db.
 	LogStoreWAL = "wal"
 )
 
@@ -90,13 +90,13 @@ func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 	}
 	if err := verifyLog(ls, snap); err != nil {
 		_ = ls.Close()
-		return nil, "", fmt.Errorf("raft log %s: %w", LogStorePath(raftDir, kind), err)
+		return nil, "", fmt.Errorf("raft log %s: %w", logStorePath(raftDir, kind), err)
 	}
 	return ls, kind, nil
 }
 
-// LogStorePath is the file (boltdb) or directory (wal) of a log store.
-func LogStorePath(raftDir, kind string) string {
+// logStorePath is the file (boltdb) or directory (wal) of a log store.
+func logStorePath(raftDir, kind string) string {
 	if kind == LogStoreWAL {
 		return filepath.Join(raftDir, walDir)
 	}
@@ -260,10 +260,10 @@ func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 	return nil, "", fmt.Errorf("raft.log_store %q: want %s or %s", kind, LogStoreBoltDB, LogStoreWAL)
 }
 
-// LogStoreLockFiles are the bbolt files in raftDir that a running node holds
+// logStoreLockFiles are the bbolt files in raftDir that a running node holds
 // locked, for either kind of log; the offline commands check them to refuse
 // a node that is running.
-func LogStoreLockFiles(raftDir string) []string {
+func logStoreLockFiles(raftDir string) []string {
 	return []string{filepath.Join(raftDir, boltLogFile), filepath.Join(raftDir, walDir, metadb.FileName)}
 }
 

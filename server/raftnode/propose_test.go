@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -37,7 +37,7 @@ func TestApplyAtRaftShutdownEnds(t *testing.T) {
 		}
 	}
 	waitFor(t, 5*time.Second, "apply waiters to end", func() error {
-		if k := servertest.Goroutines("server.(*Node).applyLocal.func"); k > 0 {
+		if k := servertest.Goroutines("raftnode.(*Node).applyLocal.func"); k > 0 {
 			return fmt.Errorf("%d still waiting for raft", k)
 		}
 		return nil

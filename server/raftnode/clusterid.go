@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -15,11 +14,6 @@ import (
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/store"
 )
-
-// clusterIDFile keeps the cluster ID beside state.db: a state.db discarded
-// after an unclean stop (raft.state_fsync off) or lost is rebuilt from the
-// log, and the node must still refuse other clusters' peers meanwhile.
-const clusterIDFile = "cluster-id"
 
 // ClusterID is the cluster this node belongs to, "" until the first leader
 // has named it (DESIGN part 11).
@@ -30,10 +24,13 @@ func (n *Node) ClusterID() string {
 	return ""
 }
 
-// loadClusterID reads the data dir's cluster ID and the replicated one, and
+// loadClusterID keeps the cluster ID beside state.db (Layout.ClusterIDPath):
+// a state.db discarded after an unclean stop (raft.state_fsync off) or lost
+// is rebuilt from the log, and the node must still refuse other clusters'
+// peers meanwhile. It reads the data dir's cluster ID and the replicated one, and
 // refuses a state.db of another cluster than the data dir's.
 func (n *Node) loadClusterID() error {
-	path := filepath.Join(n.cfg.DataDir, clusterIDFile)
+	path := n.layout.ClusterIDPath()
 	var fileID string
 	switch b, err := os.ReadFile(path); {
 	case err == nil:
@@ -77,9 +74,9 @@ func writeClusterID(path, id string) error {
 	return nil
 }
 
-// noteClusterID keeps the node's cluster ID in step with the replicated
-// one after a batch that named it, or replaced the state.
-func (n *Node) noteClusterID(c store.Change) {
+// NoteChange keeps the node's cluster ID in step with the replicated one
+// after a batch that named it, or replaced the state.
+func (n *Node) NoteChange(c store.Change) {
 	named := c.Resync
 	for _, e := range c.Entities {
 		named = named || e.Type == store.EntityCluster
@@ -94,7 +91,7 @@ func (n *Node) noteClusterID(c store.Change) {
 	if old := n.ClusterID(); old != "" {
 		n.logger.Error("the replicated cluster ID differs from this data dir's", "data_dir_cluster", old, "cluster", id)
 	}
-	if err := writeClusterID(filepath.Join(n.cfg.DataDir, clusterIDFile), id); err != nil {
+	if err := writeClusterID(n.layout.ClusterIDPath(), id); err != nil {
 		n.logger.Error("keep cluster ID in the data dir", "err", err)
 	}
 	n.clusterID.Store(&id)

@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -14,18 +14,18 @@ import (
 	"github.com/policyd/policyd/server/peer"
 )
 
-// streamLayer is the Raft transport's stream layer over the peer plane's
+// StreamLayer is the Raft transport's stream layer over the peer plane's
 // listener (server/peer): every connection, accepted or dialled, is past
 // TLS (raft.tls) and the peer handshake before raft sees a byte of it, so a
 // process that is not a member can neither send Raft RPCs (vote, append,
 // snapshot) nor receive them. The same listener carries the node-to-node
-// API (Node.peerSrv); raft's own TCP stream layer cannot share a port,
+// API (the peer API); raft's own TCP stream layer cannot share a port,
 // hence this one.
 //
 // Accept hands over connections the mux has authenticated on goroutines of
 // its own, so raft's serial accept loop is never held up by a peer that
 // stalls in its handshake.
-type streamLayer struct {
+type StreamLayer struct {
 	mux       *peer.Mux
 	advertise net.Addr
 	cfg       *peer.Config
@@ -38,11 +38,11 @@ type streamLayer struct {
 // unspecified address.
 var errNotAdvertisable = errors.New("local bind address is not advertisable")
 
-// newStreamLayer listens on bind and builds the peer plane's mux there;
-// the caller starts it (mux.Serve). adv is the address peers dial; nil
+// NewStreamLayer listens on bind and builds the peer plane's mux there;
+// the caller starts it (Serve) if it is to accept connections. adv is the address peers dial; nil
 // advertises the bound address. conns, if not nil, counts and caps the
 // accepted connections.
-func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Config, logger *slog.Logger) (*streamLayer, error) {
+func NewStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Config, logger *slog.Logger) (*StreamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
@@ -57,19 +57,21 @@ func newStreamLayer(bind string, adv net.Addr, conns *limits.Conns, cfg *peer.Co
 	if conns != nil {
 		ln = conns.Listener(ln)
 	}
-	return &streamLayer{mux: peer.NewMux(ln, cfg, logger), advertise: adv, cfg: cfg}, nil
+	return &StreamLayer{mux: peer.NewMux(ln, cfg, logger), advertise: adv, cfg: cfg}, nil
 }
 
-func (s *streamLayer) Accept() (net.Conn, error) { return s.mux.Listener(peer.KindRaft).Accept() }
+// Accept returns the next authenticated Raft connection.
+func (s *StreamLayer) Accept() (net.Conn, error) { return s.mux.Listener(peer.KindRaft).Accept() }
 
 // Close closes the whole peer plane: raft closes its transport only when
 // the node stops.
-func (s *streamLayer) Close() error { return s.mux.Close() }
+func (s *StreamLayer) Close() error { return s.mux.Close() }
 
-func (s *streamLayer) Addr() net.Addr { return s.advertise }
+// Addr is the address peers dial.
+func (s *StreamLayer) Addr() net.Addr { return s.advertise }
 
 // Dial connects and completes the peer handshake within timeout.
-func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (s *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	c, _, err := s.cfg.Dial(ctx, string(address), peer.KindRaft)
@@ -79,4 +81,4 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	return c, err
 }
 
-var _ raft.StreamLayer = (*streamLayer)(nil)
+var _ raft.StreamLayer = (*StreamLayer)(nil)

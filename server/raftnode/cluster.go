@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -10,13 +10,16 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	"github.com/policyd/policyd/backoff"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/store"
 )
@@ -251,14 +254,36 @@ func raftErr(op string, err error) error {
 	}
 }
 
+// Status is the cluster as one node sees it.
+type Status struct {
+	NodeID, ClusterID, State, LeaderID, LeaderAddr string
+	Term, CommitIndex, LastIndex, AppliedIndex     uint64
+	// LastContact is how long ago the leader was heard from: "" on the
+	// leader, "never" if it never was.
+	LastContact string
+	Digest      string
+	// CommandVersion is the command encoding writes use (commandVersion).
+	CommandVersion uint32
+	Members        []Member
+}
+
+// Member is one server in the Raft configuration, with the addresses it
+// registered.
+type Member struct {
+	ID, RaftAddr, HTTPAddr, GRPCAddr, Suffrage string
+	Leader                                     bool
+	// CommandVersion is what the member registered; 0 before versions.
+	CommandVersion uint32
+}
+
 // Status describes the cluster as this node sees it.
-func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
+func (n *Node) Status(ctx context.Context) (*Status, error) {
 	leaderAddr, leaderID := n.raft.LeaderWithID()
 	digest, idx, err := n.store.Digest()
 	if err != nil {
 		return nil, err
 	}
-	st := &adminapi.ClusterStatus{
+	st := &Status{
 		NodeID:       n.id,
 		ClusterID:    n.ClusterID(),
 		State:        n.raft.State().String(),
@@ -286,7 +311,7 @@ func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
 	st.CommandVersion = commandVersion(members)
 	for _, s := range f.Configuration().Servers {
 		m := byID[string(s.ID)]
-		st.Members = append(st.Members, adminapi.MemberStatus{
+		st.Members = append(st.Members, Member{
 			ID:       string(s.ID),
 			RaftAddr: string(s.Address),
 			HTTPAddr: m.HTTPAddr,
@@ -319,7 +344,18 @@ func (s *clusterService) LocalClients(context.Context, *clusterv1.LocalClientsRe
 const peerQueryTimeout = 2 * time.Second
 
 func (n *Node) localClients() []*clusterv1.ClientInfo {
-	return append(n.discovery.Clients(), n.feed.Clients()...)
+	if n.deps.LocalClients == nil {
+		return nil
+	}
+	return n.deps.LocalClients()
+}
+
+// newPeerServer is the node-to-node API's gRPC server, on the peer plane
+// only (DESIGN part 11).
+func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Server {
+	srv := grpc.NewServer(append(grpccodec.New(encoding.GetCodecV2(protoenc.Name)).ServerOptions(), opts...)...)
+	clusterv1.RegisterClusterServer(srv, s)
+	return srv
 }
 
 // Clients lists the sidecars connected to every voter and non-voter in the

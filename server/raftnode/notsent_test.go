@@ -1,4 +1,4 @@
-package server
+package raftnode
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func TestForwardNotSent(t *testing.T) {
 			addr := tc.peer(t)
 			pool := newPeerPool(func(ctx context.Context, addr string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-			})
+			}, nil)
 			defer pool.Close()
 			c, err := pool.client(addr)
 			if err != nil {

@@ -1,27 +1,23 @@
-package server
+package raftnode
 
 import (
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/policyd/policyd/config"
 )
 
-// nodeIDFile pins a node's Raft identity to its data directory: a node whose
-// host name changes (a re-created container) must not come back as a
-// stranger to its own cluster.
-const nodeIDFile = "node-id"
-
-// resolveNodeID returns the configured ID, or the one persisted in dataDir, or
-// (first start, nothing configured) the host name, which it then persists. A
-// configured ID that differs from the persisted one is refused: the data
-// directory belongs to another node.
-func resolveNodeID(configured, dataDir string) (string, error) {
-	p := filepath.Join(dataDir, nodeIDFile)
+// ResolveNodeID returns the configured ID, or the one persisted in the data
+// directory, or (first start, nothing configured) the host name, which it
+// then persists: a node whose host name changes (a re-created container)
+// must not come back as a stranger to its own cluster. A configured ID that
+// differs from the persisted one is refused: the data directory belongs to
+// another node.
+func ResolveNodeID(configured string, l Layout) (string, error) {
+	p := l.NodeIDPath()
 	raw, err := os.ReadFile(p)
 	switch {
 	case err == nil:
