@@ -123,10 +123,10 @@ func TestSuiteSteps(t *testing.T) {
 		}
 		return out
 	}
-	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover"}, names(c.steps())); diff != "" {
+	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-pinned", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover"}, names(c.steps())); diff != "" {
 		t.Errorf("steps (-want +got):\n%s", diff)
 	}
-	c.skip = "etcd, failover ,propagation-10k,propagation-10k-simulated,idle-memory-conn"
+	c.skip = "etcd, failover ,propagation-10k,propagation-10k-pinned,propagation-10k-simulated,idle-memory-conn"
 	if diff := cmp.Diff([]string{"propagation", "idle-memory"}, names(c.steps())); diff != "" {
 		t.Errorf("steps with -skip (-want +got):\n%s", diff)
 	}
@@ -137,7 +137,7 @@ func TestSuiteSteps(t *testing.T) {
 		byName[sc.name] = sc
 	}
 	for _, st := range c.steps() {
-		if _, err := suiteRunner(byName[st.scenario], st.args, io.Discard); err != nil {
+		if _, _, err := suiteRunner(byName[st.scenario], st.args, io.Discard); err != nil {
 			t.Errorf("step %s: %v", st.name, err)
 		}
 	}
