@@ -50,6 +50,8 @@ type node struct {
 	// termIsClean: dying of the SIGTERM that stop sends is a clean exit
 	// (etcd re-raises it after shutting down; policyd exits 0).
 	termIsClean bool
+	// cpus, when set, is the CPU list the process is pinned to (taskset -c).
+	cpus string
 
 	cmd     *exec.Cmd
 	logFile *os.File
@@ -64,6 +66,7 @@ type clusterSpec struct {
 	nodes    int      // cluster size
 	logLevel string   // log.level of every node
 	env      []string // POLICYD_*=value settings for every node, overriding its config file
+	cpus     string   // CPU list every node is pinned to (taskset -c); "" not pinned
 }
 
 // startCluster writes the configs of the cluster under spec.dir and starts
@@ -84,6 +87,7 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 			grpcAddr: loopback.Addr(ports[3*i+1]),
 			raftAddr: loopback.Addr(ports[3*i+2]),
 			dir:      filepath.Join(dir, id),
+			cpus:     spec.cpus,
 		}
 		nd.configPath = filepath.Join(nd.dir, "config.yaml")
 		nd.logPath = filepath.Join(nd.dir, "node.log")
@@ -123,7 +127,7 @@ func startReady(ctx context.Context, env *runEnv, nodes int, alsoDump func() boo
 ) {
 	env.logf("starting a %d-node cluster in %s", nodes, env.workDir)
 	cl, err = startCluster(clusterSpec{binary: env.binary, dir: env.workDir, nodes: nodes,
-		logLevel: env.nodeLogLevel, env: slices.Concat(extraEnv, env.nodeEnv)})
+		logLevel: env.nodeLogLevel, env: slices.Concat(extraEnv, env.nodeEnv), cpus: env.nodeCPUs})
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("start cluster: %w", err)
 	}
@@ -165,7 +169,9 @@ func (c *cluster) config(nd *node, logLevel string) string {
 
 // start runs binary with nd.args (by default `policyd serve --config`) in
 // its own process group, with extraEnv added to its environment and its
-// output appended to nd.logPath.
+// output appended to nd.logPath. With nd.cpus it runs under taskset, which
+// sets the affinity before it execs binary in the same process, so every
+// thread of the node is pinned and its PID is the node's.
 func (nd *node) start(binary string, extraEnv []string) error {
 	f, err := os.OpenFile(nd.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -175,7 +181,11 @@ func (nd *node) start(binary string, extraEnv []string) error {
 	if args == nil {
 		args = []string{"serve", "--config", nd.configPath}
 	}
-	cmd := exec.Command(binary, args...)
+	name := binary
+	if nd.cpus != "" {
+		name, args = "taskset", slices.Concat([]string{"-c", nd.cpus, binary}, args)
+	}
+	cmd := exec.Command(name, args...)
 	cmd.Dir = nd.dir
 	cmd.Env = append(nodeEnv(), extraEnv...)
 	cmd.Stdout, cmd.Stderr = f, f

@@ -126,7 +126,7 @@ func (c *etcdConfig) resolveEtcd(ctx context.Context, env *runEnv) (string, erro
 func (c *etcdConfig) runEtcd(ctx context.Context, env *runEnv, bin string) (figs []*writesFigure, err error) {
 	cfg := c.writesConfig
 	env.logf("starting a %d-member etcd cluster (%s) in %s", etcdMembers, bin, env.workDir)
-	ec, err := startEtcd(bin, env.workDir, etcdMembers)
+	ec, err := startEtcd(bin, env.workDir, etcdMembers, env.nodeCPUs)
 	if err != nil {
 		return nil, err
 	}
@@ -212,8 +212,9 @@ func etcdWrite(clients []*clientv3.Client, timeout time.Duration) writeFunc {
 }
 
 // startEtcd starts members etcd processes on loopback under dir/etcdN,
-// forming a new cluster, with etcd's defaults otherwise (fsync on).
-func startEtcd(bin, dir string, members int) (_ *cluster, err error) {
+// forming a new cluster, with etcd's defaults otherwise (fsync on), each
+// pinned to cpus as the policyd nodes are ("": not pinned).
+func startEtcd(bin, dir string, members int, cpus string) (_ *cluster, err error) {
 	ports, err := loopback.FreePorts(2 * members)
 	if err != nil {
 		return nil, err
@@ -221,7 +222,7 @@ func startEtcd(bin, dir string, members int) (_ *cluster, err error) {
 	c := &cluster{dir: dir, binary: bin}
 	var initial []string
 	for i := range members {
-		nd := &node{id: "etcd" + strconv.Itoa(i+1), httpAddr: loopback.Addr(ports[2*i]), raftAddr: loopback.Addr(ports[2*i+1]), termIsClean: true}
+		nd := &node{id: "etcd" + strconv.Itoa(i+1), httpAddr: loopback.Addr(ports[2*i]), raftAddr: loopback.Addr(ports[2*i+1]), termIsClean: true, cpus: cpus}
 		nd.dir = filepath.Join(dir, nd.id)
 		nd.logPath = filepath.Join(nd.dir, "etcd.log")
 		c.nodes = append(c.nodes, nd)

@@ -35,7 +35,7 @@
 //
 // A scenario lives in its own file and is listed in scenarios() below; it
 // registers its own flags next to the common ones (-binary, -keep, -out,
-// -ready-timeout, -node-log-level, -node-env) and reports its figures through
+// -ready-timeout, -node-log-level, -node-env, -node-cpus, -load-cpus) and reports its figures through
 // runEnv.emit.
 //
 // Every node listens on 127.0.0.1 only. The nodes are stopped (SIGTERM, then
@@ -107,6 +107,7 @@ type commonFlags struct {
 	readyTimeout time.Duration
 	nodeLogLevel string
 	nodeEnv      envList
+	pin          pinFlags
 }
 
 // envList is a repeatable -node-env flag: POLICYD_KEY=value settings, or
@@ -138,6 +139,7 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.readyTimeout, "ready-timeout", 60*time.Second, "how long to wait for the cluster to become ready")
 	fs.StringVar(&c.nodeLogLevel, "node-log-level", "warn", "log.level of the policyd nodes (debug|info|warn|error)")
 	fs.Var(&c.nodeEnv, "node-env", "POLICYD_KEY=value setting for every node, overriding its config file, or a Go runtime\nvariable for the policyd nodes alone, not bench or etcd ("+strings.Join(runtimeEnv, ", ")+"); repeatable,\ne.g. -node-env POLICYD_RAFT_COMMIT_TIMEOUT=5ms -node-env GOGC=200")
+	c.pin.register(fs)
 }
 
 func main() {
@@ -207,6 +209,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := scenarioRunner.validate(); err != nil {
 		return &usageError{err.Error()}
 	}
+	// The CPUs bench starts with: what -node-cpus and -load-cpus may name,
+	// here and in every suite step, even after a step has pinned bench.
+	allowed, allowedErr := allowedCPUs()
+	if err := common.pin.check(allowed, allowedErr); err != nil {
+		return &usageError{err.Error()}
+	}
 	binarySet := false
 	fs.Visit(func(f *flag.Flag) { binarySet = binarySet || f.Name == "binary" })
 
@@ -254,16 +262,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		readyTimeout: common.readyTimeout,
 		nodeLogLevel: common.nodeLogLevel,
 		nodeEnv:      common.nodeEnv,
+		allowedCPUs:  allowed,
+		allowedErr:   allowedErr,
 		fileLimit:    limit,
 		stderr:       stderr,
 		logf:         logf,
 		emit:         rep.emit,
 	}
+	unpin, err := applyPins(env, common.pin)
+	if err != nil {
+		return err
+	}
 	started := time.Now()
 	runErr := scenarioRunner.run(ctx, env)
+	if err := unpin(); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("unpin bench: %w", err))
+	}
 	rep.printSummary(stderr)
 	if common.results != "" {
-		doc, err := buildResults(collectMachine(ctx, root), "go run ./bench "+strings.Join(args, " "),
+		m := collectMachine(ctx, root)
+		m.NodeCPUs, m.LoadCPUs = env.nodeCPUs, env.loadCPUs
+		doc, err := buildResults(m, "go run ./bench "+strings.Join(args, " "),
 			started, time.Since(started), rep.figures, runErr)
 		if err == nil {
 			err = writeResults(common.results, doc)
@@ -298,6 +317,10 @@ type runEnv struct {
 	readyTimeout time.Duration // bound on waiting for a cluster to become ready
 	nodeLogLevel string        // log.level of the nodes
 	nodeEnv      []string      // extra POLICYD_*=value settings for the nodes
+	allowedCPUs  []int         // the CPUs bench started with
+	allowedErr   error         // why allowedCPUs could not be read, if so
+	nodeCPUs     string        // CPU list every node is pinned to (taskset -c); "" not pinned
+	loadCPUs     string        // CPU list bench's own threads are pinned to; "" not pinned
 	fileLimit    uint64        // open-files limit of bench and the nodes; 0 if unknown
 	stderr       io.Writer     // progress, warnings and node logs on failure
 	logf         func(format string, a ...any)

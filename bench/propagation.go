@@ -267,12 +267,17 @@ func (c *propagationConfig) run(ctx context.Context, env *runEnv) (err error) {
 		f.ConnErrors = fl.deaths[k].Load()
 		f.serverQuantiles(serverBefore[k], serverAfter[k], serverHistograms[k].scale)
 		f.cpuShare(cpuBefore, cpuAfter)
+		f.NodeCPUs, f.LoadCPUs = env.nodeCPUs, env.loadCPUs
 		if err := env.emit(f); err != nil {
 			return err
 		}
 	}
 	if errs := fl.errors(); len(errs) > 0 {
 		env.logf("sidecar connections that ended (first %d): %q", len(errs), errs)
+	}
+	if env.loadCPUs != "" {
+		env.logf("note: the %d node(s) ran on CPU(s) %s and this load generator on CPU(s) %s", cfg.nodes, env.nodeCPUs, env.loadCPUs)
+		return nil
 	}
 	env.logf("note: the %d node(s) and this load generator share the machine's %d CPU(s); "+
 		"the latencies include the generator's own scheduling delay", cfg.nodes, runtime.NumCPU())
@@ -555,7 +560,11 @@ type propagationFigure struct {
 	TargetP99Ms   float64 `json:"target_p99_ms"`
 	Target        string  `json:"target"`
 	TargetMet     bool    `json:"target_met"`
-	CPUs          int     `json:"cpus"` // shared by the nodes and the load generator
+	CPUs          int     `json:"cpus"` // shared by the nodes and the load generator, unless pinned
+	// NodeCPUs and LoadCPUs are the CPU lists the nodes and bench (the load
+	// generator) were pinned to (-node-cpus, -load-cpus); empty: not pinned.
+	NodeCPUs string `json:"node_cpus,omitempty"`
+	LoadCPUs string `json:"load_cpus,omitempty"`
 	// The writes phase: its wall time, and the CPU time bench (the load
 	// generator: every simulated sidecar) and the nodes used in it, from
 	// /proc (0 where unavailable). wall_s × cpus is the CPU there was.
@@ -620,11 +629,34 @@ func (f *propagationFigure) row() []string {
 	if f.ServerSamples > 0 {
 		server = "≤" + f.ServerP50Ms + "/≤" + f.ServerP99Ms
 	}
-	return []string{f.Scenario, f.Transport, f.Sidecars, strconv.Itoa(f.Nodes), strconv.Itoa(f.Conns), strconv.Itoa(f.Orgs),
+	scenario, cpus := f.Scenario, strconv.Itoa(f.CPUs)+" shared"
+	if f.pinned() {
+		scenario, cpus = f.Scenario+" pinned", "node "+orAll(f.NodeCPUs)+", load "+orAll(f.LoadCPUs)
+	}
+	return []string{scenario, f.Transport, f.Sidecars, strconv.Itoa(f.Nodes), strconv.Itoa(f.Conns), strconv.Itoa(f.Orgs),
 		strconv.Itoa(f.Writes), strconv.Itoa(f.Complete), num(f.P50Ms), num(f.P99Ms), num(f.MaxMs),
 		num(f.ConnP50Ms), num(f.ConnP99Ms), server, strconv.Itoa(f.Missing), strconv.FormatInt(f.ConnErrors, 10),
-		f.Target, met, strconv.Itoa(f.CPUs) + " shared",
+		f.Target, met, cpus,
 		num(f.GenCPUS) + "/" + num(f.NodesCPUS) + "/" + num(round2(f.WallS*float64(f.CPUs)))}
+}
+
+// pinned reports whether the nodes or bench ran pinned to CPUs.
+func (f *propagationFigure) pinned() bool { return f.NodeCPUs != "" || f.LoadCPUs != "" }
+
+// pinning describes the run's pinning for a target's text ("" unpinned).
+func (f *propagationFigure) pinning() string {
+	if !f.pinned() {
+		return ""
+	}
+	return fmt.Sprintf(", pinned: node CPU(s) %s, load CPU(s) %s", orAll(f.NodeCPUs), orAll(f.LoadCPUs))
+}
+
+// orAll is a CPU list, or "all" for one that was not pinned.
+func orAll(cpus string) string {
+	if cpus == "" {
+		return "all"
+	}
+	return cpus
 }
 
 // writeConnLatencies writes one CSV row per (write, expected sidecar).

@@ -40,6 +40,11 @@ type machineInfo struct {
 	// LoadAvg is /proc/loadavg when the run started: anything well above
 	// 0 means other work shared the CPUs.
 	LoadAvg string `json:"load_avg_at_start,omitempty"`
+	// NodeCPUs and LoadCPUs are the run's -node-cpus and -load-cpus: the
+	// CPUs the nodes and bench were pinned to ("": shared). A suite step
+	// pinned on its own says so in its figures instead.
+	NodeCPUs string `json:"node_cpus,omitempty"`
+	LoadCPUs string `json:"load_cpus,omitempty"`
 }
 
 // targetResult is one issue target as a figure measured it.
@@ -149,7 +154,8 @@ func (f *failoverFigure) targets() []targetResult {
 
 func (f *propagationFigure) targets() []targetResult {
 	return []targetResult{{
-		Target:   fmt.Sprintf("propagation %s (measured: %d %s conns on %d node(s)): %s", f.Transport, f.Conns, f.Sidecars, f.Nodes, f.Target),
+		Target: fmt.Sprintf("propagation %s (measured: %d %s conns on %d node(s)%s): %s",
+			f.Transport, f.Conns, f.Sidecars, f.Nodes, f.pinning(), f.Target),
 		Measured: fmt.Sprintf("p99 %g ms, %d of %d writes complete", f.P99Ms, f.Complete, f.Writes),
 		Met:      f.TargetMet,
 	}}

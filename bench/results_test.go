@@ -123,10 +123,10 @@ func TestSuiteSteps(t *testing.T) {
 		}
 		return out
 	}
-	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover"}, names(c.steps())); diff != "" {
+	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-pinned", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover"}, names(c.steps())); diff != "" {
 		t.Errorf("steps (-want +got):\n%s", diff)
 	}
-	c.skip = "etcd, failover ,propagation-10k,propagation-10k-simulated,idle-memory-conn"
+	c.skip = "etcd, failover ,propagation-10k,propagation-10k-pinned,propagation-10k-simulated,idle-memory-conn"
 	if diff := cmp.Diff([]string{"propagation", "idle-memory"}, names(c.steps())); diff != "" {
 		t.Errorf("steps with -skip (-want +got):\n%s", diff)
 	}
@@ -136,10 +136,20 @@ func TestSuiteSteps(t *testing.T) {
 	for _, sc := range scenarios() {
 		byName[sc.name] = sc
 	}
+	args := map[string][]string{}
 	for _, st := range c.steps() {
-		if _, err := suiteRunner(byName[st.scenario], st.args, io.Discard); err != nil {
+		args[st.name] = st.args
+		_, pins, err := suiteRunner(byName[st.scenario], st.args, io.Discard)
+		if err != nil {
 			t.Errorf("step %s: %v", st.name, err)
 		}
+		if got := pins.node.String() + "/" + pins.load.String(); st.name == "propagation-10k-pinned" && got != "0/1" {
+			t.Errorf("step %s: -node-cpus/-load-cpus %s, want 0/1", st.name, got)
+		}
+	}
+	// The pinned step is the unpinned one plus the pinning, nothing else.
+	if diff := cmp.Diff(append(args["propagation-10k"], "-node-cpus", "0", "-load-cpus", "1"), args["propagation-10k-pinned"]); diff != "" {
+		t.Errorf("propagation-10k-pinned args (-want +got):\n%s", diff)
 	}
 	for _, bad := range []suiteConfig{
 		{duration: 0, rounds: 3},

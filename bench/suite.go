@@ -36,7 +36,8 @@ type suiteStep struct {
 // with 1,000 gRPC streams and 1,000 WebSocket connections on 3 nodes, the
 // same with 10,000 of each on one node (issue 7's propagation target; it
 // needs an open-files limit of about 10,500 for bench and for the node),
-// first with SDK sidecars and then with simulated ones, idle-memory with
+// with SDK sidecars, again with the node and bench pinned to a CPU each and
+// then with simulated sidecars, idle-memory with
 // 1,000 of each on one node (100 gRPC streams per connection) and again
 // with 1,000 gRPC streams that have a connection each, and failover. It is sized to finish in well
 // under 10 minutes on a 2-core machine (about 4 minutes).
@@ -44,13 +45,13 @@ type suiteStep struct {
 func suiteScenario() scenario {
 	return scenario{
 		name:    "suite",
-		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also simulated), idle-memory (100 and 1 stream per connection), failover",
+		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also pinned and simulated), idle-memory (100 and 1 stream per connection), failover",
 		setup: func(fs *flag.FlagSet) runner {
 			c := &suiteConfig{}
 			fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time of each writes run (policyd and etcd, 100 and 1 writer)")
 			fs.IntVar(&c.rounds, "rounds", 3, "failover rounds")
 			fs.StringVar(&c.etcdBin, "etcd-bin", "", "etcd binary; empty: the one hack/kube-bins.sh builds")
-			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-simulated, idle-memory, idle-memory-conn, failover)")
+			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-pinned, propagation-10k-simulated, idle-memory, idle-memory-conn, failover)")
 			return c
 		},
 	}
@@ -92,6 +93,12 @@ func (c *suiteConfig) all() []suiteStep {
 		// connection per 100 (client.Config.GRPCConn).
 		{"propagation", "propagation", []string{"-streams", "1000", "-ws", "1000", "-nodes", "3", "-writes", "50", "-streams-per-conn", "1"}},
 		{"propagation-10k", "propagation", []string{"-streams", "10000", "-ws", "10000", "-nodes", "1", "-writes", "20"}},
+		// The same with the node on CPU 0 and bench on CPU 1 (issue 29): a
+		// figure that neither side's bursts can blur by taking the other's
+		// core. Next to propagation-10k, so the summary shows their p99s
+		// one above the other.
+		{"propagation-10k-pinned", "propagation", []string{"-streams", "10000", "-ws", "10000", "-nodes", "1", "-writes", "20",
+			"-node-cpus", "0", "-load-cpus", "1"}},
 		// The same with bench's lighter simulated sidecars: what the node
 		// does when the load generator leaves it more of the shared CPUs.
 		{"propagation-10k-simulated", "propagation", []string{"-streams", "10000", "-ws", "10000", "-nodes", "1", "-writes", "20", "-sdk=false"}},
@@ -137,7 +144,7 @@ func (c *suiteConfig) run(ctx context.Context, env *runEnv) error {
 		if ctx.Err() != nil {
 			return errors.Join(append(errs, ctx.Err())...)
 		}
-		r, err := suiteRunner(byName[st.scenario], st.args, env.stderr)
+		r, pins, err := suiteRunner(byName[st.scenario], st.args, env.stderr)
 		if err != nil {
 			return err // a bug in steps, not a measurement
 		}
@@ -148,7 +155,19 @@ func (c *suiteConfig) run(ctx context.Context, env *runEnv) error {
 		}
 		start := time.Now()
 		env.logf("suite: %s %s", st.name, strings.Join(st.args, " "))
-		if err := r.run(ctx, &sub); err != nil {
+		// A machine without the step's CPUs fails the step, not the suite.
+		unpin, err := applyPins(&sub, pins)
+		if err != nil {
+			env.logf("suite: %s failed: %v", st.name, err)
+			errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
+			continue
+		}
+		err = r.run(ctx, &sub)
+		if uerr := unpin(); uerr != nil {
+			// The later steps would run pinned.
+			return errors.Join(append(errs, fmt.Errorf("%s: unpin bench: %w", st.name, uerr))...)
+		}
+		if err != nil {
 			env.logf("suite: %s failed after %v: %v", st.name, time.Since(start).Round(time.Second), err)
 			errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
 			continue
@@ -158,16 +177,19 @@ func (c *suiteConfig) run(ctx context.Context, env *runEnv) error {
 	return errors.Join(errs...)
 }
 
-// suiteRunner configures sc from args, as the command line would.
-func suiteRunner(sc scenario, args []string, stderr io.Writer) (runner, error) {
+// suiteRunner configures sc from args, as the command line would, and
+// returns the step's -node-cpus and -load-cpus too.
+func suiteRunner(sc scenario, args []string, stderr io.Writer) (runner, pinFlags, error) {
 	fs := flag.NewFlagSet(sc.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	r := sc.setup(fs)
+	var pins pinFlags
+	pins.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return nil, fmt.Errorf("suite step %s: %w", sc.name, err)
+		return nil, pinFlags{}, fmt.Errorf("suite step %s: %w", sc.name, err)
 	}
 	if err := r.validate(); err != nil {
-		return nil, fmt.Errorf("suite step %s: %w", sc.name, err)
+		return nil, pinFlags{}, fmt.Errorf("suite step %s: %w", sc.name, err)
 	}
-	return r, nil
+	return r, pins, nil
 }
