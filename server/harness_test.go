@@ -58,18 +58,7 @@ func closeNode(t testing.TB, n *Node) {
 }
 
 // inConfiguration reports whether id is in n's Raft configuration.
-func (n *Node) inConfiguration(id string) bool {
-	f := n.rn.Raft().GetConfiguration()
-	if f.Error() != nil {
-		return false
-	}
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == id {
-			return true
-		}
-	}
-	return false
-}
+func (n *Node) inConfiguration(id string) bool { return n.rn.InConfiguration(id) }
 
 // waitFor polls cond until it returns nil or the deadline passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {

@@ -209,7 +209,7 @@ func (n *Node) Remove(ctx context.Context, id string) (uint64, error) {
 // itself). If RemoveServer then fails, the node is still a voter and its
 // register loop records its addresses again.
 func (n *Node) removeLocal(ctx context.Context, id string) (uint64, error) {
-	if !n.inConfiguration(id) {
+	if !n.InConfiguration(id) {
 		return 0, fmt.Errorf("member %q: %w", id, store.ErrNotFound)
 	}
 	if err := n.forgetMember(ctx, id); err != nil {

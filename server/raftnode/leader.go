@@ -117,7 +117,7 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 		if m, err := n.store.Member(n.id); err == nil && m == self {
 			return
 		}
-		if n.inConfiguration(n.id) {
+		if n.InConfiguration(n.id) {
 			// The first registration since start asks every other member
 			// to register again, in case this node applied theirs while it
 			// ran a release that drops command versions.
@@ -156,7 +156,7 @@ func (n *Node) forgetRemovedMembers(ctx context.Context) {
 		return
 	}
 	for _, m := range members {
-		if n.inConfiguration(m.ID) {
+		if n.InConfiguration(m.ID) {
 			continue
 		}
 		if err := n.forgetMember(ctx, m.ID); err != nil {

@@ -143,7 +143,7 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 		if err := proto.Unmarshal(cmd.GetPayload(), &reg); err != nil {
 			return nil, fmt.Errorf("%w: decode register-member payload: %w", errInvalidCommand, err)
 		}
-		if !n.inConfiguration(reg.GetId()) {
+		if !n.InConfiguration(reg.GetId()) {
 			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 		}
 	}
@@ -232,7 +232,8 @@ func commandVersion(members []store.Member) uint32 {
 	return v
 }
 
-func (n *Node) inConfiguration(id string) bool {
+// InConfiguration reports whether id is in the Raft configuration.
+func (n *Node) InConfiguration(id string) bool {
 	f := n.raft.GetConfiguration()
 	if f.Error() != nil {
 		return false
