@@ -174,6 +174,10 @@ func OpenWithOptions(path string, logger *slog.Logger, opts Options) (*Store, er
 		_ = db.Close()
 		return nil, fmt.Errorf("initialise state db %q: %w", path, err)
 	}
+	if err := rebuildHeads(db, path, logger); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	s := &Store{
 		path:      path,
 		logger:    logger,
@@ -471,6 +475,10 @@ func (s *Store) Restore(r io.Reader) error {
 		return fmt.Errorf("restore: reopen: %w", err)
 	}
 	s.db = db
+	if err := rebuildHeads(db, s.path, s.logger); err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("restore: %w", err)
+	}
 	idx, err := s.readApplied()
 	s.mu.Unlock()
 	if err != nil {
@@ -511,6 +519,9 @@ func (s *Store) StartHistory(index uint64) error {
 			return fmt.Errorf("start history at %d: the state is at %d already", index, applied)
 		}
 		if err := putUint(meta, keyAppliedIndex, index); err != nil {
+			return err
+		}
+		if err := putUint(meta, keyHeadsIndex, index); err != nil {
 			return err
 		}
 		return putUint(meta, keyPrunedThrough, index)
@@ -572,6 +583,22 @@ func u64(v uint64) []byte {
 	var k [8]byte
 	binary.BigEndian.PutUint64(k[:], v)
 	return k[:]
+}
+
+// rebuildHeads brings db's policy heads up to its applied index.
+func rebuildHeads(db *bolt.DB, path string, logger *slog.Logger) error {
+	var rebuilt bool
+	err := db.Update(func(tx *bolt.Tx) (err error) {
+		rebuilt, err = syncHeads(tx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("state db %q: %w", path, err)
+	}
+	if rebuilt {
+		logger.Info("rebuilt the policy heads of a state db written before them", "path", path)
+	}
+	return nil
 }
 
 // decodePolicy decodes a stored policy and returns it with its own copy of

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -82,7 +83,9 @@ func (s *Store) ApplyBatch(lastIndex uint64, fn func(b *Batch) error) error {
 			if err := fn(b); err != nil {
 				return err
 			}
-			return putUint(tx.Bucket(bucketMeta), keyAppliedIndex, lastIndex)
+			// The policy heads are written with the batch (heads.go).
+			return errors.Join(putUint(tx.Bucket(bucketMeta), keyAppliedIndex, lastIndex),
+				putUint(tx.Bucket(bucketMeta), keyHeadsIndex, lastIndex))
 		})
 	}()
 	if closed {
@@ -132,11 +135,19 @@ type entityKind[T any] struct {
 	// decode reads the stored form back. raw is bbolt's memory: the result
 	// is only used inside the transaction.
 	decode func(raw []byte) (*T, error)
+	// head, if set, reads what a write needs of the current value (its
+	// revision, creation time and scope) without decoding it; index keeps
+	// it (nil: key deleted).
+	head  func(tx *bolt.Tx, key string) (*T, error)
+	index func(tx *bolt.Tx, key string, stored *T) error
 }
 
-// get reads key's current value; nil if absent.
-func (k entityKind[T]) get(bk *bolt.Bucket, key string) (*T, error) {
-	raw := bk.Get([]byte(key))
+// get reads what a write needs of key's current value; nil if absent.
+func (k entityKind[T]) get(tx *bolt.Tx, key string) (*T, error) {
+	if k.head != nil {
+		return k.head(tx, key)
+	}
+	raw := tx.Bucket(k.bucket).Get([]byte(key))
 	if raw == nil {
 		return nil, nil
 	}
@@ -160,9 +171,14 @@ var policyKind = entityKind[policy.Policy]{
 	// so AppendJSON gives json.Marshal's bytes without its pass over the
 	// spec.
 	encode: func(p *policy.Policy) ([]byte, error) { return p.AppendJSON(nil) },
-	// The stored form is AppendJSON's, which DecodeStored reads in one pass
-	// over the spec.
 	decode: policy.DecodeStored,
+	head:   getHead,
+	index: func(tx *bolt.Tx, key string, p *policy.Policy) error {
+		if p == nil {
+			return tx.Bucket(bucketPolicyHeads).Delete([]byte(key))
+		}
+		return putHead(tx, p)
+	},
 }
 
 var employeeKind = entityKind[policy.Employee]{
@@ -188,7 +204,7 @@ var employeeKind = entityKind[policy.Employee]{
 // and its stored encoding.
 func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMatch *uint64) (*T, []byte, error) {
 	bk := b.tx.Bucket(k.bucket)
-	old, err := k.get(bk, key)
+	old, err := k.get(b.tx, key)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -216,6 +232,11 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 	if err := bk.Put([]byte(key), raw); err != nil {
 		return nil, nil, err
 	}
+	if k.index != nil {
+		if err := k.index(b.tx, key, &stored); err != nil {
+			return nil, nil, err
+		}
+	}
 	scopes := []policy.Scope{k.scope(&stored)}
 	if exists && k.scope(old) != scopes[0] {
 		scopes = append(scopes, k.scope(old))
@@ -229,7 +250,7 @@ func putEntity[T any](b *Batch, k entityKind[T], m Meta, key string, v *T, ifMat
 // deleteEntity deletes key; ErrNotFound if it does not exist.
 func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch *uint64) error {
 	bk := b.tx.Bucket(k.bucket)
-	old, err := k.get(bk, key)
+	old, err := k.get(b.tx, key)
 	if err != nil {
 		return err
 	}
@@ -242,6 +263,11 @@ func deleteEntity[T any](b *Batch, k entityKind[T], m Meta, key string, ifMatch 
 	data := append([]byte(nil), bk.Get([]byte(key))...) // only valid until the Delete
 	if err := bk.Delete([]byte(key)); err != nil {
 		return err
+	}
+	if k.index != nil {
+		if err := k.index(b.tx, key, nil); err != nil {
+			return err
+		}
 	}
 	return b.record(m, k.typ, key, ActionDelete, data, []policy.Scope{k.scope(old)})
 }

@@ -97,17 +97,7 @@ func (a *API) policies() entity[policy.Policy] {
 		key:      func(p *policy.Policy) *string { return &p.Name },
 		validate: func(p *policy.Policy) error { return a.b.Validator().Policy(p) },
 		get:      func(k string) (*policy.Policy, error) { return a.b.Store().GetPolicy(k) },
-		stored: func(k string) ([]byte, uint64, error) {
-			rps, _, err := a.b.Store().RawPolicies(k)
-			if err != nil {
-				return nil, 0, err
-			}
-			rp, ok := rps[k]
-			if !ok {
-				return nil, 0, fmt.Errorf("policy %q: %w", k, store.ErrNotFound)
-			}
-			return rp.Stored, rp.Policy.Revision, nil
-		},
+		stored:   func(k string) ([]byte, uint64, error) { return a.b.Store().StoredPolicy(k) },
 		revision: func(p *policy.Policy) uint64 { return p.Revision },
 		put:      raftfsm.PutPolicy, del: raftfsm.DeletePolicy,
 	}
