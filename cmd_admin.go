@@ -460,12 +460,14 @@ func clusterCommand(c *adminClient) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), st)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "cluster %s\nnode %s (%s), leader %s, term %d, commit %d, applied %d\ndigest %s\n\n",
-				st.ClusterID, st.NodeID, st.State, st.LeaderID, st.Term, st.CommitIndex, st.AppliedIndex, st.Digest)
+			// The command version shows a rolling upgrade's progress: 1 while
+			// any member runs a release that reads only JSON commands.
+			fmt.Fprintf(out, "cluster %s\nnode %s (%s), leader %s, term %d, commit %d, applied %d\ndigest %s\ncommand version %d\n\n",
+				st.ClusterID, st.NodeID, st.State, st.LeaderID, st.Term, st.CommitIndex, st.AppliedIndex, st.Digest, st.CommandVersion)
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tGRPC\tSUFFRAGE\tLEADER")
+			fmt.Fprintln(tw, "ID\tRAFT\tHTTP\tGRPC\tSUFFRAGE\tLEADER\tCOMMAND_VERSION")
 			for _, m := range st.Members {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\n", m.ID, m.RaftAddr, m.HTTPAddr, m.GRPCAddr, m.Suffrage, m.Leader)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%v\t%d\n", m.ID, m.RaftAddr, m.HTTPAddr, m.GRPCAddr, m.Suffrage, m.Leader, m.CommandVersion)
 			}
 			return tw.Flush()
 		},
