@@ -93,4 +93,3 @@ func TestRegisterAfreshResetsVersions(t *testing.T) {
 		t.Errorf("members (-want +got):\n%s", diff)
 	}
 }
-
