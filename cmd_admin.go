@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -72,16 +71,6 @@ func (c *adminClient) client() (*adminclient.Client, error) {
 		c.api = api
 	})
 	return c.api, c.err
-}
-
-// do sends one request through the client (for routes it has no method
-// for) and decodes the JSON answer into out (unless nil).
-func (c *adminClient) do(ctx context.Context, method, path string, hdr http.Header, body []byte, out any) error {
-	api, err := c.client()
-	if err != nil {
-		return err
-	}
-	return api.Do(ctx, method, path, hdr, body, out)
 }
 
 // print writes v in the -o format; table renders the default.

@@ -326,16 +326,13 @@ func serverVersions(cmd *cobra.Command, c *adminClient) ([]adminclient.ServerVer
 	var failed int
 	for _, m := range st.Members {
 		sv := adminclient.ServerVersion{Server: m.ID}
-		switch {
-		case m.HTTPAddr == "":
+		if m.HTTPAddr == "" {
 			sv.Error = "has not registered its HTTP address"
 			failed++
-		default:
-			b, err := api.VersionOf(cmd.Context(), scheme+"://"+m.HTTPAddr)
-			if err != nil {
-				sv.Error = err.Error()
-				failed++
-			}
+		} else if b, err := api.VersionOf(cmd.Context(), scheme+"://"+m.HTTPAddr); err != nil {
+			sv.Error = err.Error()
+			failed++
+		} else {
 			sv.Build = b
 		}
 		out = append(out, sv)

@@ -130,7 +130,12 @@ func TestCLIEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sdkDone := make(chan error, 1)
 	go func() { sdkDone <- sdk.Run(ctx) }()
-	defer func() { cancel(); <-sdkDone }()
+	defer func() {
+		cancel()
+		if err := <-sdkDone; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("sidecar: %v", err)
+		}
+	}()
 	waitForCLI(t, "the sidecar to ACK", func() error {
 		out, code := run("clients", "--state", "acked", "--node", c.ids[1], "--scope", "acme/red")
 		if code != 0 || !strings.Contains(out, "e2e-sidecar") {

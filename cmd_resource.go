@@ -317,7 +317,7 @@ func jsonStream(raw []byte) ([]any, error) {
 	var out []any
 	for n := 1; ; n++ {
 		var v any
-		if err := dec.Decode(&v); err == io.EOF {
+		if err := dec.Decode(&v); errors.Is(err, io.EOF) {
 			return out, nil
 		} else if err != nil {
 			return nil, fmt.Errorf("document %d: not valid JSON: %w", n, err)
@@ -331,7 +331,7 @@ func yamlStream(raw []byte) ([]any, error) {
 	var out []any
 	for n := 1; ; n++ {
 		var v any
-		if err := dec.Decode(&v); err == io.EOF {
+		if err := dec.Decode(&v); errors.Is(err, io.EOF) {
 			return out, nil
 		} else if err != nil {
 			return nil, fmt.Errorf("document %d: not valid YAML: %w", n, err)

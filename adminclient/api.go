@@ -17,7 +17,7 @@ import (
 // index the snapshot holds.
 const HeaderAppliedIndex = "X-Policyd-Applied-Index"
 
-// AnyRevision, as the ifMatch of a write, sends no If-Match.
+// AnyRevision is the ifMatchRev of an unconditional write: no If-Match.
 const AnyRevision int64 = -1
 
 func ifMatch(rev int64) http.Header {
