@@ -257,6 +257,56 @@ func TestCLIEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("rollout with a NACK", func(t *testing.T) {
+		rejecter, err := client.New(client.Config{
+			Servers: []string{grpcAddr}, Scope: client.Scope{Org: "acme", Team: "blue"}, ClientAddress: "e2e-rejecter",
+			Apply: func(ps []client.Policy) error {
+				for _, p := range ps {
+					if p.Name == "acme.reject" {
+						return errors.New("acme.reject is not for me")
+					}
+				}
+				return nil
+			},
+		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithCancel(context.Background())
+		rdone := make(chan error, 1)
+		go func() { rdone <- rejecter.Run(rctx) }()
+		defer func() {
+			rcancel()
+			if err := <-rdone; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("rejecting sidecar: %v", err)
+			}
+		}()
+		waitForCLI(t, "both sidecars to ACK", func() error {
+			if out, code := run("clients", "--state", "acked"); code != 0 || !strings.Contains(out, "e2e-rejecter") || !strings.Contains(out, "e2e-sidecar") {
+				return fmt.Errorf("exit %d: %s", code, out)
+			}
+			return nil
+		})
+		if out, code := exitCode(t, c.dir, policyDoc("acme.reject"), "--server", all, "policy", "apply", "-f", "-"); code != 0 {
+			t.Fatalf("apply: exit %d\n%s", code, out)
+		}
+		waitForCLI(t, "the NACK", func() error {
+			out, code := run("clients", "--state", "nacked")
+			if code != 0 || !strings.Contains(out, "e2e-rejecter") || !strings.Contains(out, "acme.reject is not for me") {
+				return fmt.Errorf("exit %d: %s", code, out)
+			}
+			return nil
+		})
+		out, code := run("rollout", "--wait", "1s")
+		if code != 1 || !strings.Contains(out, "NACK e2e-rejecter") || !strings.Contains(out, "1 NACK(s) pending") {
+			t.Fatalf("rollout with a NACK pending: exit %d, want 1\n%s", code, out)
+		}
+		must("policy", "delete", "acme.reject")
+		if out, code := run("rollout", "--wait", "20s"); code != 0 {
+			t.Fatalf("rollout after the rejected policy went: exit %d\n%s", code, out)
+		}
+	})
+
 	t.Run("usage exit codes", func(t *testing.T) {
 		for _, args := range [][]string{{"policy", "lst"}, {"clients", "--bogus"}, {"drift", "nope"}, {"rollout", "extra"}, {"-o", "xml", "policy", "list"}, {"cluster", "transfer-leader", "a", "b"}} {
 			if out, code := run(args...); code != 2 {
