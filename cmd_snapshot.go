@@ -3,21 +3,18 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
 )
 
 func snapshotCommand(c *adminClient) *cobra.Command {
-	root := &cobra.Command{Use: "snapshot", Short: "Back up a node's state and restore it (disaster recovery)"}
+	root := groupCommand("snapshot", "Back up a node's state and restore it (disaster recovery)")
 
 	consistent := true
 	save := &cobra.Command{
@@ -87,23 +84,31 @@ directory is refused unless --force, which moves it to
 	restore.Flags().StringVar(&peersFile, "peers-file", "", "JSON array of the new cluster's servers (default: raft.peers, else this node alone)")
 	restore.Flags().BoolVar(&force, "force", false, "move existing state in the data directory aside instead of refusing")
 
-	root.AddCommand(save, restore)
+	inspect := &cobra.Command{
+		Use:   "inspect FILE",
+		Short: "Verify a saved snapshot (or a stopped node's state.db) and show its applied index and digest",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return inspectSnapshot(cmd, c, args[0])
+		},
+	}
+
+	root.AddCommand(save, restore, inspect)
 	return root
 }
 
 // saveSnapshot streams the node's snapshot into a temporary file beside
 // path, fsyncs and verifies it, and only then renames it over path.
 func saveSnapshot(cmd *cobra.Command, c *adminClient, path string, consistent bool) (err error) {
-	q := "/v1/snapshot?consistent=" + strconv.FormatBool(consistent)
-	resp, err := c.send(cmd.Context(), http.MethodGet, q, nil, nil)
+	api, err := c.client()
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	wantIndex, err := strconv.ParseUint(resp.Header.Get(adminapi.HeaderAppliedIndex), 10, 64)
+	snap, err := api.Snapshot(cmd.Context(), consistent)
 	if err != nil {
-		return fmt.Errorf("snapshot answer from %s lacks a valid %s header: %w", c.server, adminapi.HeaderAppliedIndex, err)
+		return err
 	}
+	defer snap.Body.Close()
 
 	dir, base := filepath.Split(path)
 	if dir == "" {
@@ -119,7 +124,7 @@ func saveSnapshot(cmd *cobra.Command, c *adminClient, path string, consistent bo
 			_ = os.Remove(tmp)
 		}
 	}()
-	n, err := io.Copy(f, resp.Body)
+	n, err := io.Copy(f, snap.Body)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -127,20 +132,53 @@ func saveSnapshot(cmd *cobra.Command, c *adminClient, path string, consistent bo
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("receive snapshot from %s: %w", c.server, err)
+		return fmt.Errorf("receive snapshot from %s: %w", snap.Server, err)
 	}
 	info, err := store.Inspect(tmp)
 	if err != nil {
 		return fmt.Errorf("received snapshot does not verify: %w", err)
 	}
-	if info.AppliedIndex != wantIndex {
-		return fmt.Errorf("received snapshot is at applied index %d, the server announced %d", info.AppliedIndex, wantIndex)
+	if info.AppliedIndex != snap.AppliedIndex {
+		return fmt.Errorf("received snapshot is at applied index %d, the server announced %d", info.AppliedIndex, snap.AppliedIndex)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("save snapshot: %w", err)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "saved snapshot at applied index %d (digest %s, %d bytes) to %s\n", info.AppliedIndex, info.Digest, n, path)
-	return nil
+	out := snapshotInfo{File: path, AppliedIndex: info.AppliedIndex, Digest: info.Digest, Bytes: n, Server: snap.Server}
+	return c.print(cmd, out, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "saved snapshot at applied index %d (digest %s, %d bytes) to %s\n", info.AppliedIndex, info.Digest, n, path)
+		return err
+	})
+}
+
+// snapshotInfo is what save and inspect print with -o json/yaml.
+type snapshotInfo struct {
+	File         string `json:"file"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Digest       string `json:"digest"`
+	Bytes        int64  `json:"bytes"`
+	Server       string `json:"server,omitempty"`
+}
+
+// inspectSnapshot verifies a backup (or a stopped node's state.db) in
+// place, read-only, and prints its applied index and digest.
+func inspectSnapshot(cmd *cobra.Command, c *adminClient, path string) error {
+	if err := checkOutput(c.output); err != nil {
+		return err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	info, err := store.Inspect(path)
+	if err != nil {
+		return fmt.Errorf("inspect %s: %w", path, err)
+	}
+	out := snapshotInfo{File: path, AppliedIndex: info.AppliedIndex, Digest: info.Digest, Bytes: fi.Size()}
+	return c.print(cmd, out, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "%s: policyd state database at applied index %d, digest %s, %d bytes\n", path, info.AppliedIndex, info.Digest, fi.Size())
+		return err
+	})
 }
 
 // restoreSnapshot makes a stopped node's data directory a new cluster

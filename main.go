@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -47,13 +48,13 @@ func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
 // run executes one CLI invocation; ctx ends on SIGINT/SIGTERM.
+//
+// Exit codes (main): 0 success; 1 a failure (an error answer, no server
+// reachable, some documents of an apply failed, a rollout not complete);
+// 2 a usage error (an unknown command or flag, a wrong argument count).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	root := &cobra.Command{
-		Use:           "policyd",
-		Short:         "Replicated policy control plane for sidecars and agent proxies",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := groupCommand("policyd", "Replicated policy control plane for sidecars and agent proxies")
+	root.SilenceErrors = true
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -67,19 +68,64 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		employeeCommand(cl),
 		eventsCommand(cl),
 		clusterCommand(cl),
+		clientsCommand(cl),
+		rolloutCommand(cl),
+		reloadCommand(cl),
+		driftCommand(cl),
 		watchCommand(),
 		snapshotCommand(cl),
 		recoverCommand(),
-		&cobra.Command{
-			Use:   "version",
-			Short: "Print the version",
-			Args:  cobra.NoArgs,
-			Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "policyd", version) },
-		},
+		versionCommand(cl),
 	)
+	usageArgs(root)
 	err := root.ExecuteContext(ctx)
 	if re := (*reportedError)(nil); err != nil && !errors.As(err, &re) {
-		fmt.Fprintln(stderr, "policyd:", err)
+		fmt.Fprintln(stderr, "policyd:", oneLine(err))
 	}
 	return err
+}
+
+// groupCommand is a command that only holds subcommands. Run alone it
+// prints its help; with an argument that names no subcommand it is a usage
+// error (cobra would print the help and exit 0).
+func groupCommand(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use: use, Short: short, SilenceUsage: true,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if cmd.SuggestionsMinimumDistance <= 0 {
+				cmd.SuggestionsMinimumDistance = 2
+			}
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return &usageError{errors.New(msg + " (see --help)")}
+		},
+	}
+}
+
+// usageArgs makes every argument-count error of the tree a usage error
+// (exit code 2), and silences the usage dump on run-time errors.
+func usageArgs(cmd *cobra.Command) {
+	cmd.SilenceUsage = true
+	if check := cmd.Args; check != nil {
+		cmd.Args = func(c *cobra.Command, args []string) error {
+			if err := check(c, args); err != nil {
+				return &usageError{err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		usageArgs(sub)
+	}
+}
+
+// oneLine keeps an error on one line, as scripts read the last line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " ")), " ")
 }

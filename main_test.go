@@ -492,7 +492,7 @@ func TestCLIUsageErrors(t *testing.T) {
 			}
 		})
 	}
-	if out := cli(t, dir, "version"); !strings.HasPrefix(out, "policyd ") {
+	if out := cli(t, dir, "version", "--client"); !strings.HasPrefix(out, "policyd ") {
 		t.Fatalf("version: %q", out)
 	}
 }

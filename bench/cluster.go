@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/loopback"
 )
 
@@ -283,17 +283,6 @@ func (c *cluster) checkAlive() error {
 	return errors.Join(errs...)
 }
 
-// clusterStatus is the part of GET /v1/cluster that bench uses.
-type clusterStatus struct {
-	NodeID   string `json:"node_id"`
-	State    string `json:"state"`
-	LeaderID string `json:"leader_id"`
-	Members  []struct {
-		ID       string `json:"id"`
-		HTTPAddr string `json:"http_addr"`
-	} `json:"members"`
-}
-
 // waitReady polls until every node answers /readyz with 200 and reports, in
 // GET /v1/cluster, the same leader and all members with a registered
 // http_addr (members register their addresses asynchronously). It returns
@@ -360,19 +349,16 @@ func (c *cluster) readyOnce(ctx context.Context, client *http.Client) (string, e
 }
 
 // status fetches GET /v1/cluster from nd.
-func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*clusterStatus, error) {
-	code, body, err := get(ctx, client, "http://"+nd.httpAddr+"/v1/cluster")
+func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*adminclient.ClusterStatus, error) {
+	api, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + nd.httpAddr}, HTTPClient: client})
+	if err != nil {
+		return nil, err
+	}
+	st, err := api.Cluster(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s /v1/cluster: %w", nd.id, err)
 	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("%s /v1/cluster: status %d: %s", nd.id, code, strings.TrimSpace(string(body)))
-	}
-	var st clusterStatus
-	if err := json.Unmarshal(body, &st); err != nil {
-		return nil, fmt.Errorf("%s /v1/cluster: decode: %w", nd.id, err)
-	}
-	return &st, nil
+	return st, nil
 }
 
 // get performs a GET and returns the status code and body.

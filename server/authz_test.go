@@ -60,6 +60,10 @@ var authzSamples = map[string]authzSample{
 	"POST /v1/cluster/join":           {path: "/v1/cluster/join", body: `{"id":"authz-node"}`, want: 400},
 	"DELETE /v1/cluster/members/{id}": {path: "/v1/cluster/members/no-such-node", want: 404},
 
+	// A one-node cluster has no voter to hand leadership to.
+	"POST /v1/cluster/transfer-leader": {path: "/v1/cluster/transfer-leader", body: `{}`, want: 409},
+	"GET /v1/version":                  {path: "/v1/version", want: 200},
+
 	"GET /v1/clients": {path: "/v1/clients", want: 200},
 	"GET /v1/rollout": {path: "/v1/rollout", want: 200},
 

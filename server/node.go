@@ -496,6 +496,19 @@ func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
 // Remove removes a server from the cluster, through the leader.
 func (n *Node) Remove(ctx context.Context, id string) (uint64, error) { return n.rn.Remove(ctx, id) }
 
+// TransferLeadership hands leadership to voter id ("" lets raft choose); on
+// a follower it refuses with a conflict naming the leader.
+func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string, err error) {
+	from = n.rn.LeaderID()
+	if err := n.rn.TransferLeadership(id); err != nil {
+		if errors.Is(err, raftnode.ErrNotLeader) {
+			return "", "", fmt.Errorf("%w: node %s is not the leader (%q leads): send the transfer to the leader", store.ErrConflict, n.rn.ID(), from)
+		}
+		return "", "", err
+	}
+	return from, n.rn.LeaderID(), nil
+}
+
 // Clients lists the sidecars connected to every member of the cluster.
 func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
 	return n.rn.Clients(ctx)

@@ -185,6 +185,8 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/cluster", auth.RoleRead, a.clusterStatus)
 	a.route("POST /v1/cluster/join", auth.RoleAdmin, a.clusterJoin)
 	a.route("DELETE /v1/cluster/members/{id}", auth.RoleAdmin, a.clusterRemove)
+	a.route("POST /v1/cluster/transfer-leader", auth.RoleAdmin, a.transferLeader)
+	a.route("GET /v1/version", auth.RoleRead, a.version)
 	a.route("GET /v1/snapshot", auth.RoleAdmin, a.snapshot)
 
 	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
