@@ -23,6 +23,9 @@ const (
 	EntityDrift    EntityType = "drift"
 	EntityReload   EntityType = "reload"
 	EntityMember   EntityType = "member"
+	// EntityRetention is the event log itself: a retention prune records
+	// one event (RecordPrune).
+	EntityRetention EntityType = "retention"
 )
 
 // Action is what happened to an entity.
@@ -43,6 +46,11 @@ type Meta struct {
 	Index        uint64
 	ProcessedAt  time.Time
 	OriginatedAt time.Time
+	// Actor, RequestID and RevertedTo go into the event as they are (see
+	// Event).
+	Actor      string
+	RequestID  string
+	RevertedTo uint64
 }
 
 // Member is a node's advertised addresses, registered through Raft so every
@@ -395,6 +403,28 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 	return n, nil
 }
 
+// RecordPrune records, as an event of type EntityRetention, that a prune
+// under m removed n events processed before cutoff. It neither notifies
+// nor versions anything: no tenant state changed. Only commands that carry
+// an actor record one (command version 3), so that every replica of a
+// cluster still holding older nodes writes the same events.
+func (b *Batch) RecordPrune(m Meta, cutoff time.Time, n int) error {
+	data, err := json.Marshal(struct {
+		Cutoff        time.Time `json:"cutoff"`
+		Count         int       `json:"count"`
+		PrunedThrough uint64    `json:"pruned_through"`
+	}{cutoff.UTC(), n, getUint(b.tx.Bucket(bucketMeta), keyPrunedThrough)})
+	if err != nil {
+		return fmt.Errorf("encode prune record: %w", err)
+	}
+	ev := Event{
+		ID: m.Index, EntityType: EntityRetention, Action: ActionDelete, EntityID: "events", Data: data,
+		OriginatedAt: m.OriginatedAt, ProcessedAt: m.ProcessedAt,
+		Actor: m.Actor, RequestID: m.RequestID,
+	}
+	return putEvent(b.tx.Bucket(bucketEvents), &ev)
+}
+
 // record writes the event and the entity-state versions of one change and
 // queues its notification. The event ID is the Raft index.
 func (b *Batch) record(m Meta, typ EntityType, id string, action Action, data []byte, scopes []policy.Scope) error {
@@ -408,6 +438,9 @@ func (b *Batch) record(m Meta, typ EntityType, id string, action Action, data []
 		Data:         json.RawMessage(data),
 		OriginatedAt: m.OriginatedAt,
 		ProcessedAt:  m.ProcessedAt,
+		Actor:        m.Actor,
+		RequestID:    m.RequestID,
+		RevertedTo:   m.RevertedTo,
 	}
 	if err := putEvent(b.tx.Bucket(bucketEvents), &ev); err != nil {
 		return err
@@ -461,6 +494,13 @@ type eventHead struct {
 	EntityID   string     `json:"entity_id"`
 }
 
+// eventTail is Event's fields after ProcessedAt, with the same tags.
+type eventTail struct {
+	Actor      string `json:"actor,omitempty"`
+	RequestID  string `json:"request_id,omitempty"`
+	RevertedTo uint64 `json:"reverted_to,omitempty"`
+}
+
 // appendJSON appends json.Marshal's encoding of ev, copying Data as it is
 // rather than validating and compacting it again: Data is always the
 // store's own json.Marshal-compact encoding of the entity.
@@ -477,6 +517,16 @@ func (ev *Event) appendJSON(dst []byte) ([]byte, error) {
 	}
 	if dst, err = policy.AppendTimeField(dst, "processed_at", ev.ProcessedAt); err != nil {
 		return nil, err
+	}
+	if ev.Actor != "" || ev.RequestID != "" || ev.RevertedTo != 0 {
+		tail, err := json.Marshal(eventTail{Actor: ev.Actor, RequestID: ev.RequestID, RevertedTo: ev.RevertedTo})
+		if err != nil {
+			return nil, err
+		}
+		if len(tail) > 2 {
+			dst = append(dst, ',')
+			dst = append(dst, tail[1:len(tail)-1]...)
+		}
 	}
 	return append(dst, '}'), nil
 }

@@ -4,11 +4,17 @@ package upgrade
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/policyd/policyd/raftfsm"
 )
 
 func TestRollingUpgrade(t *testing.T) {
@@ -46,10 +52,11 @@ func TestRollingUpgrade(t *testing.T) {
 	// Every node runs the new binary and has registered so: writes use the
 	// typed commands from here on.
 	for _, nd := range c.nodes {
-		c.waitCommandVersion(nd, 2)
+		c.waitCommandVersion(nd, raftfsm.CommandVersion)
 	}
 	c.writeThroughEvery(m, "typed")
 	c.checkConverged(m, "typed writes")
+	c.checkActors()
 
 	// All nodes run the new binary. One loses its state.db and rebuilds it
 	// by applying the whole Raft log, entries of both versions.
@@ -138,4 +145,47 @@ func (c *cluster) term(nd *node) uint64 {
 		c.t.Fatal(err)
 	}
 	return st.Term
+}
+
+// checkActors: every node holds the same events with the same actors (the
+// audit fields were written only once every node read them, so no replica
+// recorded what another dropped), and the writes after the upgrade name
+// their actor.
+func (c *cluster) checkActors() {
+	c.t.Helper()
+	type audited struct {
+		ID    uint64
+		Actor string
+	}
+	var ref []audited
+	for _, nd := range c.nodes {
+		var got []audited
+		for after := uint64(0); ; {
+			var page struct {
+				Events []struct {
+					ID    uint64 `json:"id"`
+					Actor string `json:"actor"`
+				} `json:"events"`
+				LastID uint64 `json:"last_id"`
+			}
+			if err := c.get(nd, "/v1/events?"+url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}.Encode(), &page); err != nil {
+				c.t.Fatal(err)
+			}
+			for _, ev := range page.Events {
+				got = append(got, audited{ev.ID, ev.Actor})
+			}
+			if len(page.Events) == 0 {
+				break
+			}
+			after = page.LastID
+		}
+		if len(got) == 0 || got[len(got)-1].Actor == "" {
+			c.t.Fatalf("%s: the last event after the upgrade names no actor (%d events)", nd.id, len(got))
+		}
+		if ref == nil {
+			ref = got
+		} else if diff := cmp.Diff(ref, got); diff != "" {
+			c.t.Fatalf("%s: events and actors differ from %s's (-%s +%s):\n%s", nd.id, c.nodes[0].id, c.nodes[0].id, nd.id, diff)
+		}
+	}
 }

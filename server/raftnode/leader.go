@@ -190,6 +190,7 @@ func (n *Node) pruneEvents(ctx context.Context, cutoff time.Time) {
 			n.logger.Error("encode prune command", "err", err)
 			return
 		}
+		cmd.Actor = raftfsm.ActorRetention
 		res, err := n.Propose(ctx, cmd)
 		if err != nil {
 			n.logger.Warn("event pruning failed; retrying next interval", "err", err)
