@@ -355,7 +355,7 @@ func resourceCommand(c *adminClient, r resource) *cobra.Command {
 	}
 	del.Flags().Int64Var(&delRev, "if-match", -1, "only delete if the current revision is this")
 
-	root.AddCommand(list, get, apply, del)
+	root.AddCommand(append([]*cobra.Command{list, get, apply, del}, historyCommands(c, r)...)...)
 	return root
 }
 

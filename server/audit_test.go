@@ -61,6 +61,13 @@ func waitCommandVersion(t *testing.T, n *Node) {
 		if st.CommandVersion != raftfsm.CommandVersion {
 			return fmt.Errorf("command version %d", st.CommandVersion)
 		}
+		// Every member, not only the registered ones: each node's first
+		// registration resets the others' versions.
+		for _, m := range st.Members {
+			if m.CommandVersion != raftfsm.CommandVersion {
+				return fmt.Errorf("member %s registered command version %d", m.ID, m.CommandVersion)
+			}
+		}
 		return nil
 	})
 }
