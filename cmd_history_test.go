@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -52,8 +53,10 @@ func TestHistoryDiffRevertCLI(t *testing.T) {
 		if err != nil || m == nil {
 			t.Fatalf("%s apply through %s: %v\n%s", kind, c.ids[i], err, out)
 		}
-		var rev uint64
-		fmt.Sscan(m[1], &rev)
+		rev, err := strconv.ParseUint(m[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return rev
 	}
 	policyWith := func(reason string) string {
