@@ -348,10 +348,7 @@ func decodePruneEvents(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	}
 	cutoff := time.Unix(0, c.GetCutoffUnixNano())
 	return func(b *store.Batch) *commandv1.Result {
-		n, err := b.PruneEvents(cutoff)
-		if err == nil && n > 0 && m.Actor != "" {
-			err = b.RecordPrune(m, cutoff, n)
-		}
+		n, err := b.PruneEventsRecorded(m, cutoff)
 		// Revision carries the count, so the leader knows whether to prune again.
 		return result(m.Index, uint64(n), err)
 	}, nil

@@ -148,7 +148,7 @@ func TestForVersionStripsAudit(t *testing.T) {
 // TestAuditRecorded: a put, a delete, a revert and a retention prune with an
 // actor record it, with the request id, in their events; a prune without an
 // actor (a cluster below version 3) records no event, as a version 2 node
-// would not.
+// would not, and neither does one that removed only earlier records.
 func TestAuditRecorded(t *testing.T) {
 	f, st := newFSM(t)
 	audit := func(cmd *commandv1.Command, actor, rid string, to uint64) *commandv1.Command {
@@ -186,6 +186,19 @@ func TestAuditRecorded(t *testing.T) {
 	}
 	if page.PrunedThrough != 2 {
 		t.Errorf("pruned through %d, want 2", page.PrunedThrough)
+	}
+
+	// A prune of a policy's event and a record is recorded; one that
+	// removes only a record is not, or records would never run out.
+	applyAll(t, f,
+		entry(t, 7, audit(mustCmd(t)(PruneEvents(processedAt(6))), ActorRetention, "", 0)),
+		entry(t, 8, audit(mustCmd(t)(PruneEvents(processedAt(8))), ActorRetention, "", 0)),
+	)
+	if page, err = st.ListEvents(store.EventFilter{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Events) != 0 || page.PrunedThrough != 7 {
+		t.Errorf("after pruning the record: events %+v, pruned through %d; want none, through 7", page.Events, page.PrunedThrough)
 	}
 }
 

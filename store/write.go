@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -376,9 +377,18 @@ const MaxPrunePerBatch = 10000
 // except across clock steps between leaders, which only delays their
 // pruning. It returns how many it deleted.
 func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
+	n, _, err := b.pruneEvents(cutoff)
+	return n, err
+}
+
+// retentionMark is how a stored retention record's JSON names its type.
+var retentionMark = []byte(`"entity_type":"retention"`)
+
+// pruneEvents is PruneEvents, also counting the retention records
+// (RecordPrune) among the events it deleted.
+func (b *Batch) pruneEvents(cutoff time.Time) (n, records int, err error) {
 	bk := b.tx.Bucket(bucketEvents)
 	c := bk.Cursor()
-	n := 0
 	var last uint64
 	// Re-seek past the deleted key after each delete: a bbolt cursor may
 	// skip an item after Delete, and re-seeking from First would walk the
@@ -388,8 +398,11 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 			break
 		}
 		last = binary.BigEndian.Uint64(k)
+		if bytes.Contains(v[8:], retentionMark) {
+			records++
+		}
 		if err := c.Delete(); err != nil {
-			return n, err
+			return n, records, err
 		}
 		n++
 	}
@@ -397,18 +410,29 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 	// (Store.StartHistory), and pruning those later must not undo that.
 	if meta := b.tx.Bucket(bucketMeta); n > 0 && last > getUint(meta, keyPrunedThrough) {
 		if err := putUint(meta, keyPrunedThrough, last); err != nil {
-			return n, err
+			return n, records, err
 		}
 	}
-	return n, nil
+	return n, records, nil
 }
 
-// RecordPrune records, as an event of type EntityRetention, that a prune
-// under m removed n events processed before cutoff. It neither notifies
-// nor versions anything: no tenant state changed. Only commands that carry
-// an actor record one (command version 3), so that every replica of a
-// cluster still holding older nodes writes the same events.
-func (b *Batch) RecordPrune(m Meta, cutoff time.Time, n int) error {
+// PruneEventsRecorded is PruneEvents for a prune command with an actor
+// (command version 3): it also records, as an event of type
+// EntityRetention, what it removed, unless it removed nothing or only
+// earlier such records (else each record's own pruning would record
+// another, forever). Without an actor it records nothing, as a node of an
+// older version applying the same entry would not.
+func (b *Batch) PruneEventsRecorded(m Meta, cutoff time.Time) (int, error) {
+	n, records, err := b.pruneEvents(cutoff)
+	if err != nil || m.Actor == "" || n == records {
+		return n, err
+	}
+	return n, b.recordPrune(m, cutoff, n)
+}
+
+// recordPrune writes the event of a prune that removed n events. It
+// neither notifies nor versions anything: no tenant state changed.
+func (b *Batch) recordPrune(m Meta, cutoff time.Time, n int) error {
 	data, err := json.Marshal(struct {
 		Cutoff        time.Time `json:"cutoff"`
 		Count         int       `json:"count"`
