@@ -18,7 +18,20 @@ import (
 )
 
 func TestRollingUpgrade(t *testing.T) {
-	bins := buildBinaries(t)
+	rollingUpgrade(t, releaseCommit, releaseVersion)
+}
+
+// TestRollingUpgradeFromTyped upgrades from command version 2, whose nodes
+// drop the envelope's audit fields: the events of every write, in the
+// mixed cluster too, must be the same on every node.
+func TestRollingUpgradeFromTyped(t *testing.T) {
+	rollingUpgrade(t, typedCommit, 2)
+}
+
+// rollingUpgrade upgrades a 3-node cluster of commit, whose nodes read
+// command version oldVersion, to this tree's binary node by node.
+func rollingUpgrade(t *testing.T, commit string, oldVersion uint32) {
+	bins := buildBinaries(t, commit)
 	start := time.Now()
 	defer func() { t.Logf("cluster scenario took %v", time.Since(start).Round(time.Millisecond)) }()
 	c := startCluster(t, bins.old, 3)
@@ -43,7 +56,7 @@ func TestRollingUpgrade(t *testing.T) {
 		c.waitHealthy()
 		c.checkConverged(m, step+": restarted on the new binary")
 		if i == 1 { // two new nodes and one release node
-			c.writeUnderNewLeader(m, bins)
+			c.writeUnderNewLeader(m, bins, oldVersion)
 		}
 		c.writeThroughEvery(m, fmt.Sprintf("s%d", i+1))
 		c.checkConverged(m, step+": writes through every node")
@@ -107,7 +120,7 @@ func (c *cluster) anyRunning() *node {
 // writes to it. The only way to move leadership is a leader's graceful
 // stop, so a release leader is stopped and restarted on its own binary
 // until a new node wins, a bounded number of times.
-func (c *cluster) writeUnderNewLeader(m *model, bins binaries) {
+func (c *cluster) writeUnderNewLeader(m *model, bins binaries, oldVersion uint32) {
 	c.t.Helper()
 	const attempts = 4
 	for attempt := range attempts {
@@ -123,9 +136,10 @@ func (c *cluster) writeUnderNewLeader(m *model, bins binaries) {
 			c.t.Fatal("no node runs the release")
 		}
 		term := c.term(leader)
-		// A release node reads only command version 1 (JSON policies), so
-		// the new leader writes that until every node is upgraded.
-		c.waitCommandVersion(leader, 1)
+		// A release node reads only its own command version (1: JSON
+		// policies; 2: no audit fields), so the new leader writes that
+		// until every node is upgraded.
+		c.waitCommandVersion(leader, oldVersion)
 		c.writeThroughEvery(m, fmt.Sprintf("mixed%d", attempt))
 		if after := c.waitHealthy(); after == leader && c.term(leader) == term {
 			c.t.Logf("%s (new) led term %d while %s (release) followed; writes through every node committed",
