@@ -95,9 +95,9 @@ func eventsCommand(c *adminClient) *cobra.Command {
 			}
 			return c.print(cmd, page, func(w io.Writer) error {
 				tw := newTable(w)
-				fmt.Fprintln(tw, "ID\tTYPE\tORG\tACTION\tENTITY\tPROCESSED")
+				fmt.Fprintln(tw, "ID\tTYPE\tORG\tACTION\tENTITY\tACTOR\tPROCESSED")
 				for _, e := range page.Events {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.EntityType, e.Org, e.Action, e.EntityID, e.ProcessedAt.Format(time.RFC3339))
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.EntityType, e.Org, e.Action, e.EntityID, orDash(e.Actor), e.ProcessedAt.Format(time.RFC3339))
 				}
 				return tw.Flush()
 			})
@@ -122,6 +122,7 @@ func eventsCommand(c *adminClient) *cobra.Command {
 	for _, cmd := range []*cobra.Command{list, watch} {
 		cmd.Flags().StringVar(&f.Type, "type", "", "entity type: policy, employee, drift, reload")
 		cmd.Flags().StringVar(&f.Org, "org", "", "only this org")
+		cmd.Flags().StringVar(&f.Actor, "actor", "", "only changes made by this actor (token:NAME, cert:SUBJECT, task:NAME)")
 		cmd.Flags().Uint64Var(&f.After, "after", 0, "only events after this id")
 	}
 	root.AddCommand(list, watch)

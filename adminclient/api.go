@@ -106,6 +106,7 @@ func (c *Client) DeleteEmployee(ctx context.Context, id string, ifMatchRev int64
 func (f EventFilter) query() url.Values {
 	q := url.Values{}
 	setNonEmpty(q, "type", f.Type)
+	setNonEmpty(q, "actor", f.Actor)
 	if f.Org != "" || f.OrgSet {
 		q.Set("org", f.Org)
 	}

@@ -85,6 +85,12 @@ type Event struct {
 	Data         json.RawMessage `json:"data"`
 	OriginatedAt time.Time       `json:"originated_at"`
 	ProcessedAt  time.Time       `json:"processed_at"`
+	// Actor is who made the change ("token:NAME", "cert:SUBJECT",
+	// "task:NAME", "anonymous"); empty in events older than the audit trail.
+	Actor     string `json:"actor,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	// RevertedTo is the revision a revert wrote back.
+	RevertedTo uint64 `json:"reverted_to,omitempty"`
 }
 
 // EventPage is GET /v1/events.
@@ -100,6 +106,7 @@ type EventFilter struct {
 	Type   string
 	Org    string
 	OrgSet bool
+	Actor  string
 	After  uint64
 	Limit  int
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 var (
@@ -142,6 +144,9 @@ func parseAdminTokens(path string, data []byte) (*AdminTokens, error) {
 		name := fmt.Sprintf("%s:%d", path, n)
 		if len(fields) == 3 {
 			name = fields[2]
+			if err := checkTokenName(name); err != nil {
+				return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+			}
 		}
 		t.entries = append(t.entries, tokenEntry{digest: digest, token: Token{Name: name, Role: role}})
 	}
@@ -187,4 +192,19 @@ func (t *AdminTokens) Authorize(header string, need Role) (Token, error) {
 		return tok, fmt.Errorf("token %q has role %s, operation needs %s: %w", tok.Name, tok.Role, need, ErrForbidden)
 	}
 	return tok, nil
+}
+
+// checkTokenName refuses a token name that is not valid UTF-8 or holds
+// control characters: the name is the actor every event of the token's
+// writes records, shown to operators in listings and terminals.
+func checkTokenName(name string) error {
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("token name %q is not valid UTF-8", name)
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("token name %q holds control character %U", name, r)
+		}
+	}
+	return nil
 }

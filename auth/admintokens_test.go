@@ -110,6 +110,9 @@ func TestLoadAdminTokensErrors(t *testing.T) {
 		{name: "empty file", content: "", want: ": no tokens"},
 		{name: "only comments", content: "# nothing\n\n", want: ": no tokens"},
 		{name: "line too long", content: "admin " + strings.Repeat("x", 2<<20), want: "too long"},
+		{name: "name with a control character", content: "admin " + adminSecret + " ops\x1b[2J", want: `:1: token name "ops\x1b[2J" holds control character U+001B`},
+		{name: "name with a DEL", content: "read " + adminSecret + " ci\x7f", want: ":1: token name"},
+		{name: "name not UTF-8", content: "admin " + adminSecret + " op\xffs", want: `:1: token name "op\xffs" is not valid UTF-8`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

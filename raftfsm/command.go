@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -78,7 +80,89 @@ func NewCommand(t Type, payload proto.Message) (*commandv1.Command, error) {
 // registers its version with its addresses, and writes version 2 only once
 // every voter reads it (ForVersion), so that a rolling upgrade never puts an
 // entry in the log that a node still running the older release cannot apply.
-const CommandVersion = 2
+// Version 3 adds the audit fields of the envelope (actor, request_id,
+// reverted_to): a node of version 2 drops them unread, so its events would
+// lack what the others' hold, and they are written only once every member
+// reads them.
+const CommandVersion = 3
+
+// Actors of the leader's own tasks: the "task:" prefix is reserved for
+// them (an admin token's actor is "token:NAME", a client certificate's
+// "cert:SUBJECT").
+const (
+	ActorReload    = "task:reload"    // the reload controller (restarts, hash cache)
+	ActorDrift     = "task:drift"     // the drift webhook's sink and follow-up, and drift pruning
+	ActorRetention = "task:retention" // event log pruning
+)
+
+// auditVersion is the command version that introduced the envelope's audit
+// fields.
+const auditVersion = 3
+
+// MaxActorLen bounds an actor name; a certificate subject is the longest.
+const MaxActorLen = 1024
+
+// MaxRequestIDLen bounds a request id (X-Request-Id).
+const MaxRequestIDLen = 128
+
+// CheckActor refuses an actor name that is empty, too long, not valid UTF-8
+// or holds control characters: it is shown to operators in listings and
+// terminals, where such characters could forge or hide entries.
+func CheckActor(actor string) error {
+	switch {
+	case actor == "":
+		return errors.New("actor: empty")
+	case len(actor) > MaxActorLen:
+		return fmt.Errorf("actor: %d bytes, more than %d", len(actor), MaxActorLen)
+	case !utf8.ValidString(actor):
+		return fmt.Errorf("actor %q: not valid UTF-8", actor)
+	}
+	for _, r := range actor {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("actor %q: holds control character %U", actor, r)
+		}
+	}
+	return nil
+}
+
+// ValidRequestID reports whether id is usable as a request id: 1 to
+// MaxRequestIDLen bytes of printable ASCII.
+func ValidRequestID(id string) bool {
+	if id == "" || len(id) > MaxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckEnvelope refuses a command whose audit fields are malformed; the
+// leader runs it before anything enters the log.
+func CheckEnvelope(cmd *commandv1.Command) error {
+	if a := cmd.GetActor(); a != "" {
+		if err := CheckActor(a); err != nil {
+			return err
+		}
+	}
+	if id := cmd.GetRequestId(); id != "" && !ValidRequestID(id) {
+		return fmt.Errorf("request id %q: want 1 to %d bytes of printable ASCII", id, MaxRequestIDLen)
+	}
+	return nil
+}
+
+// WithAudit returns cmd with its actor and request id set.
+func WithAudit(cmd *commandv1.Command, actor, requestID string) *commandv1.Command {
+	cmd.Actor, cmd.RequestId = actor, requestID
+	return cmd
+}
+
+// HasAudit reports whether cmd carries any field of command version 3.
+func HasAudit(cmd *commandv1.Command) bool {
+	return cmd.GetActor() != "" || cmd.GetRequestId() != "" || cmd.GetRevertedTo() != 0
+}
 
 // PutPolicy builds the command that stores p: its spec canonicalised once,
 // here, on the node that took the write (server-managed fields are dropped;
@@ -117,11 +201,20 @@ func EmployeeOf(pb *commandv1.Employee) *policy.Employee {
 }
 
 // ForVersion returns cmd as a cluster whose oldest voter reads command
-// version v can apply it: unchanged for v >= 2, else with a typed policy or
+// version v can apply it: unchanged for v >= 3; below 3 without the audit
+// fields (actor, request_id, reverted_to), which such a node would drop
+// while newer ones store them; below 2 also with a typed policy or
 // employee written as the JSON that version 1 reads. The proposer calls it,
 // and the leader again, since a follower's view of the members may lag.
 func ForVersion(cmd *commandv1.Command, v uint32) (*commandv1.Command, error) {
 	if v >= CommandVersion {
+		return cmd, nil
+	}
+	if v < auditVersion && HasAudit(cmd) {
+		cmd = proto.CloneOf(cmd)
+		cmd.Actor, cmd.RequestId, cmd.RevertedTo = "", "", 0
+	}
+	if v >= 2 {
 		return cmd, nil
 	}
 	switch Type(cmd.GetType()) {

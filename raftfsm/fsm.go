@@ -165,6 +165,9 @@ func DecodeEntry(index uint64, data []byte) (*Entry, error) {
 			Index:        index,
 			ProcessedAt:  time.Unix(0, cmd.GetProcessedAtUnixNano()).UTC(),
 			OriginatedAt: time.Unix(0, cmd.GetOriginatedAtUnixNano()).UTC(),
+			Actor:        cmd.GetActor(),
+			RequestID:    cmd.GetRequestId(),
+			RevertedTo:   cmd.GetRevertedTo(),
 		},
 	}
 	dec, ok := decoders[e.Type]
@@ -345,7 +348,7 @@ func decodePruneEvents(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	}
 	cutoff := time.Unix(0, c.GetCutoffUnixNano())
 	return func(b *store.Batch) *commandv1.Result {
-		n, err := b.PruneEvents(cutoff)
+		n, err := b.PruneEventsRecorded(m, cutoff)
 		// Revision carries the count, so the leader knows whether to prune again.
 		return result(m.Index, uint64(n), err)
 	}, nil

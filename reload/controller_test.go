@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -131,13 +132,26 @@ func TestRestartOnlyTheConfigMapsScope(t *testing.T) {
 	if got := servertest.Metric(t, n.reg, "configmap_reload_restarts_total", "env", "test"); got != 2 {
 		t.Errorf("restarts_total{env=test} = %v, want 2", got)
 	}
-	// Every restart is an event of type reload.
+	// Every restart is an event of type reload, naming the controller as
+	// its actor (issue 30's audit trail).
 	page, err := n.Store().ListEvents(store.EventFilter{Type: store.EntityReload})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(page.Events) != 1 || page.Events[0].EntityID != "test/app" {
 		t.Errorf("reload events = %+v", page.Events)
+	}
+	for _, ev := range page.Events {
+		if ev.Actor != raftfsm.ActorReload {
+			t.Errorf("reload event %d: actor %q, want %q", ev.ID, ev.Actor, raftfsm.ActorReload)
+		}
+	}
+	byActor, err := n.Store().ListEvents(store.EventFilter{Actor: raftfsm.ActorReload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(byActor.Events) != len(page.Events) {
+		t.Errorf("events of actor %s: %d, want the %d reload events", raftfsm.ActorReload, len(byActor.Events), len(page.Events))
 	}
 }
 

@@ -45,11 +45,19 @@ var authzSamples = map[string]authzSample{
 	"GET /v1/policies/{name}":    {path: "/v1/policies/authz-get", want: 200},
 	"PUT /v1/policies/{name}":    {path: "/v1/policies/authz-put", body: string(toolPolicy("authz-put", "acme", "authz")), want: 200},
 	"DELETE /v1/policies/{name}": {path: "/v1/policies/authz-del", want: 200},
+	// Revision 1 is the bootstrap's configuration entry, never a policy's
+	// or an employee's: a 404 proves the role check passed.
+	"GET /v1/policies/{name}/history":         {path: "/v1/policies/authz-get/history", want: 200},
+	"GET /v1/policies/{name}/revisions/{rev}": {path: "/v1/policies/authz-get/revisions/1", want: 404},
+	"POST /v1/policies/{name}/revert":         {path: "/v1/policies/authz-get/revert", body: `{"to":1}`, want: 404},
 
-	"GET /v1/employees":         {path: "/v1/employees", want: 200},
-	"GET /v1/employees/{id}":    {path: "/v1/employees/authz-get", want: 200},
-	"PUT /v1/employees/{id}":    {path: "/v1/employees/authz-put", body: `{"org":"acme","team":"red"}`, want: 200},
-	"DELETE /v1/employees/{id}": {path: "/v1/employees/authz-del", want: 200},
+	"GET /v1/employees":                      {path: "/v1/employees", want: 200},
+	"GET /v1/employees/{id}":                 {path: "/v1/employees/authz-get", want: 200},
+	"PUT /v1/employees/{id}":                 {path: "/v1/employees/authz-put", body: `{"org":"acme","team":"red"}`, want: 200},
+	"DELETE /v1/employees/{id}":              {path: "/v1/employees/authz-del", want: 200},
+	"GET /v1/employees/{id}/history":         {path: "/v1/employees/authz-get/history", want: 200},
+	"GET /v1/employees/{id}/revisions/{rev}": {path: "/v1/employees/authz-get/revisions/1", want: 404},
+	"POST /v1/employees/{id}/revert":         {path: "/v1/employees/authz-get/revert", body: `{"to":1}`, want: 404},
 
 	"GET /v1/events":       {path: "/v1/events?limit=5", want: 200},
 	"GET /v1/events/watch": {path: "/v1/events/watch", want: 200},

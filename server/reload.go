@@ -101,6 +101,7 @@ func (s reloadState) Apply(ctx context.Context, cmd *commandv1.Command) error {
 	if cmd.GetOriginatedAtUnixNano() == 0 {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
+	cmd.Actor = raftfsm.ActorReload
 	res, err := s.n.rn.ProposeLocal(ctx, cmd)
 	if err != nil {
 		return err

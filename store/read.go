@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -27,6 +28,13 @@ type Event struct {
 	Data         json.RawMessage `json:"data"`
 	OriginatedAt time.Time       `json:"originated_at"`
 	ProcessedAt  time.Time       `json:"processed_at"`
+	// Actor is who made the change (commandv1.Command.actor): "token:NAME",
+	// "cert:SUBJECT", "task:NAME" or "anonymous"; empty in events written
+	// before command version 3.
+	Actor     string `json:"actor,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	// RevertedTo is the revision a revert wrote back; 0 for other writes.
+	RevertedTo uint64 `json:"reverted_to,omitempty"`
 }
 
 // EntityState is the version of one entity type in one org: the Raft index of
@@ -245,6 +253,8 @@ type EventFilter struct {
 	Limit int
 	// OrgSet distinguishes "org = global (empty)" from "any org".
 	OrgSet bool
+	// Actor selects the events of one actor (Event.Actor) when set.
+	Actor string
 }
 
 // EventPage is a page of events in ID order.
@@ -285,6 +295,9 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 			if (f.OrgSet || f.Org != "") && ev.Org != f.Org {
 				continue
 			}
+			if f.Actor != "" && ev.Actor != f.Actor {
+				continue
+			}
 			page.Events = append(page.Events, ev)
 		}
 		return nil
@@ -293,6 +306,79 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 		return nil, err
 	}
 	return page, nil
+}
+
+// ErrPruned marks a revision the event log no longer holds: retention
+// removed it. It wraps ErrNotFound.
+var ErrPruned = fmt.Errorf("past retention: %w", ErrNotFound)
+
+// History returns the events the log still holds for one policy or
+// employee, oldest first, and the highest event ID retention removed. It
+// walks the whole log (bounded by retention); ErrNotFound when no event
+// names the entity.
+func (s *Store) History(typ EntityType, id string) ([]Event, uint64, error) {
+	var out []Event
+	var pruned uint64
+	err := s.view(func(tx *bolt.Tx) error {
+		pruned = getUint(tx.Bucket(bucketMeta), keyPrunedThrough)
+		// A cheap test on the raw bytes skips most events undecoded; the
+		// decoded fields decide.
+		needle, err := json.Marshal(id)
+		if err != nil {
+			return err
+		}
+		c := tx.Bucket(bucketEvents).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(v) < 8 || !bytes.Contains(v[8:], needle) {
+				continue
+			}
+			var ev Event
+			if err := json.Unmarshal(v[8:], &ev); err != nil {
+				return fmt.Errorf("decode stored event %d: %w", binary.BigEndian.Uint64(k), err)
+			}
+			if ev.EntityType == typ && ev.EntityID == id {
+				out = append(out, ev)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(out) == 0 {
+		return nil, pruned, fmt.Errorf("%s %q has no events in the log (it never existed, or retention removed them; pruned through %d): %w", typ, id, pruned, ErrNotFound)
+	}
+	return out, pruned, nil
+}
+
+// Revision returns the event that wrote revision rev of one policy or
+// employee: a revision is the Raft index of its write, which is also its
+// event's ID. ErrPruned when retention removed it, ErrNotFound when the
+// entity never had that revision or it was a delete.
+func (s *Store) Revision(typ EntityType, id string, rev uint64) (*Event, error) {
+	var ev *Event
+	err := s.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketEvents).Get(u64(rev))
+		if v == nil {
+			if pruned := getUint(tx.Bucket(bucketMeta), keyPrunedThrough); rev <= pruned {
+				return fmt.Errorf("revision %d of %s %q: events through %d were removed: %w", rev, typ, id, pruned, ErrPruned)
+			}
+			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
+		}
+		if len(v) < 8 {
+			return fmt.Errorf("stored event %d is truncated", rev)
+		}
+		var e Event
+		if err := json.Unmarshal(v[8:], &e); err != nil {
+			return fmt.Errorf("decode stored event %d: %w", rev, err)
+		}
+		if e.EntityType != typ || e.EntityID != id || e.Action == ActionDelete {
+			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
+		}
+		ev = &e
+		return nil
+	})
+	return ev, err
 }
 
 // EntityStates returns every entity-state version.

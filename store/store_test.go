@@ -1720,6 +1720,8 @@ func TestEventAppendJSONMatchesMarshal(t *testing.T) {
 		{"policy", Event{ID: 7, EntityType: EntityPolicy, Org: "acme", Action: ActionUpdate, EntityID: "p<1>",
 			Data: json.RawMessage(`{"name":"p\u003c1\u003e","spec":{"a":1}}`), OriginatedAt: at, ProcessedAt: at.Add(time.Second)}},
 		{"escaping", Event{ID: 1, Org: `"&"`, EntityID: "\u2028", Data: json.RawMessage(`null`)}},
+		{"audit", Event{ID: 9, Data: json.RawMessage(`{}`), Actor: "token:<ops>", RequestID: "r-1", RevertedTo: 4}},
+		{"request id only", Event{ID: 9, Data: json.RawMessage(`{}`), RequestID: "r\u2028"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

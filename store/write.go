@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,9 @@ const (
 	EntityDrift    EntityType = "drift"
 	EntityReload   EntityType = "reload"
 	EntityMember   EntityType = "member"
+	// EntityRetention is the event log itself: a retention prune records
+	// one event (RecordPrune).
+	EntityRetention EntityType = "retention"
 )
 
 // Action is what happened to an entity.
@@ -43,6 +47,11 @@ type Meta struct {
 	Index        uint64
 	ProcessedAt  time.Time
 	OriginatedAt time.Time
+	// Actor, RequestID and RevertedTo go into the event as they are (see
+	// Event).
+	Actor      string
+	RequestID  string
+	RevertedTo uint64
 }
 
 // Member is a node's advertised addresses, registered through Raft so every
@@ -368,9 +377,18 @@ const MaxPrunePerBatch = 10000
 // except across clock steps between leaders, which only delays their
 // pruning. It returns how many it deleted.
 func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
+	n, _, err := b.pruneEvents(cutoff)
+	return n, err
+}
+
+// retentionMark is how a stored retention record's JSON names its type.
+var retentionMark = []byte(`"entity_type":"retention"`)
+
+// pruneEvents is PruneEvents, also counting the retention records
+// (RecordPrune) among the events it deleted.
+func (b *Batch) pruneEvents(cutoff time.Time) (n, records int, err error) {
 	bk := b.tx.Bucket(bucketEvents)
 	c := bk.Cursor()
-	n := 0
 	var last uint64
 	// Re-seek past the deleted key after each delete: a bbolt cursor may
 	// skip an item after Delete, and re-seeking from First would walk the
@@ -380,8 +398,11 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 			break
 		}
 		last = binary.BigEndian.Uint64(k)
+		if bytes.Contains(v[8:], retentionMark) {
+			records++
+		}
 		if err := c.Delete(); err != nil {
-			return n, err
+			return n, records, err
 		}
 		n++
 	}
@@ -389,10 +410,43 @@ func (b *Batch) PruneEvents(cutoff time.Time) (int, error) {
 	// (Store.StartHistory), and pruning those later must not undo that.
 	if meta := b.tx.Bucket(bucketMeta); n > 0 && last > getUint(meta, keyPrunedThrough) {
 		if err := putUint(meta, keyPrunedThrough, last); err != nil {
-			return n, err
+			return n, records, err
 		}
 	}
-	return n, nil
+	return n, records, nil
+}
+
+// PruneEventsRecorded is PruneEvents for a prune command with an actor
+// (command version 3): it also records, as an event of type
+// EntityRetention, what it removed, unless it removed nothing or only
+// earlier such records (else each record's own pruning would record
+// another, forever). Without an actor it records nothing, as a node of an
+// older version applying the same entry would not.
+func (b *Batch) PruneEventsRecorded(m Meta, cutoff time.Time) (int, error) {
+	n, records, err := b.pruneEvents(cutoff)
+	if err != nil || m.Actor == "" || n == records {
+		return n, err
+	}
+	return n, b.recordPrune(m, cutoff, n)
+}
+
+// recordPrune writes the event of a prune that removed n events. It
+// neither notifies nor versions anything: no tenant state changed.
+func (b *Batch) recordPrune(m Meta, cutoff time.Time, n int) error {
+	data, err := json.Marshal(struct {
+		Cutoff        time.Time `json:"cutoff"`
+		Count         int       `json:"count"`
+		PrunedThrough uint64    `json:"pruned_through"`
+	}{cutoff.UTC(), n, getUint(b.tx.Bucket(bucketMeta), keyPrunedThrough)})
+	if err != nil {
+		return fmt.Errorf("encode prune record: %w", err)
+	}
+	ev := Event{
+		ID: m.Index, EntityType: EntityRetention, Action: ActionDelete, EntityID: "events", Data: data,
+		OriginatedAt: m.OriginatedAt, ProcessedAt: m.ProcessedAt,
+		Actor: m.Actor, RequestID: m.RequestID,
+	}
+	return putEvent(b.tx.Bucket(bucketEvents), &ev)
 }
 
 // record writes the event and the entity-state versions of one change and
@@ -408,6 +462,9 @@ func (b *Batch) record(m Meta, typ EntityType, id string, action Action, data []
 		Data:         json.RawMessage(data),
 		OriginatedAt: m.OriginatedAt,
 		ProcessedAt:  m.ProcessedAt,
+		Actor:        m.Actor,
+		RequestID:    m.RequestID,
+		RevertedTo:   m.RevertedTo,
 	}
 	if err := putEvent(b.tx.Bucket(bucketEvents), &ev); err != nil {
 		return err
@@ -461,6 +518,13 @@ type eventHead struct {
 	EntityID   string     `json:"entity_id"`
 }
 
+// eventTail is Event's fields after ProcessedAt, with the same tags.
+type eventTail struct {
+	Actor      string `json:"actor,omitempty"`
+	RequestID  string `json:"request_id,omitempty"`
+	RevertedTo uint64 `json:"reverted_to,omitempty"`
+}
+
 // appendJSON appends json.Marshal's encoding of ev, copying Data as it is
 // rather than validating and compacting it again: Data is always the
 // store's own json.Marshal-compact encoding of the entity.
@@ -477,6 +541,16 @@ func (ev *Event) appendJSON(dst []byte) ([]byte, error) {
 	}
 	if dst, err = policy.AppendTimeField(dst, "processed_at", ev.ProcessedAt); err != nil {
 		return nil, err
+	}
+	if ev.Actor != "" || ev.RequestID != "" || ev.RevertedTo != 0 {
+		tail, err := json.Marshal(eventTail{Actor: ev.Actor, RequestID: ev.RequestID, RevertedTo: ev.RevertedTo})
+		if err != nil {
+			return nil, err
+		}
+		if len(tail) > 2 {
+			dst = append(dst, ',')
+			dst = append(dst, tail[1:len(tail)-1]...)
+		}
 	}
 	return append(dst, '}'), nil
 }

@@ -17,6 +17,14 @@ import (
 // from. Move it to each release's commit when that release lands.
 const releaseCommit = "43b5d7e4de54116370aa737150e4ed8d42ea86cc" // one node ID check: config.ValidNodeID
 
+// releaseVersion is the command version releaseCommit reads.
+const releaseVersion = 1
+
+// typedCommit is the last commit of command version 2 (typed payloads,
+// no audit fields in the envelope): its nodes drop the actor unread, so an
+// upgrade from it checks that no replica records what another dropped.
+const typedCommit = "b3273734b7872a2a91378017c6137447faebe1bf" // docs: the stored-form fast path went with the policy heads
+
 // binaries are the two policyd builds under test.
 type binaries struct {
 	old, new string
@@ -24,7 +32,7 @@ type binaries struct {
 
 // buildBinaries builds the release from git and the working tree, both
 // static and trimmed as `make build` does.
-func buildBinaries(t *testing.T) binaries {
+func buildBinaries(t *testing.T, releaseCommit string) binaries {
 	t.Helper()
 	root, err := run("", "git", "rev-parse", "--show-toplevel")
 	if err != nil {

@@ -16,8 +16,14 @@
 // leads while a release node still follows: the release node then applies
 // entries the new binary proposed. At the end a new node loses its state.db
 // and rebuilds it from the Raft log, which holds entries both versions
-// wrote.
+// wrote. Once every node runs the new binary, every node holds the same
+// events with the same actors.
 //
-// It proves log and peer-plane compatibility with the release it names; a
+// TestRollingUpgradeFromTyped runs the same scenario from typedCommit, the
+// last commit of command version 2, whose nodes drop the envelope's audit
+// fields (actor, request id): it fails if any replica records an actor
+// another dropped.
+//
+// They prove log and peer-plane compatibility with the release it names; a
 // failure means the new binary cannot replace that release in place.
 package upgrade

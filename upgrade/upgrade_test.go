@@ -4,15 +4,34 @@ package upgrade
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/policyd/policyd/raftfsm"
 )
 
 func TestRollingUpgrade(t *testing.T) {
-	bins := buildBinaries(t)
+	rollingUpgrade(t, releaseCommit, releaseVersion)
+}
+
+// TestRollingUpgradeFromTyped upgrades from command version 2, whose nodes
+// drop the envelope's audit fields: the events of every write, in the
+// mixed cluster too, must be the same on every node.
+func TestRollingUpgradeFromTyped(t *testing.T) {
+	rollingUpgrade(t, typedCommit, 2)
+}
+
+// rollingUpgrade upgrades a 3-node cluster of commit, whose nodes read
+// command version oldVersion, to this tree's binary node by node.
+func rollingUpgrade(t *testing.T, commit string, oldVersion uint32) {
+	bins := buildBinaries(t, commit)
 	start := time.Now()
 	defer func() { t.Logf("cluster scenario took %v", time.Since(start).Round(time.Millisecond)) }()
 	c := startCluster(t, bins.old, 3)
@@ -37,7 +56,7 @@ func TestRollingUpgrade(t *testing.T) {
 		c.waitHealthy()
 		c.checkConverged(m, step+": restarted on the new binary")
 		if i == 1 { // two new nodes and one release node
-			c.writeUnderNewLeader(m, bins)
+			c.writeUnderNewLeader(m, bins, oldVersion)
 		}
 		c.writeThroughEvery(m, fmt.Sprintf("s%d", i+1))
 		c.checkConverged(m, step+": writes through every node")
@@ -46,10 +65,11 @@ func TestRollingUpgrade(t *testing.T) {
 	// Every node runs the new binary and has registered so: writes use the
 	// typed commands from here on.
 	for _, nd := range c.nodes {
-		c.waitCommandVersion(nd, 2)
+		c.waitCommandVersion(nd, raftfsm.CommandVersion)
 	}
 	c.writeThroughEvery(m, "typed")
 	c.checkConverged(m, "typed writes")
+	c.checkActors()
 
 	// All nodes run the new binary. One loses its state.db and rebuilds it
 	// by applying the whole Raft log, entries of both versions.
@@ -100,7 +120,7 @@ func (c *cluster) anyRunning() *node {
 // writes to it. The only way to move leadership is a leader's graceful
 // stop, so a release leader is stopped and restarted on its own binary
 // until a new node wins, a bounded number of times.
-func (c *cluster) writeUnderNewLeader(m *model, bins binaries) {
+func (c *cluster) writeUnderNewLeader(m *model, bins binaries, oldVersion uint32) {
 	c.t.Helper()
 	const attempts = 4
 	for attempt := range attempts {
@@ -116,9 +136,10 @@ func (c *cluster) writeUnderNewLeader(m *model, bins binaries) {
 			c.t.Fatal("no node runs the release")
 		}
 		term := c.term(leader)
-		// A release node reads only command version 1 (JSON policies), so
-		// the new leader writes that until every node is upgraded.
-		c.waitCommandVersion(leader, 1)
+		// A release node reads only its own command version (1: JSON
+		// policies; 2: no audit fields), so the new leader writes that
+		// until every node is upgraded.
+		c.waitCommandVersion(leader, oldVersion)
 		c.writeThroughEvery(m, fmt.Sprintf("mixed%d", attempt))
 		if after := c.waitHealthy(); after == leader && c.term(leader) == term {
 			c.t.Logf("%s (new) led term %d while %s (release) followed; writes through every node committed",
@@ -138,4 +159,47 @@ func (c *cluster) term(nd *node) uint64 {
 		c.t.Fatal(err)
 	}
 	return st.Term
+}
+
+// checkActors: every node holds the same events with the same actors (the
+// audit fields were written only once every node read them, so no replica
+// recorded what another dropped), and the writes after the upgrade name
+// their actor.
+func (c *cluster) checkActors() {
+	c.t.Helper()
+	type audited struct {
+		ID    uint64
+		Actor string
+	}
+	var ref []audited
+	for _, nd := range c.nodes {
+		var got []audited
+		for after := uint64(0); ; {
+			var page struct {
+				Events []struct {
+					ID    uint64 `json:"id"`
+					Actor string `json:"actor"`
+				} `json:"events"`
+				LastID uint64 `json:"last_id"`
+			}
+			if err := c.get(nd, "/v1/events?"+url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}.Encode(), &page); err != nil {
+				c.t.Fatal(err)
+			}
+			for _, ev := range page.Events {
+				got = append(got, audited{ev.ID, ev.Actor})
+			}
+			if len(page.Events) == 0 {
+				break
+			}
+			after = page.LastID
+		}
+		if len(got) == 0 || got[len(got)-1].Actor == "" {
+			c.t.Fatalf("%s: the last event after the upgrade names no actor (%d events)", nd.id, len(got))
+		}
+		if ref == nil {
+			ref = got
+		} else if diff := cmp.Diff(ref, got); diff != "" {
+			c.t.Fatalf("%s: events and actors differ from %s's (-%s +%s):\n%s", nd.id, c.nodes[0].id, c.nodes[0].id, nd.id, diff)
+		}
+	}
 }

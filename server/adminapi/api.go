@@ -173,11 +173,17 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/policies/{name}", auth.RoleRead, policies.getHandler(a))
 	a.route("PUT /v1/policies/{name}", auth.RoleAdmin, policies.putHandler(a))
 	a.route("DELETE /v1/policies/{name}", auth.RoleAdmin, policies.deleteHandler(a))
+	a.route("GET /v1/policies/{name}/history", auth.RoleRead, policies.historyHandler(a))
+	a.route("GET /v1/policies/{name}/revisions/{rev}", auth.RoleRead, policies.revisionHandler(a))
+	a.route("POST /v1/policies/{name}/revert", auth.RoleAdmin, policies.revertHandler(a))
 
 	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
 	a.route("GET /v1/employees/{id}", auth.RoleRead, employees.getHandler(a))
 	a.route("PUT /v1/employees/{id}", auth.RoleAdmin, employees.putHandler(a))
 	a.route("DELETE /v1/employees/{id}", auth.RoleAdmin, employees.deleteHandler(a))
+	a.route("GET /v1/employees/{id}/history", auth.RoleRead, employees.historyHandler(a))
+	a.route("GET /v1/employees/{id}/revisions/{rev}", auth.RoleRead, employees.revisionHandler(a))
+	a.route("POST /v1/employees/{id}/revert", auth.RoleAdmin, employees.revertHandler(a))
 
 	a.route("GET /v1/events", auth.RoleRead, a.listEvents)
 	a.route("GET /v1/events/watch", auth.RoleRead, a.watchEvents)
@@ -200,7 +206,9 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 }
 
 // ServeHTTP implements http.Handler.
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mux.ServeHTTP(w, withRequestID(w, r))
+}
 
 // CloseStreams ends every long-lived response (event watches), so that a
 // graceful HTTP shutdown does not wait for them.
@@ -240,12 +248,16 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			a.writeError(sw, r, fmt.Errorf("a node certificate is for the peer plane, not the admin API: %w", auth.ErrForbidden))
 			return
 		}
+		var tokenName string
 		if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
-			if _, err := tokens.Authorize(r.Header.Get("Authorization"), need); err != nil {
+			tok, err := tokens.Authorize(r.Header.Get("Authorization"), need)
+			if err != nil {
 				a.writeError(sw, r, err)
 				return
 			}
+			tokenName = tok.Name
 		}
+		r = r.WithContext(context.WithValue(r.Context(), ctxActor, actorOf(r, tokenName)))
 		if err := checkText(r, params); err != nil {
 			a.writeError(sw, r, err)
 			return

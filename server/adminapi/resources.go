@@ -76,12 +76,15 @@ func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 // get, put and delete handlers: the steps are the same, only the types,
 // key rules and commands differ.
 type entity[T any] struct {
-	param    string // path parameter and JSON key field: "name" or "id"
-	validKey func(string) error
-	decode   func([]byte) (*T, error)
-	key      func(*T) *string
-	validate func(*T) error
-	get      func(string) (*T, error)
+	param string // path parameter and JSON key field: "name" or "id"
+	typ   store.EntityType
+	// decodeStored reads an event's data (the stored form) back.
+	decodeStored func([]byte) (*T, error)
+	validKey     func(string) error
+	decode       func([]byte) (*T, error)
+	key          func(*T) *string
+	validate     func(*T) error
+	get          func(string) (*T, error)
 	// stored, when set, reads the entity's stored JSON with its revision,
 	// which a GET serves as it is: policies, whose specs are large and
 	// already canonical, so that a read is a copy, not a re-encode.
@@ -94,6 +97,7 @@ type entity[T any] struct {
 func (a *API) policies() entity[policy.Policy] {
 	return entity[policy.Policy]{
 		param: "name", validKey: policy.ValidPolicyName, decode: policy.DecodePolicy,
+		typ: store.EntityPolicy, decodeStored: policy.DecodeStored,
 		key:      func(p *policy.Policy) *string { return &p.Name },
 		validate: func(p *policy.Policy) error { return a.b.Validator().Policy(p) },
 		get:      func(k string) (*policy.Policy, error) { return a.b.Store().GetPolicy(k) },
@@ -106,6 +110,7 @@ func (a *API) policies() entity[policy.Policy] {
 func (a *API) employees() entity[policy.Employee] {
 	return entity[policy.Employee]{
 		param: "id", validKey: policy.ValidEmployeeID, decode: policy.DecodeEmployee,
+		typ: store.EntityEmployee, decodeStored: decodeStoredEmployee,
 		key:      func(e *policy.Employee) *string { return &e.ID },
 		validate: func(e *policy.Employee) error { return a.b.Validator().Employee(e) },
 		get:      func(k string) (*policy.Employee, error) { return a.b.Store().GetEmployee(k) },
@@ -199,19 +204,25 @@ func (e entity[T]) putHandler(a *API) handlerFunc {
 		if err != nil {
 			return err
 		}
-		if raw := res.GetValue(); len(raw) > 0 {
-			// The leader's FSM stored these bytes: answer with them now,
-			// without waiting for this node to apply the entry.
-			w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.GetRevision(), 10)))
-			writeRawJSON(w, http.StatusOK, raw)
-			return nil
-		}
-		// A leader that does not send the stored value (an older version).
-		if err := a.b.Store().WaitApplied(r.Context(), res.GetIndex()); err != nil {
-			return err
-		}
-		return e.writeCommitted(w, a, key, res.GetIndex())
+		return e.answerPut(w, r, a, key, res)
 	}
+}
+
+// answerPut answers a committed put (PUT or revert) with the entity as it
+// stored it.
+func (e entity[T]) answerPut(w http.ResponseWriter, r *http.Request, a *API, key string, res *commandv1.Result) error {
+	if raw := res.GetValue(); len(raw) > 0 {
+		// The leader's FSM stored these bytes: answer with them now,
+		// without waiting for this node to apply the entry.
+		w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(res.GetRevision(), 10)))
+		writeRawJSON(w, http.StatusOK, raw)
+		return nil
+	}
+	// A leader that does not send the stored value (an older version).
+	if err := a.b.Store().WaitApplied(r.Context(), res.GetIndex()); err != nil {
+		return err
+	}
+	return e.writeCommitted(w, a, key, res.GetIndex())
 }
 
 // writeCommitted answers a PUT with the entity as this write stored it. The
@@ -269,6 +280,12 @@ type Deleted struct {
 // until the local replica has applied it, so the caller reads its own write
 // from this node.
 func (a *API) commit(r *http.Request, cmd *commandv1.Command) (*commandv1.Result, error) {
+	// The actor is checked here for a clear 400 (a certificate subject with
+	// control characters); the leader checks the envelope again.
+	if err := raftfsm.CheckActor(actor(r)); err != nil {
+		return nil, badRequest(err.Error())
+	}
+	raftfsm.WithAudit(cmd, actor(r), requestID(r))
 	res, err := a.b.Propose(r.Context(), cmd)
 	if err != nil {
 		return nil, err

@@ -231,6 +231,7 @@ func (f *Followup) retryAfter(attempts uint32) time.Duration {
 }
 
 func (f *Followup) propose(ctx context.Context, cmd *commandv1.Command) error {
+	cmd.Actor = raftfsm.ActorDrift
 	res, err := f.prop.Propose(ctx, cmd)
 	if err == nil {
 		err = raftfsm.ResultErr(res)
@@ -417,6 +418,7 @@ func (f *Followup) prune(ctx context.Context) {
 			f.logger.Error("encode drift prune", "err", err)
 			return
 		}
+		cmd.Actor = raftfsm.ActorDrift
 		res, err := f.prop.Propose(ctx, cmd)
 		if err != nil {
 			f.logger.Warn("drift report pruning failed; retrying next interval", "err", err)

@@ -101,6 +101,7 @@ func (s *Sink) run() {
 func (s *Sink) propose(c *commandv1.Command) {
 	deadline := time.Now().Add(sinkRetryFor)
 	retry := backoff.New(50*time.Millisecond, 2*time.Second, false)
+	c.Actor = raftfsm.ActorDrift
 	for {
 		res, err := s.prop.Propose(s.ctx, c)
 		if err == nil {

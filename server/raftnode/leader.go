@@ -95,14 +95,47 @@ func (n *Node) lead(ctx context.Context, wg *sync.WaitGroup) {
 
 // registerLoop keeps this node's member record current from any role. It
 // runs for the node's life: a node added later, or one whose addresses
-// changed across a restart, registers as soon as a leader accepts it.
+// changed across a restart, registers as soon as a leader accepts it. A
+// change to its own record (another node's fresh registration resets every
+// command version) is answered at once rather than at the next tick:
+// until every member has registered again, writes use the oldest command
+// version, without typed payloads or audit fields.
 func (n *Node) registerLoop() {
+	sub := n.store.Subscribe()
+	defer sub.Close()
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
 	for {
 		n.ensureRegistered(n.ctx)
-		if !backoff.Sleep(n.ctx, 5*time.Second) {
-			return
+		for wait := true; wait; {
+			select {
+			case <-n.ctx.Done():
+				return
+			case <-tick.C:
+				wait = false
+			case _, ok := <-sub.Ready():
+				if !ok {
+					return // store closed
+				}
+				wait = !n.ownRecordChanged(sub.Next())
+			}
 		}
 	}
+}
+
+// ownRecordChanged reports whether changes touch this node's member record.
+func (n *Node) ownRecordChanged(changes []store.Change) bool {
+	for _, c := range changes {
+		if c.Resync {
+			return true
+		}
+		for _, e := range c.Entities {
+			if e.Type == store.EntityMember && e.ID == n.id {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (n *Node) ensureRegistered(ctx context.Context) {
@@ -190,6 +223,7 @@ func (n *Node) pruneEvents(ctx context.Context, cutoff time.Time) {
 			n.logger.Error("encode prune command", "err", err)
 			return
 		}
+		cmd.Actor = raftfsm.ActorRetention
 		res, err := n.Propose(ctx, cmd)
 		if err != nil {
 			n.logger.Warn("event pruning failed; retrying next interval", "err", err)

@@ -147,6 +147,11 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 		}
 	}
+	// A bad actor or request id, from this node's API or a peer's, is
+	// refused with a clear error rather than recorded.
+	if err := raftfsm.CheckEnvelope(cmd); err != nil {
+		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
 	cmd, err := n.forMembers(cmd)
 	if err != nil {
 		return nil, err
@@ -203,12 +208,14 @@ var errInvalidCommand = fmt.Errorf("invalid command: %w", policy.ErrInvalid)
 // forMembers returns cmd in the newest command encoding every registered
 // member reads (raftfsm.ForVersion). A node running the previous release
 // registered no version and reads version 1, so until it is upgraded and
-// registers again, policies and employees travel as JSON. A node that has
+// registers again, policies and employees travel as JSON; likewise, until
+// every member reads version 3, commands travel without actor and request
+// id (their events record none). A node that has
 // not registered yet is not counted: one joining an upgraded cluster runs
 // this release or a later one.
 func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
 	t := raftfsm.Type(cmd.GetType())
-	if t != raftfsm.TypePutPolicy && t != raftfsm.TypePutEmployee {
+	if t != raftfsm.TypePutPolicy && t != raftfsm.TypePutEmployee && !raftfsm.HasAudit(cmd) {
 		return cmd, nil
 	}
 	members, err := n.store.Members()

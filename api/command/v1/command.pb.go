@@ -40,8 +40,20 @@ type Command struct {
 	ProcessedAtUnixNano int64 `protobuf:"varint,3,opt,name=processed_at_unix_nano,json=processedAtUnixNano,proto3" json:"processed_at_unix_nano,omitempty"`
 	// When the node that received the client request accepted it.
 	OriginatedAtUnixNano int64 `protobuf:"varint,4,opt,name=originated_at_unix_nano,json=originatedAtUnixNano,proto3" json:"originated_at_unix_nano,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Who made the change (command version 3): "token:NAME" for an admin
+	// token, "cert:SUBJECT" for a client certificate, "task:NAME" for a
+	// leader task (reload, drift, retention), "anonymous" on an open API.
+	// Stripped for a cluster below version 3 (raftfsm.ForVersion), whose
+	// nodes would drop it and store events without it.
+	Actor string `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
+	// The admin REST request's id (X-Request-Id), if the change came from
+	// one; command version 3 as actor.
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The revision a revert wrote back (command version 3): recorded in the
+	// event so the history shows the write as a revert.
+	RevertedTo    uint64 `protobuf:"varint,7,opt,name=reverted_to,json=revertedTo,proto3" json:"reverted_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
@@ -98,6 +110,27 @@ func (x *Command) GetProcessedAtUnixNano() int64 {
 func (x *Command) GetOriginatedAtUnixNano() int64 {
 	if x != nil {
 		return x.OriginatedAtUnixNano
+	}
+	return 0
+}
+
+func (x *Command) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *Command) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Command) GetRevertedTo() uint64 {
+	if x != nil {
+		return x.RevertedTo
 	}
 	return 0
 }
@@ -907,12 +940,17 @@ var File_command_v1_command_proto protoreflect.FileDescriptor
 
 const file_command_v1_command_proto_rawDesc = "" +
 	"\n" +
-	"\x18command/v1/command.proto\x12\x12policyd.command.v1\"\xa3\x01\n" +
+	"\x18command/v1/command.proto\x12\x12policyd.command.v1\"\xf9\x01\n" +
 	"\aCommand\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\rR\x04type\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\x123\n" +
 	"\x16processed_at_unix_nano\x18\x03 \x01(\x03R\x13processedAtUnixNano\x125\n" +
-	"\x17originated_at_unix_nano\x18\x04 \x01(\x03R\x14originatedAtUnixNano\"*\n" +
+	"\x17originated_at_unix_nano\x18\x04 \x01(\x03R\x14originatedAtUnixNano\x12\x14\n" +
+	"\x05actor\x18\x05 \x01(\tR\x05actor\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x1f\n" +
+	"\vreverted_to\x18\a \x01(\x04R\n" +
+	"revertedTo\"*\n" +
 	"\fPrecondition\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"I\n" +
 	"\x05Scope\x12\x10\n" +
