@@ -273,7 +273,7 @@ func RegisterMember(m store.Member) (*commandv1.Command, error) {
 }
 
 // RegisterMemberAfresh is RegisterMember for a node's first registration
-// since it started: every other member's recorded command version is
+// after an upgrade: every other member's recorded command version is
 // cleared, so that each registers again (commandv1.RegisterMember's
 // reset_versions).
 func RegisterMemberAfresh(m store.Member) (*commandv1.Command, error) {

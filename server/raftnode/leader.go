@@ -147,16 +147,19 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 	self := n.self()
 	retry := backoff.New(50*time.Millisecond, 2*time.Second, false)
 	for {
-		if m, err := n.store.Member(n.id); err == nil && m == self {
+		m, err := n.store.Member(n.id)
+		if err == nil && m == self {
 			return
 		}
 		if n.InConfiguration(n.id) {
-			// The first registration since start asks every other member
-			// to register again, in case this node applied theirs while it
-			// ran a release that drops command versions.
-			register := raftfsm.RegisterMemberAfresh
-			if n.registered {
-				register = raftfsm.RegisterMember
+			// A node whose record holds an older command version ran an
+			// older release, which applied the other members'
+			// registrations without the fields it did not know: its first
+			// registration since start asks every other member to register
+			// again. A new node, or one that moved, registers plainly.
+			register := raftfsm.RegisterMember
+			if !n.registered && err == nil && m.CommandVersion < self.CommandVersion {
+				register = raftfsm.RegisterMemberAfresh
 			}
 			cmd, err := register(self)
 			if err != nil {

@@ -636,11 +636,11 @@ type RegisterMember struct {
 	// The newest command encoding the node reads (raftfsm.CommandVersion); 0
 	// from nodes that predate it, which read version 1.
 	CommandVersion uint32 `protobuf:"varint,5,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
-	// Set on a node's first registration after it starts with a stale or
-	// missing record (new, moved or upgraded): every other member's recorded
-	// command version is cleared, and each registers again. A release that
-	// predates command versions dropped them from the registrations it
-	// applied, so after its upgrade a node must hear them anew.
+	// Set on a node's first registration after an upgrade (its record holds
+	// an older command version): every other member's recorded command
+	// version is cleared, and each registers again. The older release dropped
+	// the fields it did not know from the registrations it applied, so after
+	// its upgrade the node must hear them anew.
 	ResetVersions bool `protobuf:"varint,6,opt,name=reset_versions,json=resetVersions,proto3" json:"reset_versions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
