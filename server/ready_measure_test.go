@@ -91,30 +91,8 @@ func writeMany(t *testing.T, l *Node, n int, d time.Duration) int {
 					return
 				}
 				name := fmt.Sprintf("m-%06d", i)
-				req, err := http.NewRequest(http.MethodPut, base+name, bytes.NewReader(toolPolicy(name, "acme", "r")))
-				if err != nil {
+				if err := putUntil(hc, base+name, toolPolicy(name, "acme", "r"), time.Now().Add(time.Minute)); err != nil {
 					failed.Store(err)
-					return
-				}
-				resp, err := hc.Do(req)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				_ = resp.Body.Close()
-				if resp.StatusCode == http.StatusServiceUnavailable {
-					// An election under load: the write was not made; retry
-					// it (a name is written at most once, so a retry that
-					// was in fact committed only bumps its revision).
-					req, _ = http.NewRequest(http.MethodPut, base+name, bytes.NewReader(toolPolicy(name, "acme", "r")))
-					if resp, err = hc.Do(req); err != nil {
-						failed.Store(err)
-						return
-					}
-					_ = resp.Body.Close()
-				}
-				if resp.StatusCode != http.StatusOK {
-					failed.Store(fmt.Errorf("PUT %s: %d", name, resp.StatusCode))
 					return
 				}
 				acked.Add(1)
@@ -126,4 +104,32 @@ func writeMany(t *testing.T, l *Node, n int, d time.Duration) int {
 		t.Fatalf("write: %v", err)
 	}
 	return int(acked.Load())
+}
+
+// putUntil PUTs body to url, again after a 503 or a transport error (an
+// election under load: on a loaded machine two voters of three lose their
+// leader now and then), until the deadline. Each name is written by one
+// writer, so a retry of a write that was in fact committed only bumps its
+// revision.
+func putUntil(hc *http.Client, url string, body []byte, deadline time.Time) error {
+	for {
+		req, err := http.NewRequest(http.MethodPut, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("PUT %s: %d", url, resp.StatusCode)
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+	}
 }
