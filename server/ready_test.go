@@ -7,12 +7,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/rollout"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -151,7 +155,8 @@ func TestHealthPerService(t *testing.T) {
 }
 
 // TestSignalMetrics checks the node's own signal metrics on a live node:
-// readiness, sidecars per state (every state reported, at 0 when empty) and
+// readiness, sidecars per state (every state reported, at 0 when empty,
+// then with real discovery streams that ACK, NACK and stay silent) and
 // drift reports per phase.
 func TestSignalMetrics(t *testing.T) {
 	cfg := testConfig(t, "node1")
@@ -188,5 +193,26 @@ func TestSignalMetrics(t *testing.T) {
 		if got := servertest.Metric(t, n.reg, "proxy_state", "state", st); got != 0 {
 			t.Errorf("proxy_state{state=%q} = %v with no sidecars", st, got)
 		}
+	}
+
+	// Three gRPC sidecars: one ACKs its set, one NACKs it, one does not
+	// answer.
+	cc := dialGRPC(t, n.GRPCAddr())
+	org := policy.Scope{Org: "acme"}
+	acks := openStream(t, cc, "c-acks", org)
+	acks.ack(acks.next())
+	nacks := openStream(t, cc, "c-nacks", org)
+	nacks.send("", nacks.next().GetNonce(), &discoveryv1.ErrorDetail{Message: "cannot compile"})
+	silent := openStream(t, cc, "c-silent", org)
+	silent.next()
+	want := map[string]float64{stateConnected: 0, rollout.Pending: 1, rollout.Acked: 1, rollout.Nacked: 1}
+	got := map[string]float64{}
+	if !servertest.Poll(10*time.Second, func() bool {
+		for st := range want {
+			got[st] = servertest.Metric(t, n.reg, "proxy_state", "state", st, "transport", "grpc")
+		}
+		return cmp.Equal(want, got)
+	}) {
+		t.Fatalf("proxy_state{transport=grpc} (-want +got):\n%s", cmp.Diff(want, got))
 	}
 }
