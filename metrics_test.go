@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,11 +107,76 @@ func TestPrometheusRulesUseExistingMetrics(t *testing.T) {
 	}
 }
 
+// TestRaftMetricsPeerLabel runs a 2-node cluster of daemons and checks the
+// leader's replication metrics: one metric per kind with the follower as
+// the peer label, and no metric with a peer's ID in its name.
+func TestRaftMetricsPeerLabel(t *testing.T) {
+	start := func(id string, bootstrap bool) (http, raft string) {
+		dir := t.TempDir()
+		args := []string{"--data-dir", filepath.Join(dir, "data"), "--node-id", id,
+			"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0", "--log-level", "info"}
+		// serve's default is a single-node cluster: a node that joins must
+		// say it does not bootstrap.
+		args = append(args, "--bootstrap="+strconv.FormatBool(bootstrap))
+		d := startDaemon(t, dir, args...)
+		return daemonHTTPAddr(t, d), daemonAddr(t, d, "raft")
+	}
+	leader, _ := start("peerlabel-1", true)
+	waitReady(t, "http://"+leader)
+	follower, followerRaft := start("peerlabel-2", false)
+	body := strings.NewReader(`{"id": "peerlabel-2", "raft_addr": "` + followerRaft + `"}`)
+	resp, err := http.Post("http://"+leader+"/v1/cluster/join", "application/json", body) //nolint:noctx // a test against a local daemon
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("join: %d", resp.StatusCode)
+	}
+	waitReady(t, "http://"+follower)
+
+	const heartbeat = "policyd_raft_replication_heartbeat"
+	var exposed map[string][]map[string]string
+	if !servertest.Poll(20*time.Second, func() bool {
+		exposed = scrape(t, "http://"+leader+"/metrics")
+		return len(exposed[heartbeat]) > 0
+	}) {
+		var names []string
+		for n := range exposed {
+			if strings.Contains(n, "raft") {
+				names = append(names, n)
+			}
+		}
+		t.Fatalf("the leader exposes no %s; raft metrics: %v", heartbeat, names)
+	}
+	for _, name := range []string{heartbeat, "policyd_raft_replication_appendEntries_rpc", "policyd_raft_replication_appendEntries_logs"} {
+		var peers []string
+		for _, labels := range exposed[name] {
+			peers = append(peers, labels["peer"])
+		}
+		if !slices.Contains(peers, "peerlabel-2") {
+			t.Errorf("%s: peer labels %q, want peerlabel-2", name, peers)
+		}
+	}
+	for name := range exposed {
+		if strings.Contains(name, "peerlabel") {
+			t.Errorf("metric %s carries a peer's ID in its name", name)
+		}
+	}
+}
+
 // daemonHTTPAddr waits for the daemon's "node started" line and returns
 // its bound admin address.
 func daemonHTTPAddr(t *testing.T, d *daemon) string {
 	t.Helper()
-	re := regexp.MustCompile(`msg="node started".* http=(\S+)`)
+	return daemonAddr(t, d, "http")
+}
+
+// daemonAddr returns the bound address of one listener (http, grpc, raft)
+// from the daemon's "node started" line, waiting for it.
+func daemonAddr(t *testing.T, d *daemon, listener string) string {
+	t.Helper()
+	re := regexp.MustCompile(`msg="node started".* ` + listener + `=(\S+)`)
 	var addr string
 	if !servertest.Poll(30*time.Second, func() bool {
 		if m := re.FindStringSubmatch(d.logs.String()); m != nil {
