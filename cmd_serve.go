@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -12,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	gometrics "github.com/hashicorp/go-metrics/compat"
-	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -61,7 +58,7 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfo())
 	if err := bridgeRaftMetrics(reg); err != nil {
 		return err
 	}
@@ -119,26 +116,6 @@ func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 		return slog.New(slog.NewJSONHandler(w, opts)), level
 	}
 	return slog.New(slog.NewTextHandler(w, opts)), level
-}
-
-var bridgeOnce sync.Once
-
-// bridgeRaftMetrics routes hashicorp/raft's go-metrics into reg. go-metrics
-// is process-global by design, so this happens once per process, here in
-// main, and never inside server.
-func bridgeRaftMetrics(reg prometheus.Registerer) (err error) {
-	bridgeOnce.Do(func() {
-		sink, serr := gmprom.NewPrometheusSinkFrom(gmprom.PrometheusOpts{Registerer: reg, Expiration: time.Minute})
-		if serr != nil {
-			err = fmt.Errorf("raft metrics sink: %w", serr)
-			return
-		}
-		mc := gometrics.DefaultConfig("policyd")
-		mc.EnableHostname = false
-		mc.EnableRuntimeMetrics = false // the Go collector already reports them
-		_, err = gometrics.NewGlobal(mc, sink)
-	})
-	return err
 }
 
 // lastLine ends serve on a damaged data file or a failed write

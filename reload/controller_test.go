@@ -508,7 +508,7 @@ func TestAuthFailureStopsController(t *testing.T) {
 				t.Errorf("configmap_reload_stopped{reason=%s} = %v, want 1", tc.reason, got)
 			}
 			// The daemon keeps serving: ready, and writes go through.
-			if err := n.Ready(); err != nil {
+			if err := n.Ready(t.Context()); err != nil {
 				t.Errorf("node not ready: %v", err)
 			}
 			resp, err := n.hc.Get("http://" + n.HTTPAddr() + "/readyz")

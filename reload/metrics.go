@@ -103,3 +103,13 @@ func (m *metrics) setStopped(reason string) {
 		m.stopped.WithLabelValues(r).Set(v)
 	}
 }
+
+// seedScope creates scope's labelled series at 0, so that a scope's
+// restarts, errors, debounces and retries are present from the moment the
+// controller sees one of its ConfigMaps, not only after the first event,
+// and alert rules on their rate see a series.
+func (m *metrics) seedScope(scope string) {
+	for _, c := range []*prometheus.CounterVec{m.restarts, m.errors, m.debounced, m.retries} {
+		c.WithLabelValues(scope)
+	}
+}

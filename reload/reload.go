@@ -467,6 +467,7 @@ func (c *Controller) key(cm *corev1.ConfigMap) (store.ReloadKey, bool) {
 		c.logger.Debug("ignoring configmap without the scope label", "configmap", cm.Name, "scope_label", c.cfg.ScopeLabel)
 		return store.ReloadKey{}, false
 	}
+	c.m.seedScope(scope)
 	return store.ReloadKey{Scope: scope, ConfigMap: cm.Name}, true
 }
 

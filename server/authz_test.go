@@ -37,6 +37,7 @@ type authzSample struct {
 // without an entry here fails TestRouteRoleMatrix: every route must be shown
 // to enforce its role.
 var authzSamples = map[string]authzSample{
+	"GET /livez":   {path: "/livez", want: 200},
 	"GET /healthz": {path: "/healthz", want: 200},
 	"GET /readyz":  {path: "/readyz", want: 200},
 	"GET /metrics": {path: "/metrics", want: 200},
@@ -144,7 +145,7 @@ func TestRouteRoleMatrix(t *testing.T) {
 			case needAdmin && route.Role != auth.RoleAdmin:
 				t.Fatalf("route needs role %v, want admin", route.Role)
 			case !needAdmin && route.Role != auth.RoleRead && !isProbe(route.Pattern):
-				t.Fatalf("read route needs role %v, want read (only /healthz and /readyz are open)", route.Role)
+				t.Fatalf("read route needs role %v, want read (only /livez, /healthz and /readyz are open)", route.Role)
 			case isProbe(route.Pattern) && route.Role >= 0:
 				t.Fatalf("probe needs role %v, want open", route.Role)
 			}
@@ -195,7 +196,7 @@ func TestRouteRoleMatrix(t *testing.T) {
 	}
 }
 
-var probePattern = regexp.MustCompile(`^GET /(healthz|readyz)$`)
+var probePattern = regexp.MustCompile(`^GET /(livez|healthz|readyz)$`)
 
 func isProbe(pattern string) bool { return probePattern.MatchString(pattern) }
 

@@ -248,6 +248,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	), n.grpcServerOptions()...)...)
 	n.discovery.Register(n.grpcSrv)
 	n.health = health.NewServer()
+	// Not serving until the first readiness check says otherwise
+	// (health.go).
+	n.health.SetServingStatus(discoveryService, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(n.grpcSrv, n.health)
 	reflection.Register(n.grpcSrv)
 
@@ -303,6 +306,7 @@ func (n *Node) Start() {
 			n.goBackground("staleness", n.stalenessLoop)
 		}
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		n.goBackground("health", n.healthLoop)
 		n.logger.Info("node started",
 			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.rn.RaftAddr(),
 			"data_dir", n.cfg.DataDir, "applied_index", n.store.AppliedIndex())
@@ -475,9 +479,15 @@ func advertised(configured string, ln net.Listener) string {
 // has named it (DESIGN part 11).
 func (n *Node) ClusterID() string { return n.rn.ClusterID() }
 
-// Ready reports nil when a leader is known and this node's state has caught
-// up with the commit index it knows of.
-func (n *Node) Ready() error { return n.rn.Ready() }
+// Ready reports nil when this node is caught up (raftnode.Node.Ready: a
+// leader is known, the node is not removed and has applied the leader's
+// commit index as of the call) and not stale (staleness.go).
+func (n *Node) Ready(ctx context.Context) error {
+	if n.stale.Load() {
+		return &staleError{}
+	}
+	return n.rn.Ready(ctx)
+}
 
 // Propose commits cmd through the leader (raftnode.Node.Propose).
 func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {

@@ -4,7 +4,12 @@
 // runtime profiles (/debug/pprof/).
 //
 // Every route declares the role it needs (read for GET, admin for writes);
-// /healthz and /readyz are open so probes need no credentials. Every error,
+// /livez, /healthz and /readyz are open so probes need no credentials:
+// /livez (and its alias /healthz) is 200 while the process serves; /readyz
+// is 200 only while the node is caught up (Backend.Ready: it has applied the
+// leader's commit index as of the check, learned through a read index
+// bounded under a second; concurrent probes share one check and an answer
+// is reused for 100 ms, see server/raftnode's ready.go). Every error,
 // including an unknown path or method, is the JSON envelope of package
 // apierror, {"error": {"code", "message"}}, produced by writeError, the one
 // place where errors become HTTP statuses. Request bodies are capped at
@@ -65,8 +70,9 @@ type Backend interface {
 	Remove(ctx context.Context, id string) (uint64, error)
 	// Status describes the cluster as this node sees it.
 	Status(ctx context.Context) (*ClusterStatus, error)
-	// Ready is nil when a leader is known and this node has caught up.
-	Ready() error
+	// Ready is nil when a leader is known and this node has applied the
+	// leader's commit index as of the call; its errors are Unavailable.
+	Ready(ctx context.Context) error
 	clientsLister
 	reloadStatuser
 }
@@ -164,7 +170,8 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	cfg.Registry.MustRegister(a.requests, a.latency)
 
 	const open = auth.Role(-1)
-	a.route("GET /healthz", open, a.healthz)
+	a.route("GET /livez", open, a.livez)
+	a.route("GET /healthz", open, a.livez) // an alias of /livez, kept for existing probes
 	a.route("GET /readyz", open, a.readyz)
 	a.route("GET /metrics", auth.RoleRead, a.metrics)
 
@@ -485,13 +492,13 @@ type unavailableError struct{ msg string }
 func (e *unavailableError) Error() string     { return e.msg }
 func (e *unavailableError) Unavailable() bool { return true }
 
-func (a *API) healthz(w http.ResponseWriter, _ *http.Request) error {
+func (a *API) livez(w http.ResponseWriter, _ *http.Request) error {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	return nil
 }
 
-func (a *API) readyz(w http.ResponseWriter, _ *http.Request) error {
-	if err := a.b.Ready(); err != nil {
+func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
+	if err := a.b.Ready(r.Context()); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -59,7 +59,7 @@ func newTestCluster(t *testing.T, callbacks []string) *testCluster {
 	}
 	kubetest.Eventually(t, 30*time.Second, "every node to be ready", func() error {
 		for _, n := range c.nodes {
-			if err := n.Ready(); err != nil {
+			if err := n.Ready(t.Context()); err != nil {
 				return fmt.Errorf("%s: %w", n.ID(), err)
 			}
 		}

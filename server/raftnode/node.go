@@ -107,6 +107,8 @@ type Node struct {
 	// removed is set while the Raft configuration no longer holds this
 	// node (removed.go).
 	removed atomic.Bool
+	// ready answers readiness probes (ready.go).
+	ready *readiness
 	// toldNotMember is when a peer last refused this node as not in its
 	// configuration (Unix nanoseconds).
 	toldNotMember atomic.Int64
@@ -128,6 +130,7 @@ func New(cfg config.Config, logger *slog.Logger, id string) (_ *Node, err error)
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, logger: logger, id: id, layout: Layout{Dir: cfg.DataDir}, ctx: ctx, cancel: cancel}
 	n.faults = newFaults(cfg.DataDir)
+	n.ready = newReadiness(ctx, n.ConsistentRead)
 	n.leaderTasks = []LeaderTask{
 		// Followers forward writes to the leader's registered address, so a
 		// new leader makes sure its own is current before anything else.
@@ -350,26 +353,6 @@ func (n *Node) otherVoters() int {
 	}
 	return c
 }
-
-// Ready reports nil when a leader is known and this node's state has caught
-// up with the commit index it knows of (within maxReadyLag entries).
-func (n *Node) Ready() error {
-	if n.removed.Load() {
-		return &unavailableError{msg: RemovedRefusal}
-	}
-	if _, id := n.raft.LeaderWithID(); id == "" {
-		return fmt.Errorf("no known leader: %w", ErrNoLeader)
-	}
-	commit, applied := n.raft.CommitIndex(), n.store.AppliedIndex()
-	if commit > applied+maxReadyLag {
-		return &unavailableError{msg: fmt.Sprintf("catching up: applied %d of %d", applied, commit)}
-	}
-	return nil
-}
-
-// maxReadyLag tolerates the few entries that are always in flight under write
-// load; a node further behind is still replaying or installing a snapshot.
-const maxReadyLag = 1024
 
 // NewReadGate coalesces this node's consistent reads (readgate.go); each
 // read is bounded by forward.timeout and ends when the node stops.

@@ -89,6 +89,10 @@ func (n *Node) setupRaft() error {
 	// hands the FSM whole batches (one bbolt transaction each).
 	conf.MaxAppendEntries = rc.MaxAppendEntries
 	conf.BatchApplyCh = true
+	// Per-peer replication metrics only in their labelled form (peer_id,
+	// renamed peer by main's bridge): the legacy copies put the peer's ID
+	// in the metric name, one metric per peer.
+	conf.NoLegacyTelemetry = true
 	// The FSM is persistent: it already holds everything up to its applied
 	// index, and replayed entries at or below it are skipped. Raft then
 	// replays only the entries after its latest snapshot, so if state.db is
