@@ -889,6 +889,7 @@ func (r *Raft) VerifyLeader() Future {
 	metrics.IncrCounter([]string{"raft", "verify_leader"}, 1)
 	verifyFuture := &verifyFuture{}
 	verifyFuture.init()
+	verifyFuture.ShutdownCh = r.shutdownCh // policyd: as in ApplyLog
 	select {
 	case <-r.shutdownCh:
 		return errorFuture{ErrRaftShutdown}

@@ -20,6 +20,7 @@ func TestApplyQueuedAtShutdownResolves(t *testing.T) {
 	}{
 		{"Apply", func(r *Raft) Future { return r.Apply([]byte("x"), 0) }},
 		{"Barrier", func(r *Raft) Future { return r.Barrier(0) }},
+		{"VerifyLeader", func(r *Raft) Future { return r.VerifyLeader() }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
