@@ -6,7 +6,10 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
+
+	"github.com/policyd/policyd/config"
 )
 
 // Output formats of -o. "" is the default: a table for lists and status,
@@ -51,3 +54,22 @@ func printJSON(w io.Writer, v any) error {
 
 // newTable is the tab writer every table uses.
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+// outputOf is the -o flag (the root's persistent flag) as cmd parsed it,
+// checked; the offline commands, which have no API client, read it here.
+func outputOf(cmd *cobra.Command) (string, error) {
+	o, err := cmd.Flags().GetString("output")
+	if err != nil {
+		return "", nil // a command tree without -o: the default
+	}
+	return o, checkOutput(o)
+}
+
+// peerList is servers as the offline commands print them.
+func peerList(servers []config.Peer) []map[string]string {
+	out := make([]map[string]string, len(servers))
+	for i, s := range servers {
+		out[i] = map[string]string{"id": s.ID, "address": s.Address}
+	}
+	return out
+}

@@ -49,7 +49,11 @@ committed by the recovery. See docs/operations.md.`,
 			if err != nil {
 				return err
 			}
-			return recoverNode(cfg, servers, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			format, err := outputOf(cmd)
+			if err != nil {
+				return err
+			}
+			return recoverNode(cfg, servers, format, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	config.RegisterFlags(cmd.Flags())
@@ -109,15 +113,24 @@ func checkPeers(cfg config.Config, peers []config.Peer) error {
 }
 
 // recoverNode rewrites a stopped node's Raft configuration to servers
-// (raftnode.Recover) and says what it did.
-func recoverNode(cfg config.Config, servers []config.Peer, out, logOut io.Writer) error {
+// (raftnode.Recover) and says what it did, as text or in format.
+func recoverNode(cfg config.Config, servers []config.Peer, format string, out, logOut io.Writer) error {
 	r, err := raftnode.Recover(cfg, servers, logOut)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "recovered node %s: state at applied index %d (was %d), digest %s\nnew configuration: %s\nstart the node; it elects a leader once a majority of these servers run\n",
-		cfg.NodeID, r.Applied, r.Before, r.Digest, formatServers(servers))
-	return nil
+	v := struct {
+		NodeID        string              `json:"node_id"`
+		AppliedIndex  uint64              `json:"applied_index"`
+		PreviousIndex uint64              `json:"previous_applied_index"`
+		Digest        string              `json:"digest"`
+		Servers       []map[string]string `json:"servers"`
+	}{cfg.NodeID, r.Applied, r.Before, r.Digest, peerList(servers)}
+	return printValue(out, format, v, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "recovered node %s: state at applied index %d (was %d), digest %s\nnew configuration: %s\nstart the node; it elects a leader once a majority of these servers run\n",
+			cfg.NodeID, r.Applied, r.Before, r.Digest, formatServers(servers))
+		return err
+	})
 }
 
 func formatServers(servers []config.Peer) string {

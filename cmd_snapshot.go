@@ -77,7 +77,11 @@ directory is refused unless --force, which moves it to
 					return err
 				}
 			}
-			return restoreSnapshot(cfg, args[0], servers, force, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			format, err := outputOf(cmd)
+			if err != nil {
+				return err
+			}
+			return restoreSnapshot(cfg, args[0], servers, force, format, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	config.RegisterFlags(restore.Flags())
@@ -182,17 +186,29 @@ func inspectSnapshot(cmd *cobra.Command, c *adminClient, path string) error {
 }
 
 // restoreSnapshot makes a stopped node's data directory a new cluster
-// holding file's state (raftnode.Restore) and says what it did.
-func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, force bool, out, logOut io.Writer) error {
+// holding file's state (raftnode.Restore) and says what it did, as text or
+// in format.
+func restoreSnapshot(cfg config.Config, file string, servers []config.Peer, force bool, format string, out, logOut io.Writer) error {
 	r, err := raftnode.Restore(cfg, file, servers, force, logOut)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "restored %s into %s: applied index %d (the backup's %d + %d, a new history), digest %s\n",
-		file, cfg.DataDir, r.Applied, r.BackupIndex, raftnode.RestoreIndexGap, r.Digest)
-	if r.MovedTo != "" {
-		fmt.Fprintf(out, "previous state moved to %s\n", r.MovedTo)
-	}
-	fmt.Fprintf(out, "new cluster: %s\nstart the node (with the same FILE restored on every server listed); raft.bootstrap no longer applies\n", formatServers(servers))
-	return nil
+	v := struct {
+		File         string              `json:"file"`
+		DataDir      string              `json:"data_dir"`
+		AppliedIndex uint64              `json:"applied_index"`
+		BackupIndex  uint64              `json:"backup_index"`
+		Digest       string              `json:"digest"`
+		MovedTo      string              `json:"moved_to,omitempty"`
+		Servers      []map[string]string `json:"servers"`
+	}{file, cfg.DataDir, r.Applied, r.BackupIndex, r.Digest, r.MovedTo, peerList(servers)}
+	return printValue(out, format, v, func(w io.Writer) error {
+		fmt.Fprintf(w, "restored %s into %s: applied index %d (the backup's %d + %d, a new history), digest %s\n",
+			file, cfg.DataDir, r.Applied, r.BackupIndex, raftnode.RestoreIndexGap, r.Digest)
+		if r.MovedTo != "" {
+			fmt.Fprintf(w, "previous state moved to %s\n", r.MovedTo)
+		}
+		_, err := fmt.Fprintf(w, "new cluster: %s\nstart the node (with the same FILE restored on every server listed); raft.bootstrap no longer applies\n", formatServers(servers))
+		return err
+	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -89,8 +90,24 @@ func TestSnapshotSaveRestore(t *testing.T) {
 	restoredIndex := backupIndex + raftnode.RestoreIndexGap
 	var restored string
 	for i := range 3 {
-		out := cli(t, c.dir, "snapshot", "restore", backup, "--config", c.configPath(i))
+		args := []string{"snapshot", "restore", backup, "--config", c.configPath(i)}
+		if i == 2 {
+			args = append(args, "-o", "json") // the same, as JSON
+		}
+		out := cli(t, c.dir, args...)
 		r := restoredRE.FindStringSubmatch(out)
+		if i == 2 {
+			var j struct {
+				Applied uint64 `json:"applied_index"`
+				Backup  uint64 `json:"backup_index"`
+				Digest  string `json:"digest"`
+			}
+			// cli gives stdout and stderr together; raft logs to stderr.
+			if err := json.Unmarshal([]byte(out[max(strings.Index(out, "{"), 0):]), &j); err != nil {
+				t.Fatalf("restore -o json on %s: %v\n%s", c.ids[i], err, out)
+			}
+			r = []string{"", strconv.FormatUint(j.Applied, 10), strconv.FormatUint(j.Backup, 10), j.Digest}
+		}
 		if r == nil || r[1] != strconv.FormatUint(restoredIndex, 10) || r[2] != m[1] || (restored != "" && r[3] != restored) {
 			t.Fatalf("restore on %s: %s; want applied index %d from the backup's %s, and one digest on every node", c.ids[i], out, restoredIndex, m[1])
 		}
