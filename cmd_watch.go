@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/policyd/policyd/client"
 )
@@ -50,8 +51,12 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 			if len(servers) == 0 {
 				return &usageError{errors.New("watch needs --servers (or POLICYD_WATCH_SERVERS): the nodes' gRPC (grpc) or HTTP (ws) addresses")}
 			}
-			if output != "text" && output != "json" {
-				return &usageError{fmt.Errorf("--output %q: want text or json", output)}
+			switch output {
+			case "text", "table": // table: the root's name for the plain form
+				output = "text"
+			case "json", "yaml":
+			default:
+				return &usageError{fmt.Errorf("--output %q: want text, json or yaml", output)}
 			}
 			cfg := client.Config{
 				Servers:   servers,
@@ -78,7 +83,7 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 				return err
 			}
 			cfg.TLS = tc
-			p := &watchPrinter{w: cmd.OutOrStdout(), json: output == "json"}
+			p := &watchPrinter{w: cmd.OutOrStdout(), format: output}
 			cfg.OnStateChange = p.state
 			cfg.OnUpdate = p.update
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -100,7 +105,7 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 	f.StringVar(&team, "team", "", "scope team (grpc)")
 	f.StringVar(&employee, "employee", "", "scope employee (grpc); the employee for ws when the server runs auth.mode none")
 	f.DurationVar(&grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
-	f.StringVarP(&output, "output", "o", "text", "text, or json (one object per line)")
+	f.StringVarP(&output, "output", "o", "text", "text, json (one object per line) or yaml (one document per event)")
 	return cmd
 }
 
@@ -146,9 +151,9 @@ func readToken(path string) (string, error) {
 
 // watchPrinter writes one line per event.
 type watchPrinter struct {
-	mu   sync.Mutex
-	w    io.Writer
-	json bool
+	mu     sync.Mutex
+	w      io.Writer
+	format string // text, json or yaml
 }
 
 // stateEvent and updateEvent are the JSON lines of --output json.
@@ -187,10 +192,14 @@ func (p *watchPrinter) update(u client.Update) {
 func (p *watchPrinter) print(ev any, text string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.json {
+	switch p.format {
+	case "json":
 		b, _ := json.Marshal(ev)
 		fmt.Fprintf(p.w, "%s\n", b)
-		return
+	case "yaml":
+		b, _ := yaml.Marshal(ev)
+		fmt.Fprintf(p.w, "---\n%s", b)
+	default:
+		fmt.Fprintln(p.w, text)
 	}
-	fmt.Fprintln(p.w, text)
 }

@@ -184,7 +184,7 @@ func TestWatchUsageErrors(t *testing.T) {
 		mention string
 	}{
 		{[]string{"watch"}, "--servers"},
-		{[]string{"watch", "--servers", "a:1", "--output", "yaml"}, "--output"},
+		{[]string{"watch", "--servers", "a:1", "--output", "xml"}, "--output"},
 		{[]string{"watch", "--servers", "a:1", "--transport", "tcp"}, `transport "tcp"`},
 		{[]string{"watch", "--servers", "a:1", "--transport", "ws"}, "--employee"},
 		{[]string{"watch", "--servers", "a:1", "--token-file", "missing-token"}, "missing-token"},
@@ -210,5 +210,32 @@ func TestWatchServersFromEnv(t *testing.T) {
 	t.Setenv("POLICYD_WATCH_SERVERS", " a:1 , b:2 ")
 	if got := fmt.Sprint(envList("POLICYD_WATCH_SERVERS")); got != "[a:1 b:2]" {
 		t.Fatalf("envList = %s", got)
+	}
+}
+
+// TestWatchPrinterFormats: each --output form of a state change.
+func TestWatchPrinterFormats(t *testing.T) {
+	tests := []struct {
+		format string
+		want   []string // in the output, in order
+	}{
+		{"text", []string{"state connecting -> current"}},
+		{"json", []string{`{"event":"state",`, `"from":"connecting","to":"current"}`}},
+		{"yaml", []string{"---\n", "event: state\n", "from: connecting\n", "to: current\n"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.format, func(t *testing.T) {
+			var b strings.Builder
+			p := &watchPrinter{w: &b, format: tc.format}
+			p.state("connecting", "current")
+			out := b.String()
+			for _, w := range tc.want {
+				i := strings.Index(out, w)
+				if i < 0 {
+					t.Fatalf("output %q lacks %q", b.String(), w)
+				}
+				out = out[i+len(w):]
+			}
+		})
 	}
 }
