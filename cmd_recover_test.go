@@ -1,10 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/loopback"
 )
 
@@ -166,21 +168,33 @@ func (c *procCluster) converged(nodes ...int) string {
 	return digest
 }
 
-func getJSON(url string, v any) error {
-	hc := &http.Client{Timeout: 10 * time.Second}
-	resp, err := hc.Get(url)
+// getJSON GETs rawURL, a node's base URL with a path, through adminclient
+// and decodes the answer into v; anything but a 2xx is an error.
+func getJSON(rawURL string, v any) error {
+	api, path, err := nodeAPI(rawURL)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := api.Do(ctx, http.MethodGet, path, nil, nil, v); err != nil {
+		return fmt.Errorf("GET %s: %w", rawURL, err)
+	}
+	return nil
+}
+
+// nodeAPI splits rawURL into an admin client of its node alone (no
+// failover: the tests ask one node what it holds) and the path with query.
+func nodeAPI(rawURL string) (*adminclient.Client, string, error) {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return err
+		return nil, "", fmt.Errorf("parse %q: %w", rawURL, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, b)
+	api, err := adminclient.New(adminclient.Config{Servers: []string{u.Scheme + "://" + u.Host}})
+	if err != nil {
+		return nil, "", err
 	}
-	return json.Unmarshal(b, v)
+	return api, u.RequestURI(), nil
 }
 
 // policyNames lists the policies node i holds locally.

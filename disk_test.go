@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/store/boltcheck"
 )
 
@@ -26,22 +28,17 @@ import (
 // node acknowledged (200 or 201); it stops at the first failure when stop is
 // set.
 func putPolicies(base string, names []string, reason string, stop bool) []string {
-	hc := &http.Client{Timeout: 5 * time.Second}
+	api, err := adminclient.New(adminclient.Config{Servers: []string{base}, HTTPClient: &http.Client{Timeout: 5 * time.Second}})
+	if err != nil {
+		panic(err)
+	}
 	var acked []string
 	for _, name := range names {
 		body := fmt.Sprintf(`{"name": %q, "kind": "ToolPolicy", "scope": {"org": "acme"},
  "spec": {"tool_name": "Bash", "action": "deny", "reason": %q}}`, name, reason)
-		req, err := http.NewRequest(http.MethodPut, base+"/v1/policies/"+name, strings.NewReader(body))
-		if err != nil {
-			panic(err)
-		}
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated {
-				acked = append(acked, name)
-				continue
-			}
+		if _, err := api.PutPolicy(context.Background(), name, []byte(body), adminclient.AnyRevision); err == nil {
+			acked = append(acked, name)
+			continue
 		}
 		if stop {
 			break

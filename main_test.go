@@ -436,22 +436,13 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 	}
 }
 
+// getRevision reads the revision of the policy at url (a node's base URL
+// with the policy's path and query).
 func getRevision(url string) (uint64, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: %d", url, resp.StatusCode)
-	}
 	var p struct {
 		Revision uint64 `json:"revision"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
-		return 0, err
-	}
-	return p.Revision, nil
+	return p.Revision, getJSON(url, &p)
 }
 
 func waitForCLI(t *testing.T, what string, cond func() error) {

@@ -317,12 +317,12 @@ func (c *cluster) waitReady(ctx context.Context, timeout time.Duration) (string,
 func (c *cluster) readyOnce(ctx context.Context, client *http.Client) (string, error) {
 	leader := ""
 	for _, nd := range c.nodes {
-		code, _, err := get(ctx, client, "http://"+nd.httpAddr+"/readyz")
+		api, err := nodeAPI(client, nd.httpAddr)
 		if err != nil {
-			return "", fmt.Errorf("%s /readyz: %w", nd.id, err)
+			return "", err
 		}
-		if code != http.StatusOK {
-			return "", fmt.Errorf("%s /readyz: status %d", nd.id, code)
+		if err := api.Do(ctx, http.MethodGet, "/readyz", nil, nil, nil); err != nil {
+			return "", fmt.Errorf("%s /readyz: %w", nd.id, err)
 		}
 		st, err := c.status(ctx, client, nd)
 		if err != nil {
@@ -350,7 +350,7 @@ func (c *cluster) readyOnce(ctx context.Context, client *http.Client) (string, e
 
 // status fetches GET /v1/cluster from nd.
 func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*adminclient.ClusterStatus, error) {
-	api, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + nd.httpAddr}, HTTPClient: client})
+	api, err := nodeAPI(client, nd.httpAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +359,28 @@ func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*a
 		return nil, fmt.Errorf("%s /v1/cluster: %w", nd.id, err)
 	}
 	return st, nil
+}
+
+// nodeAPI is an admin API client of the node at addr alone, over client:
+// bench chooses the node of every request, so there is no failover.
+func nodeAPI(client *http.Client, addr string) (*adminclient.Client, error) {
+	api, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + addr}, HTTPClient: client})
+	if err != nil {
+		return nil, fmt.Errorf("admin client of %s: %w", addr, err)
+	}
+	return api, nil
+}
+
+// nodeAPIs is nodeAPI of each of addrs, in order.
+func nodeAPIs(client *http.Client, addrs []string) ([]*adminclient.Client, error) {
+	apis := make([]*adminclient.Client, len(addrs))
+	for i, addr := range addrs {
+		var err error
+		if apis[i], err = nodeAPI(client, addr); err != nil {
+			return nil, err
+		}
+	}
+	return apis, nil
 }
 
 // get performs a GET and returns the status code and body.

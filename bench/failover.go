@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/policyd/policyd/adminclient"
 )
 
 // failoverNodes is the cluster size of the failover scenario.
@@ -116,7 +117,11 @@ func (c *failoverConfig) run(ctx context.Context, env *runEnv) (err error) {
 	httpClient := newLoadClient(cfg.writers+8, failoverNodes, cfg.timeout)
 	defer httpClient.CloseIdleConnections()
 	addrs := cl.httpAddrs()
-	if err := preflight(ctx, httpClient, addrs[0], cfg.valueSize); err != nil {
+	apis, err := nodeAPIs(httpClient, addrs)
+	if err != nil {
+		return err
+	}
+	if err := preflight(ctx, apis[0], cfg.valueSize); err != nil {
 		return err
 	}
 	if err := seedPolicies(ctx, httpClient, addrs, 1, 1, 0); err != nil {
@@ -143,7 +148,7 @@ func (c *failoverConfig) run(ctx context.Context, env *runEnv) (err error) {
 		return fmt.Errorf("the sidecars do not all hold the initial version after %v", cfg.connectTimeout)
 	}
 
-	wl := newFailoverLoad(cfg, addrs, httpClient, fl.base)
+	wl := newFailoverLoad(cfg, apis, httpClient, fl.base)
 	var rounds []*failoverRoundFigure
 	for r := 1; r <= cfg.rounds; r++ {
 		f, err := c.round(ctx, env, cl, fl, wl, r)
@@ -210,7 +215,7 @@ func (c *failoverConfig) round(ctx context.Context, env *runEnv, cl *cluster, fl
 	// work again: every sidecar must end up holding it.
 	survivor := cl.nodes[(victim+1)%len(cl.nodes)].httpAddr
 	name := propPolicyName(0, 0)
-	if err := putRetry(ctx, wl.client, "http://"+survivor+"/v1/policies/"+name, propPolicyBody(name, orgName(0), 1000+r, 0), c.timeout); err != nil {
+	if err := putRetry(ctx, wl.client, survivor, name, propPolicyBody(name, orgName(0), 1000+r, 0), c.timeout); err != nil {
 		return f, fmt.Errorf("marker write: %w", err)
 	}
 	version, err := orgVersion(ctx, wl.client, survivor, orgName(0), true)
@@ -269,20 +274,21 @@ func (c *failoverConfig) round(ctx context.Context, env *runEnv, cl *cluster, fl
 	return f, nil
 }
 
-// putRetry PUTs body to u until it gets a 2xx, for up to timeout: writes
-// resumed, but the cluster may still be settling (e.g. a second election).
-func putRetry(ctx context.Context, client *http.Client, u string, body []byte, timeout time.Duration) error {
+// putRetry PUTs policy name to the node at addr until it gets a 2xx, for
+// up to timeout: writes resumed, but the cluster may still be settling
+// (e.g. a second election).
+func putRetry(ctx context.Context, client *http.Client, addr, name string, body []byte, timeout time.Duration) error {
+	api, err := nodeAPI(client, addr)
+	if err != nil {
+		return err
+	}
 	deadline := time.Now().Add(timeout)
 	for {
-		code, msg, err := put(ctx, client, u, body)
-		switch {
-		case err == nil && code/100 == 2:
+		_, err := api.PutPolicy(ctx, name, body, adminclient.AnyRevision)
+		if err == nil {
 			return nil
-		case err == nil:
-			err = fmt.Errorf("PUT %s: status %d: %s", u, code, msg)
-		default:
-			err = fmt.Errorf("PUT %s: %w", u, err)
 		}
+		err = fmt.Errorf("PUT /v1/policies/%s to %s: %w", name, addr, err)
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
@@ -323,7 +329,7 @@ func waitNewLeader(ctx context.Context, cl *cluster, victim int, clock func() ti
 // turn, one request in flight each.
 type failoverLoad struct {
 	cfg    failoverConfig
-	addrs  []string
+	apis   []*adminclient.Client // one per node, in order
 	client *http.Client
 
 	writers []*failoverWriter // persist across rounds: sequence numbers only grow
@@ -348,8 +354,8 @@ type failoverWriter struct {
 
 // newFailoverLoad returns the load; base is the fleet's clock origin, so
 // that the load's times and the fleet's compare.
-func newFailoverLoad(cfg failoverConfig, addrs []string, client *http.Client, base time.Time) *failoverLoad {
-	l := &failoverLoad{cfg: cfg, addrs: addrs, client: client, base: base}
+func newFailoverLoad(cfg failoverConfig, apis []*adminclient.Client, client *http.Client, base time.Time) *failoverLoad {
+	l := &failoverLoad{cfg: cfg, apis: apis, client: client, base: base}
 	for range cfg.writers {
 		l.writers = append(l.writers, &failoverWriter{})
 	}
@@ -380,9 +386,9 @@ func (l *failoverLoad) write(ctx context.Context, writer int, w *failoverWriter)
 	var buf []byte
 	for i := 0; ctx.Err() == nil; i++ {
 		dead := int(l.dead.Load())
-		target := (writer + i) % len(l.addrs)
+		target := (writer + i) % len(l.apis)
 		if target == dead {
-			target = (target + 1) % len(l.addrs)
+			target = (target + 1) % len(l.apis)
 		}
 		phase := 0
 		if dead >= 0 {
@@ -392,16 +398,12 @@ func (l *failoverLoad) write(ctx context.Context, writer int, w *failoverWriter)
 		w.seq++
 		buf = policyBody(buf[:0], name, w.seq, l.cfg.valueSize)
 		sent := l.since()
-		code, _, err := put(ctx, l.client, "http://"+l.addrs[target]+"/v1/policies/"+name, buf)
+		_, err := l.apis[target].PutPolicy(ctx, name, buf, adminclient.AnyRevision)
 		if ctx.Err() != nil {
 			return // stopped: the outcome of this write is unknown, and unchecked
 		}
-		if err != nil || code/100 != 2 {
-			kind := strconv.Itoa(code)
-			if err != nil {
-				kind = errorKind(err)
-			}
-			w.errs[kind]++
+		if err != nil {
+			w.errs[errorKind(err)]++
 			// Don't spin on a dead cluster.
 			if sleepUntil(ctx, time.Now().Add(20*time.Millisecond)) != nil {
 				return
@@ -482,22 +484,16 @@ func (l *failoverLoad) lastAcked() map[string]uint64 {
 // readSeqs reads, with a consistent read on addr, every policy of the
 // writes' org and returns the sequence number in each one's reason.
 func readSeqs(ctx context.Context, client *http.Client, addr string) (map[string]uint64, error) {
-	u := "http://" + addr + "/v1/policies?org=bench&consistent=true"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	api, err := nodeAPI(client, addr)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", u, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: status %d: %s", u, resp.StatusCode, strings.TrimSpace(string(body[:min(len(body), 512)])))
+	// Do with the raw list, for parseSeqs; Policies would decode every
+	// policy's fields that are not needed here.
+	const path = "/v1/policies?org=bench&consistent=true"
+	var body json.RawMessage
+	if err := api.Do(ctx, http.MethodGet, path, nil, nil, &body); err != nil {
+		return nil, fmt.Errorf("GET %s from %s: %w", path, addr, err)
 	}
 	return parseSeqs(body)
 }

@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/policyd/policyd/adminclient"
 )
 
 // Issue targets for propagation (p99 from PUT ack to every sidecar holding
@@ -314,14 +316,15 @@ func propagateOne(ctx context.Context, client *http.Client, cl *cluster, fl *fle
 	r := &writeResult{seq: i + 1, node: i % cfg.nodes, org: i % cfg.orgs}
 	name := propPolicyName(r.org, (i/cfg.orgs)%cfg.policies)
 	addr := cl.nodes[r.node].httpAddr
+	api, err := nodeAPI(client, addr)
+	if err != nil {
+		return nil, err
+	}
 	r.sent = fl.since()
-	code, msg, err := put(ctx, client, "http://"+addr+"/v1/policies/"+name, propPolicyBody(name, orgName(r.org), r.seq, cfg.policySize))
+	_, err = api.PutPolicy(ctx, name, propPolicyBody(name, orgName(r.org), r.seq, cfg.policySize), adminclient.AnyRevision)
 	r.ack = fl.since()
 	if err != nil {
 		return nil, fmt.Errorf("PUT %s to %s: %w", name, cl.nodes[r.node].id, err)
-	}
-	if code/100 != 2 {
-		return nil, fmt.Errorf("PUT %s to %s: status %d: %s", name, cl.nodes[r.node].id, code, msg)
 	}
 	// The node answered after applying the write, and bench is the only
 	// writer: its version now is the write's.

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/policyd/policyd/adminclient"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
@@ -796,6 +797,10 @@ type restPut struct {
 // putAll sends every PUT, round robin over addrs, workers at a time, and
 // fails on the first that does not get a 2xx.
 func putAll(ctx context.Context, client *http.Client, addrs []string, puts []restPut, workers int) error {
+	apis, err := nodeAPIs(client, addrs)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	next := atomic.Int64{}
@@ -808,12 +813,9 @@ func putAll(ctx context.Context, client *http.Client, addrs []string, puts []res
 					return
 				}
 				addr := addrs[i%len(addrs)]
-				code, msg, err := put(ctx, client, "http://"+addr+puts[i].path, puts[i].body)
-				switch {
-				case err != nil:
+				// Do: puts hold policies and employees alike, by path.
+				if err := apis[i%len(apis)].Do(ctx, http.MethodPut, puts[i].path, nil, puts[i].body, nil); err != nil {
 					cancel(fmt.Errorf("PUT %s to %s: %w", puts[i].path, addr, err))
-				case code/100 != 2:
-					cancel(fmt.Errorf("PUT %s to %s: status %d: %s", puts[i].path, addr, code, msg))
 				}
 			}
 		})
@@ -882,25 +884,16 @@ func seedEmployees(ctx context.Context, client *http.Client, addrs []string, n, 
 // that is also the version of every identity in the org. consistent makes
 // the node catch up with the leader first.
 func orgVersion(ctx context.Context, client *http.Client, addr, org string, consistent bool) (string, error) {
-	u := "http://" + addr + "/v1/policies?org=" + url.QueryEscape(org)
-	if consistent {
-		u += "&consistent=true"
-	}
-	code, body, err := get(ctx, client, u)
+	api, err := nodeAPI(client, addr)
 	if err != nil {
-		return "", fmt.Errorf("GET %s: %w", u, err)
+		return "", err
 	}
-	if code != http.StatusOK {
-		return "", fmt.Errorf("GET %s: status %d: %s", u, code, bytes.TrimSpace(body))
-	}
-	var list struct {
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		return "", fmt.Errorf("GET %s: decode: %w", u, err)
+	list, err := api.Policies(ctx, adminclient.PolicyFilter{Org: org, Consistent: consistent})
+	if err != nil {
+		return "", fmt.Errorf("GET /v1/policies?org=%s from %s: %w", org, addr, err)
 	}
 	if list.Version == "" {
-		return "", fmt.Errorf("GET %s: no version in the answer", u)
+		return "", fmt.Errorf("GET /v1/policies?org=%s from %s: no version in the answer", org, addr)
 	}
 	return list.Version, nil
 }

@@ -1,21 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/policyd/policyd/adminclient"
 )
 
 // writesNodes is the cluster size of the writes scenario.
@@ -128,7 +129,11 @@ func (c *writesConfig) runPolicyd(ctx context.Context, env *runEnv) (figs []*wri
 
 	client := newLoadClient(cfg.writers, writesNodes, cfg.timeout)
 	defer client.CloseIdleConnections()
-	if err := preflight(ctx, client, cl.nodes[0].httpAddr, cfg.valueSize); err != nil {
+	apis, err := nodeAPIs(client, cl.httpAddrs())
+	if err != nil {
+		return nil, err
+	}
+	if err := preflight(ctx, apis[0], cfg.valueSize); err != nil {
 		return nil, err
 	}
 
@@ -143,7 +148,7 @@ func (c *writesConfig) runPolicyd(ctx context.Context, env *runEnv) (figs []*wri
 		if cfg.profileDir != "" {
 			profiles = profileNodes(ctx, cl, leader, cfg.profileDir, fmt.Sprintf("w%d", writers), cfg.warmup, cfg.duration)
 		}
-		res, err := writeLoad(ctx, cl, restWrite(client, cl.httpAddrs()), writesNodes, leaderIdx, cfg, writers)
+		res, err := writeLoad(ctx, cl, restWrite(apis), writesNodes, leaderIdx, cfg, writers)
 		if profiles != nil {
 			if perr := profiles(); perr != nil {
 				env.logf("warning: CPU profiles: %v", perr)
@@ -205,15 +210,10 @@ func newLoadClient(writers, nodes int, timeout time.Duration) *http.Client {
 // preflight PUTs one policy and fails with the server's answer unless it is
 // a 2xx, so a body the server rejects is reported once instead of as every
 // write of the run failing.
-func preflight(ctx context.Context, client *http.Client, addr string, valueSize int) error {
+func preflight(ctx context.Context, api *adminclient.Client, valueSize int) error {
 	name := "bench-preflight"
-	body := policyBody(nil, name, 0, valueSize)
-	code, msg, err := put(ctx, client, "http://"+addr+"/v1/policies/"+name, body)
-	if err != nil {
-		return fmt.Errorf("preflight PUT: %w", err)
-	}
-	if code/100 != 2 {
-		return fmt.Errorf("preflight PUT /v1/policies/%s: status %d: %s", name, code, msg)
+	if _, err := api.PutPolicy(ctx, name, policyBody(nil, name, 0, valueSize), adminclient.AnyRevision); err != nil {
+		return fmt.Errorf("preflight PUT /v1/policies/%s: %w", name, err)
 	}
 	return nil
 }
@@ -235,11 +235,11 @@ type loadResult struct {
 
 // writeFunc performs one write of body under key name on node target and
 // returns nil once the system acknowledged it as committed. A failure
-// that is a *statusError counts by its code; any other by its class
-// (timeout or transport).
+// that is an *adminclient.Error or *statusError counts by its code; any
+// other by its class (timeout or transport).
 type writeFunc func(ctx context.Context, target int, name string, body []byte) error
 
-// statusError is a write the system answered with a failure code.
+// statusError is a write etcd answered with a failure code.
 type statusError struct {
 	code string // e.g. "503", or a gRPC code name
 	msg  string
@@ -247,17 +247,13 @@ type statusError struct {
 
 func (e *statusError) Error() string { return "status " + e.code + ": " + e.msg }
 
-// restWrite writes a policy with PUT /v1/policies/{name} to addrs[target].
-func restWrite(client *http.Client, addrs []string) writeFunc {
+// restWrite writes a policy with PUT /v1/policies/{name} through
+// apis[target]; a failure answer is an *adminclient.Error.
+func restWrite(apis []*adminclient.Client) writeFunc {
 	return func(ctx context.Context, target int, name string, body []byte) error {
-		code, msg, err := put(ctx, client, "http://"+addrs[target]+"/v1/policies/"+name, body)
-		if err != nil {
-			return err
-		}
-		if code/100 != 2 {
-			return &statusError{code: strconv.Itoa(code), msg: msg}
-		}
-		return nil
+		// Do discarding the answer, not PutPolicy: decoding the 4 KB answer
+		// cost bench ~0.04 ms of CPU per write, on CPUs the nodes share.
+		return apis[target].Do(ctx, http.MethodPut, "/v1/policies/"+url.PathEscape(name), nil, body, nil)
 	}
 }
 
@@ -363,7 +359,10 @@ func runWriter(ctx context.Context, write writeFunc, nodes, leaderIdx int, cfg w
 // "transport".
 func errorKind(err error) string {
 	var se *statusError
+	var ae *adminclient.Error
 	switch {
+	case errors.As(err, &ae):
+		return strconv.Itoa(ae.Status)
 	case errors.As(err, &se):
 		return se.code
 	case isTimeout(err):
@@ -371,31 +370,6 @@ func errorKind(err error) string {
 	default:
 		return "transport"
 	}
-}
-
-// put sends body with PUT and returns the status code and, unless it is a
-// 2xx, the start of the response body (the error envelope). The body is
-// always drained, so that the connection can be reused.
-func put(ctx context.Context, client *http.Client, url string, body []byte) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, url, bytes.NewReader(body))
-	if err != nil {
-		return 0, "", fmt.Errorf("build request: %w", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	msg := ""
-	if resp.StatusCode/100 != 2 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		msg = strings.TrimSpace(string(b))
-	}
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return 0, "", fmt.Errorf("read response: %w", err)
-	}
-	return resp.StatusCode, msg, nil
 }
 
 func isTimeout(err error) bool {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
 )
 
@@ -60,9 +61,12 @@ func TestChaos(t *testing.T) {
 	c := startCluster(t, policydBin, run.dir, 3)
 	run.logf("cluster up: %s", c.describe())
 
-	if code, body, err := c.call(c.nodes[0], http.MethodPut, "/v1/employees/"+wsEmployee,
-		[]byte(fmt.Sprintf(`{"org":%q,"team":%q,"status":"active"}`, org, wsTeam)), nil, 30*time.Second); err != nil || code != http.StatusOK {
-		t.Fatalf("PUT employee: %d %s %v", code, body, err)
+	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err = c.nodes[0].api.PutEmployee(ectx, wsEmployee,
+		[]byte(fmt.Sprintf(`{"org":%q,"team":%q,"status":"active"}`, org, wsTeam)), adminclient.AnyRevision)
+	ecancel()
+	if err != nil {
+		t.Fatalf("PUT employee: %v", err)
 	}
 	c.waitHealthy(30 * time.Second) // every node knows the employee before its sidecar connects
 	cars := startSidecars(t, c, run)
@@ -240,27 +244,42 @@ func (w *worker) do(nd *node, in kvInput) record {
 }
 
 func (w *worker) send(nd *node, in kvInput) kvOutput {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
 	path := "/v1/policies/" + in.Key
-	var method string
-	var body []byte
-	hdr := map[string]string{}
+	var p storedPolicy
+	var err error
 	switch in.Op {
 	case opGet:
-		method, path = http.MethodGet, path+"?consistent=true"
+		// Policy has no consistent read; Do decodes the same answer.
+		err = nd.api.Do(ctx, http.MethodGet, path+"?consistent=true", nil, nil, &p)
 	case opPut, opCAS:
-		method = http.MethodPut
-		body = []byte(fmt.Sprintf(`{"kind":"ToolPolicy","scope":{"org":%q},"spec":{"tool_name":"Bash","action":"deny","reason":%q}}`, org, in.Write))
+		body := []byte(fmt.Sprintf(`{"kind":"ToolPolicy","scope":{"org":%q},"spec":{"tool_name":"Bash","action":"deny","reason":%q}}`, org, in.Write))
+		var hdr http.Header
 		if in.Op == opCAS {
-			hdr["If-Match"] = strconv.Quote(strconv.FormatUint(in.IfMatch, 10))
+			hdr = http.Header{"If-Match": {strconv.Quote(strconv.FormatUint(in.IfMatch, 10))}}
 		}
+		// Do, not PutPolicy: the answer is the replica's copy of the
+		// policy, whose name and write id the history records.
+		err = nd.api.Do(ctx, http.MethodPut, path, hdr, body, &p)
 	case opDel:
-		method = http.MethodDelete
+		rev := adminclient.AnyRevision
 		if in.IfMatch != 0 {
-			hdr["If-Match"] = strconv.Quote(strconv.FormatUint(in.IfMatch, 10))
+			rev = int64(in.IfMatch)
 		}
+		_, err = nd.api.DeletePolicy(ctx, in.Key, rev)
 	}
-	code, resp, err := w.c.call(nd, method, path, body, hdr, requestTimeout)
-	if err != nil {
+	if err == nil {
+		if in.Op == opDel {
+			return kvOutput{Result: resOK}
+		}
+		if p.Name != in.Key {
+			return kvOutput{Result: resUnknown, Err: fmt.Sprintf("200 answer names policy %q", p.Name)}
+		}
+		return kvOutput{Result: resOK, Value: p.Spec.Reason, Revision: p.Revision}
+	}
+	var ae *adminclient.Error
+	if !errors.As(err, &ae) {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
 			return kvOutput{Result: resNotSent, Err: err.Error()}
@@ -268,25 +287,17 @@ func (w *worker) send(nd *node, in kvInput) kvOutput {
 		return kvOutput{Result: resUnknown, Err: err.Error()}
 	}
 	switch {
-	case code == http.StatusOK && in.Op == opDel:
-		return kvOutput{Result: resOK}
-	case code == http.StatusOK:
-		var p storedPolicy
-		if err := json.Unmarshal(resp, &p); err != nil || p.Name != in.Key {
-			return kvOutput{Result: resUnknown, Err: fmt.Sprintf("undecodable 200 answer %q: %v", resp, err)}
-		}
-		return kvOutput{Result: resOK, Value: p.Spec.Reason, Revision: p.Revision}
-	case code == http.StatusNotFound && (in.Op == opGet || in.Op == opDel):
+	case ae.Status == http.StatusNotFound && (in.Op == opGet || in.Op == opDel):
 		return kvOutput{Result: resNotFound}
-	case code == http.StatusNotFound:
+	case ae.Status == http.StatusNotFound:
 		// The write committed, then a DELETE applied before the handler
 		// read the policy back for its answer (adminapi answers a PUT with
 		// the local replica's copy): the write happened.
 		return kvOutput{Result: resOK, Gone: true}
-	case code == http.StatusConflict && (in.Op == opCAS || in.Op == opDel && in.IfMatch != 0):
+	case ae.Status == http.StatusConflict && (in.Op == opCAS || in.Op == opDel && in.IfMatch != 0):
 		return kvOutput{Result: resConflict}
 	}
-	return kvOutput{Result: resUnknown, Err: fmt.Sprintf("status %d: %s", code, strings.TrimSpace(string(resp)))}
+	return kvOutput{Result: resUnknown, Err: fmt.Sprintf("status %v", ae)}
 }
 
 // totals counts what a run did.
@@ -379,20 +390,17 @@ func (c *cluster) policyEvents() ([]policyEvent, error) {
 	var all []policyEvent
 	after := uint64(0)
 	for range 100000 {
-		code, body, err := c.call(c.nodes[0], http.MethodGet,
-			fmt.Sprintf("/v1/events?type=policy&org=%s&after=%d&limit=1000&consistent=true", org, after), nil, nil, 30*time.Second)
-		if err != nil {
-			return nil, err
-		}
-		if code != http.StatusOK {
-			return nil, fmt.Errorf("GET /v1/events: %d %s", code, body)
-		}
 		var page struct {
 			Events        []policyEvent `json:"events"`
 			PrunedThrough uint64        `json:"pruned_through"`
 			LastID        uint64        `json:"last_id"`
 		}
-		if err := json.Unmarshal(body, &page); err != nil {
+		// Do, not Events: EventFilter has no consistent read.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := c.nodes[0].api.Do(ctx, http.MethodGet,
+			fmt.Sprintf("/v1/events?type=policy&org=%s&after=%d&limit=1000&consistent=true", org, after), nil, nil, &page)
+		cancel()
+		if err != nil {
 			return nil, fmt.Errorf("GET /v1/events: %w", err)
 		}
 		if page.PrunedThrough != 0 {
@@ -499,7 +507,7 @@ func saveJSONL[T any](t *testing.T, r *runDir, name string, vs []T) {
 type sidecar struct {
 	name     string
 	grpc     bool
-	identity string // the /v1/policies query naming its identity
+	identity adminclient.PolicyFilter // the /v1/policies query naming its identity
 	cl       *client.Client
 	mu       sync.Mutex
 	updates  []sidecarUpdate
@@ -534,12 +542,13 @@ func startSidecars(t *testing.T, c *cluster, run *runDir) []*sidecar {
 	grpcAddr := func(nd *node) string { return nd.grpcAddr }
 	httpAddr := func(nd *node) string { return nd.httpAddr }
 	specs := []struct {
-		name, identity string
-		cfg            client.Config
+		name     string
+		identity adminclient.PolicyFilter
+		cfg      client.Config
 	}{
-		{"grpc-1", "org=" + org, client.Config{Servers: rotate(0, grpcAddr), Scope: client.Scope{Org: org}}},
-		{"grpc-2", "org=" + org, client.Config{Servers: rotate(1, grpcAddr), Scope: client.Scope{Org: org}}},
-		{"ws-1", "org=" + org + "&team=" + wsTeam + "&employee=" + wsEmployee,
+		{"grpc-1", adminclient.PolicyFilter{Org: org}, client.Config{Servers: rotate(0, grpcAddr), Scope: client.Scope{Org: org}}},
+		{"grpc-2", adminclient.PolicyFilter{Org: org}, client.Config{Servers: rotate(1, grpcAddr), Scope: client.Scope{Org: org}}},
+		{"ws-1", adminclient.PolicyFilter{Org: org, Team: wsTeam, Employee: wsEmployee},
 			client.Config{Servers: rotate(2, httpAddr), Transport: client.TransportWS, Employee: wsEmployee}},
 	}
 	var cars []*sidecar
@@ -603,12 +612,13 @@ func checkSidecars(t *testing.T, c *cluster, run *runDir, cars []*sidecar, log *
 	t.Helper()
 	final := log.final().String()
 	for _, s := range cars {
-		code, body, err := c.call(c.nodes[0], http.MethodGet, "/v1/policies?consistent=true&"+s.identity, nil, nil, 30*time.Second)
-		var list struct {
-			Version string `json:"version"`
-		}
-		if err != nil || code != http.StatusOK || json.Unmarshal(body, &list) != nil || list.Version == "" {
-			t.Errorf("sidecar %s: read its final version: %d %s %v", s.name, code, body, err)
+		f := s.identity
+		f.Consistent = true
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		list, err := c.nodes[0].api.Policies(ctx, f)
+		cancel()
+		if err != nil || list.Version == "" {
+			t.Errorf("sidecar %s: read its final version: %v (version %q)", s.name, err, list.Version)
 			continue
 		}
 		err = poll(60*time.Second, func() error {
@@ -884,30 +894,35 @@ func (f *faulter) membership(ctx context.Context) {
 		}
 	}
 	f.run.logf("remove %s (%s) through %s", nd.id, role(l), via.id)
-	code, body, err := f.c.call(via, http.MethodDelete, "/v1/cluster/members/"+nd.id, nil, nil, 20*time.Second)
-	f.run.logf("remove answered %s", answer(code, body, err))
-	if code == http.StatusOK {
+	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	_, err := via.api.Remove(rctx, nd.id)
+	rcancel()
+	f.run.logf("remove answered %s", answer(err))
+	if err == nil {
 		if err := poll(20*time.Second, func() error { return f.c.memberCount(via, 2) }); err != nil {
 			f.fail("removed %s but the configuration still shows it: %v", nd.id, err)
 		}
 		wait(ctx, f.between(500*time.Millisecond, 3*time.Second))
 	}
-	join := fmt.Sprintf(`{"id":%q,"raft_addr":%q}`, nd.id, nd.proxy.addr())
+	join := adminclient.JoinRequest{ID: nd.id, RaftAddr: nd.proxy.addr()}
 	restarted := false
 	err = poll(30*time.Second, func() error {
-		code, body, err := f.c.call(via, http.MethodPost, "/v1/cluster/join", []byte(join), nil, 20*time.Second)
-		if err != nil || code != http.StatusOK {
+		jctx, jcancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := via.api.Join(jctx, join)
+		jcancel()
+		if err != nil {
 			// A leader that removed itself shut its raft and Raft port
 			// down (ShutdownOnRemove), and a join refuses a node that
 			// does not answer: restart it first.
-			if code == http.StatusBadRequest && strings.Contains(string(body), "does not answer") && !restarted {
+			var ae *adminclient.Error
+			if errors.As(err, &ae) && ae.Status == http.StatusBadRequest && strings.Contains(ae.Message, "does not answer") && !restarted {
 				restarted = true
 				f.rejoinRestarts++
 				f.run.logf("%s does not answer the join's probe: restarting it", nd.id)
 				f.c.kill(nd)
 				f.c.restart(nd)
 			}
-			return fmt.Errorf("join: %s", answer(code, body, err))
+			return fmt.Errorf("join: %s", answer(err))
 		}
 		return nil
 	})
@@ -990,13 +1005,14 @@ func (f *faulter) healAll() {
 				errs = append(errs, err)
 				continue
 			}
-			if slices.ContainsFunc(st.Members, func(m memberStatus) bool { return m.ID == nd.id }) {
+			if slices.ContainsFunc(st.Members, func(m adminclient.Member) bool { return m.ID == nd.id }) {
 				continue
 			}
 			rejoined[nd] = true
-			code, body, err := f.c.call(via, http.MethodPost, "/v1/cluster/join",
-				[]byte(fmt.Sprintf(`{"id":%q,"raft_addr":%q}`, nd.id, nd.proxy.addr())), nil, 10*time.Second)
-			errs = append(errs, fmt.Errorf("%s was not a member; join: %s", nd.id, answer(code, body, err)))
+			jctx, jcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err = via.api.Join(jctx, adminclient.JoinRequest{ID: nd.id, RaftAddr: nd.proxy.addr()})
+			jcancel()
+			errs = append(errs, fmt.Errorf("%s was not a member; join: %s", nd.id, answer(err)))
 		}
 		return errors.Join(errs...)
 	})
@@ -1014,11 +1030,11 @@ func (f *faulter) healAll() {
 }
 
 // answer describes a response (or the error instead of one) for logs.
-func answer(code int, body []byte, err error) string {
+func answer(err error) string {
 	if err != nil {
 		return err.Error()
 	}
-	return strconv.Itoa(code) + " " + strings.TrimSpace(string(body))
+	return "200 OK"
 }
 
 // maxVisualisedOps bounds the history porcupine renders: its HTML for a

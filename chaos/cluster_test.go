@@ -4,9 +4,7 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/loopback"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -47,6 +46,9 @@ type node struct {
 	grpcAddr   string
 	raftAddr   string // the real listener; peers dial proxy.addr()
 	proxy      *proxy
+	// api addresses this node only: no failover, so that a history
+	// records which node answered.
+	api *adminclient.Client
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -87,6 +89,9 @@ func startCluster(t *testing.T, bin, dir string, size int) *cluster {
 			httpAddr: loopback.Addr(ports[3*i]), grpcAddr: loopback.Addr(ports[3*i+1]), raftAddr: loopback.Addr(ports[3*i+2]),
 		}
 		nd.configPath, nd.logPath = filepath.Join(nd.dir, "config.yaml"), filepath.Join(nd.dir, "node.log")
+		if nd.api, err = adminclient.New(adminclient.Config{Servers: []string{"http://" + nd.httpAddr}, HTTPClient: c.hc}); err != nil {
+			t.Fatal(err)
+		}
 		if nd.proxy, err = c.net.listen(i, nd.raftAddr); err != nil {
 			t.Fatal(err)
 		}
@@ -290,67 +295,15 @@ func (c *cluster) stopAll() {
 	c.hc.CloseIdleConnections()
 }
 
-// clusterStatus is the part of GET /v1/cluster the suite reads.
-type clusterStatus struct {
-	NodeID       string         `json:"node_id"`
-	State        string         `json:"state"`
-	LeaderID     string         `json:"leader_id"`
-	Term         uint64         `json:"term"`
-	CommitIndex  uint64         `json:"commit_index"`
-	AppliedIndex uint64         `json:"applied_index"`
-	Digest       string         `json:"digest"`
-	Members      []memberStatus `json:"members"`
-}
-
-// memberStatus is one server of GET /v1/cluster's configuration.
-type memberStatus struct {
-	ID       string `json:"id"`
-	RaftAddr string `json:"raft_addr"`
-	HTTPAddr string `json:"http_addr"`
-	Suffrage string `json:"suffrage"`
-}
-
 // status reads GET /v1/cluster from nd.
-func (c *cluster) status(nd *node) (*clusterStatus, error) {
-	var st clusterStatus
-	code, body, err := c.call(nd, http.MethodGet, "/v1/cluster", nil, nil, 2*time.Second)
+func (c *cluster) status(nd *node) (*adminclient.ClusterStatus, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := nd.api.Cluster(ctx)
 	if err != nil {
-		return nil, err
-	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("%s: GET /v1/cluster: %d %s", nd.id, code, body)
-	}
-	if err := json.Unmarshal(body, &st); err != nil {
 		return nil, fmt.Errorf("%s: GET /v1/cluster: %w", nd.id, err)
 	}
-	return &st, nil
-}
-
-// call makes one request to nd's API.
-func (c *cluster) call(nd *node, method, path string, body []byte, hdr map[string]string, timeout time.Duration) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = strings.NewReader(string(body))
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+nd.httpAddr+path, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s %s: read body: %w", method, path, err)
-	}
-	return resp.StatusCode, b, nil
+	return st, nil
 }
 
 // leader returns the node that every running, unpaused node names leader,
@@ -386,7 +339,7 @@ func (c *cluster) waitHealthy(timeout time.Duration) {
 }
 
 func (c *cluster) healthy() error {
-	var ref *clusterStatus
+	var ref *adminclient.ClusterStatus
 	for _, nd := range c.nodes {
 		if !nd.running() {
 			return fmt.Errorf("%s is not running", nd.id)

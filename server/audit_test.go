@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
@@ -281,7 +281,7 @@ func TestHistoryAndRevert(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				codes[i] = rawPost(c.nodes[i%len(c.nodes)].HTTPAddr(), p+"/revert", fmt.Sprintf(`{"to":%d,"if_match":%d}`, r1+uint64(i%2)*(r2-r1), r4), opsToken)
+				codes[i] = postStatus(c.nodes[i%len(c.nodes)].HTTPAddr(), p+"/revert", fmt.Sprintf(`{"to":%d,"if_match":%d}`, r1+uint64(i%2)*(r2-r1), r4), opsToken)
 			}()
 		}
 		wg.Wait()
@@ -398,23 +398,24 @@ func TestHistoryAndRevert(t *testing.T) {
 	c.waitConverged()
 }
 
-// rawPost POSTs body with token and returns the status (0 if the request
-// failed): for goroutines, which must not call t.Fatal.
-func rawPost(addr, path, body, token string) int {
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(body))
-	if err != nil {
-		return 0
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
+// postStatus POSTs body to the node at addr alone with token and returns
+// the status (0 if the request failed): for goroutines, which must not
+// call t.Fatal.
+func postStatus(addr, path, body, token string) int {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
-	resp, err := hc.Do(req)
+	client, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + addr}, Token: token, HTTPClient: hc})
 	if err != nil {
 		return 0
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
+	var ae *adminclient.Error
+	switch err := client.Do(context.Background(), http.MethodPost, path, nil, []byte(body), nil); {
+	case err == nil:
+		return http.StatusOK
+	case errors.As(err, &ae):
+		return ae.Status
+	}
+	return 0
 }
 
 // TestRetentionPruneIsAudited: the leader's retention prune records an

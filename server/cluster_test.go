@@ -267,11 +267,7 @@ func TestEventsListAndWatch(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.HTTPAddr()+"/v1/events/watch?after=0", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := a.hc.Do(req) //nolint:bodyclose // closed by the deferred Close below; the linter misses it across the goroutine
+	resp, err := a.client.Stream(ctx, "/v1/events/watch?after=0") //nolint:bodyclose // closed by the deferred Close below; the linter misses it across the goroutine
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/policyd/policyd/adminclient"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
@@ -98,7 +99,7 @@ func TestFlood(t *testing.T) {
 	feedCl.ws.SetReadLimit(4 << 20) // the policies written below are large
 	feedCl.nextOf(feedv1.TypeInit)
 	good := newGoodStream(t, n, alice, aliceTok)
-	writer := newFloodWriter(n.HTTPAddr())
+	writer := newFloodWriter(t, n.HTTPAddr())
 	if err := writer.put(0); err != nil { // its connection, too, predates the flood
 		t.Fatal(err)
 	}
@@ -579,17 +580,19 @@ func sampleHeap(peak *atomic.Uint64) (stop func()) {
 // floodWriter PUTs large policies over one kept-alive connection, made
 // before the flood (a new one could be refused at max_connections).
 type floodWriter struct {
-	hc    *http.Client
-	base  string
-	mu    sync.Mutex
-	names []string
+	hc     *http.Client
+	client *adminclient.Client // over hc, of the one node
+	mu     sync.Mutex
+	names  []string
 }
 
-func newFloodWriter(addr string) *floodWriter {
-	return &floodWriter{
-		hc:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 30 * time.Second},
-		base: "http://" + addr,
+func newFloodWriter(t *testing.T, addr string) *floodWriter {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 30 * time.Second}
+	client, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + addr}, HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return &floodWriter{hc: hc, client: client}
 }
 
 func (w *floodWriter) put(i int) error {
@@ -597,22 +600,17 @@ func (w *floodWriter) put(i int) error {
 	reason := fmt.Sprintf("write %d %s", i, strings.Repeat("x", floodReasonBytes))
 	var lastErr error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		req, err := http.NewRequest(http.MethodPut, w.base+"/v1/policies/"+name, bytes.NewReader(toolPolicy(name, "acme", reason)))
-		if err != nil {
-			return err
+		_, err := w.client.PutPolicy(context.Background(), name, toolPolicy(name, "acme", reason), adminclient.AnyRevision)
+		var ae *adminclient.Error
+		if errors.As(err, &ae) {
+			return fmt.Errorf("PUT %s: %w", name, err)
 		}
-		resp, err := w.hc.Do(req)
 		if err != nil {
 			// A new connection may be refused while the listener is
 			// full: retry, as any client would.
 			lastErr = err
 			<-time.After(100 * time.Millisecond) // client back-off
 			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("PUT %s: %d %s", name, resp.StatusCode, body)
 		}
 		w.mu.Lock()
 		w.names = append(w.names, name)

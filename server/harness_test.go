@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
@@ -222,16 +223,30 @@ func (c *cluster) restart(i int) *Node {
 }
 
 // api is a minimal REST client for one node.
+// api is one node's admin API: do sends raw requests, for the tests that
+// check statuses, headers and bodies byte for byte; client is adminclient
+// over the same connections, with that node alone as its server (no
+// failover: a test addresses a node).
 type api struct {
-	t    *testing.T
-	base string
-	hc   *http.Client
+	t      *testing.T
+	base   string
+	hc     *http.Client
+	client *adminclient.Client
 }
 
 func apiFor(t *testing.T, n *Node) *api {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}
 	t.Cleanup(hc.CloseIdleConnections)
-	return &api{t: t, base: "http://" + n.HTTPAddr(), hc: hc}
+	return newAPI(t, "http://"+n.HTTPAddr(), hc)
+}
+
+// newAPI is the api of the node at base over hc.
+func newAPI(t *testing.T, base string, hc *http.Client) *api {
+	client, err := adminclient.New(adminclient.Config{Servers: []string{base}, HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &api{t: t, base: base, hc: hc, client: client}
 }
 
 type response struct {
@@ -287,12 +302,11 @@ func (a *api) do(method, path string, body []byte, hdr map[string]string) respon
 // putPolicy PUTs a valid ToolPolicy and returns the stored policy.
 func (a *api) putPolicy(name, org, reason string) *policy.Policy {
 	a.t.Helper()
-	r := a.do(http.MethodPut, "/v1/policies/"+name, toolPolicy(name, org, reason), nil)
-	if r.status != http.StatusOK {
-		a.t.Fatalf("PUT %s: %d %s", name, r.status, r.body)
-	}
+	// Do, not PutPolicy: callers read the stored policy the answer holds.
 	var p policy.Policy
-	r.decode(a.t, &p)
+	if err := a.client.Do(a.t.Context(), http.MethodPut, "/v1/policies/"+name, nil, toolPolicy(name, org, reason), &p); err != nil {
+		a.t.Fatalf("PUT %s: %v", name, err)
+	}
 	return &p
 }
 

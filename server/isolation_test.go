@@ -1,12 +1,10 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -23,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/policyd/policyd/adminclient"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
@@ -214,19 +213,17 @@ type isoMove struct {
 func (w *isoWorld) write(c *cluster, rng *rand.Rand, mine []policy.Employee, orgs, teams, policies, ops int) error {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{}}
 	defer hc.CloseIdleConnections()
-	do := func(method, path string, body []byte) (int, []byte, error) {
-		n := c.nodes[rng.IntN(len(c.nodes))]
-		req, err := http.NewRequest(method, "http://"+n.HTTPAddr()+path, bytes.NewReader(body))
-		if err != nil {
-			return 0, nil, err
+	// One single-server client per node: each write goes to a node
+	// chosen at random, never failed over.
+	clients := make([]*adminclient.Client, len(c.nodes))
+	for i, n := range c.nodes {
+		var err error
+		if clients[i], err = adminclient.New(adminclient.Config{Servers: []string{"http://" + n.HTTPAddr()}, HTTPClient: hc}); err != nil {
+			return err
 		}
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return resp.StatusCode, b, err
+	}
+	do := func(method, path string, body []byte, out any) error {
+		return clients[rng.IntN(len(clients))].Do(context.Background(), method, path, nil, body, out)
 	}
 	team := map[string]string{}
 	for _, e := range mine {
@@ -240,21 +237,20 @@ func (w *isoWorld) write(c *cluster, rng *rand.Rand, mine []policy.Employee, org
 			next := fmt.Sprintf("t%d", (teamIndex(team[e.ID])+1+rng.IntN(teams-1))%teams)
 			body, _ := json.Marshal(policy.Employee{ID: e.ID, Org: e.Org, Team: next, Status: policy.StatusActive})
 			call := time.Now()
-			code, resp, err := do(http.MethodPut, "/v1/employees/"+e.ID, body)
-			if err != nil || code != http.StatusOK {
-				return fmt.Errorf("op %d: move %s: %d %s: %w", i, e.ID, code, resp, err)
-			}
 			var got policy.Employee
-			if err := json.Unmarshal(resp, &got); err != nil || got.Team != next {
-				return fmt.Errorf("op %d: move %s: answer %s: %w", i, e.ID, resp, err)
+			if err := do(http.MethodPut, "/v1/employees/"+e.ID, body, &got); err != nil {
+				return fmt.Errorf("op %d: move %s: %w", i, e.ID, err)
+			}
+			if got.Team != next {
+				return fmt.Errorf("op %d: move %s: answer %+v", i, e.ID, got)
 			}
 			team[e.ID] = next
 			w.mu.Lock()
 			w.moves[e.ID] = append(w.moves[e.ID], isoMove{team: next, rev: got.Revision, call: call})
 			w.mu.Unlock()
 		case p < 0.3:
-			if code, resp, err := do(http.MethodDelete, "/v1/policies/"+name, nil); err != nil || code != http.StatusOK && code != http.StatusNotFound {
-				return fmt.Errorf("op %d: delete %s: %d %s: %w", i, name, code, resp, err)
+			if err := do(http.MethodDelete, "/v1/policies/"+name, nil, nil); err != nil && !errors.Is(err, adminclient.ErrNotFound) {
+				return fmt.Errorf("op %d: delete %s: %w", i, name, err)
 			}
 		default:
 			scope := policy.Scope{}
@@ -270,8 +266,8 @@ func (w *isoWorld) write(c *cluster, rng *rand.Rand, mine []policy.Employee, org
 			}
 			// 404: committed, then deleted by another writer before the
 			// handler read it back for its answer.
-			if code, resp, err := do(http.MethodPut, "/v1/policies/"+name, scopedPolicy(name, scope, "isolation")); err != nil || code != http.StatusOK && code != http.StatusNotFound {
-				return fmt.Errorf("op %d: put %s: %d %s: %w", i, name, code, resp, err)
+			if err := do(http.MethodPut, "/v1/policies/"+name, scopedPolicy(name, scope, "isolation"), nil); err != nil && !errors.Is(err, adminclient.ErrNotFound) {
+				return fmt.Errorf("op %d: put %s: %w", i, name, err)
 			}
 			w.mu.Lock()
 			w.policyWrites++

@@ -78,7 +78,7 @@ func (p *pki) clientTLS(t *testing.T, name string) *tls.Config {
 func httpsAPI(t *testing.T, n *Node, cfg *tls.Config) *api {
 	hc := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 	t.Cleanup(hc.CloseIdleConnections)
-	return &api{t: t, base: "https://" + n.HTTPAddr(), hc: hc}
+	return newAPI(t, "https://"+n.HTTPAddr(), hc)
 }
 
 // peerCert handshakes with addr and returns the certificate it presents.

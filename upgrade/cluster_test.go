@@ -4,10 +4,8 @@ package upgrade
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/loopback"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -46,6 +45,10 @@ type node struct {
 	httpAddr   string
 	grpcAddr   string
 	raftAddr   string
+	// api addresses this node only. Its answers decode into the test's
+	// own types or adminclient's, both lenient: a release node's answers
+	// may lack or add fields.
+	api *adminclient.Client
 
 	bin     string // the binary it runs, or ran last
 	cmd     *exec.Cmd
@@ -88,6 +91,9 @@ func startCluster(t *testing.T, bin string, size int) *cluster {
 			httpAddr: loopback.Addr(ports[3*i]), grpcAddr: loopback.Addr(ports[3*i+1]), raftAddr: loopback.Addr(ports[3*i+2]),
 		}
 		nd.configPath, nd.logPath = filepath.Join(nd.dir, "config.yaml"), filepath.Join(nd.dir, "node.log")
+		if nd.api, err = adminclient.New(adminclient.Config{Servers: []string{"http://" + nd.httpAddr}, HTTPClient: c.hc}); err != nil {
+			t.Fatal(err)
+		}
 		c.nodes = append(c.nodes, nd)
 	}
 	for _, nd := range c.nodes {
@@ -240,59 +246,22 @@ func logExcerpt(path string, n int) string {
 	return strings.Join(lines[from:min(from+n, len(lines))], "\n")
 }
 
-// call makes one request to nd's admin API and returns the status and body.
-func (c *cluster) call(nd *node, method, path string, body []byte, hdr map[string]string) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = strings.NewReader(string(body))
-	}
-	req, err := http.NewRequestWithContext(c.ctx, method, "http://"+nd.httpAddr+path, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s: %s %s: %w", nd.id, method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s: %s %s: read body: %w", nd.id, method, path, err)
-	}
-	return resp.StatusCode, b, nil
-}
-
 // get reads path from nd into v; anything but 200 is an error.
 func (c *cluster) get(nd *node, path string, v any) error {
-	code, body, err := c.call(nd, http.MethodGet, path, nil, nil)
-	if err != nil {
-		return err
-	}
-	if code != http.StatusOK {
-		return fmt.Errorf("%s: GET %s: %d %s", nd.id, path, code, body)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
+	if err := nd.api.Do(c.ctx, http.MethodGet, path, nil, nil, v); err != nil {
 		return fmt.Errorf("%s: GET %s: %w", nd.id, path, err)
 	}
 	return nil
 }
 
-// clusterStatus is the part of GET /v1/cluster the test reads.
-type clusterStatus struct {
-	LeaderID     string `json:"leader_id"`
-	Term         uint64 `json:"term"`
-	AppliedIndex uint64 `json:"applied_index"`
-	// CommandVersion is the Raft command encoding writes use; absent (0)
-	// on a release node.
-	CommandVersion uint32 `json:"command_version"`
-	Members        []struct {
-		ID       string `json:"id"`
-		HTTPAddr string `json:"http_addr"`
-		Suffrage string `json:"suffrage"`
-	} `json:"members"`
+// status reads GET /v1/cluster from nd. CommandVersion is 0 on a release
+// node, which does not report it.
+func (c *cluster) status(nd *node) (*adminclient.ClusterStatus, error) {
+	st, err := nd.api.Cluster(c.ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: GET /v1/cluster: %w", nd.id, err)
+	}
+	return st, nil
 }
 
 // waitCommandVersion waits until nd reports that writes use command
@@ -302,10 +271,12 @@ func (c *cluster) waitCommandVersion(nd *node, want uint32) {
 	var got uint32
 	var last error
 	if !servertest.Poll(30*time.Second, func() bool {
-		var st clusterStatus
-		last = c.get(nd, "/v1/cluster", &st)
+		var st *adminclient.ClusterStatus
+		if st, last = c.status(nd); last != nil {
+			return false
+		}
 		got = st.CommandVersion
-		return last == nil && got == want
+		return got == want
 	}) {
 		c.t.Fatalf("%s: command_version %d (%v), want %d", nd.id, got, last, want)
 	}
@@ -350,15 +321,13 @@ func (c *cluster) healthy() (*node, error) {
 	if err := c.exited(); err != nil {
 		return nil, err
 	}
-	var ref *clusterStatus
+	var ref *adminclient.ClusterStatus
 	for _, nd := range c.nodes {
-		if code, body, err := c.call(nd, http.MethodGet, "/readyz", nil, nil); err != nil {
-			return nil, err
-		} else if code != http.StatusOK {
-			return nil, fmt.Errorf("%s not ready: %d %s", nd.id, code, body)
+		if err := nd.api.Do(c.ctx, http.MethodGet, "/readyz", nil, nil, nil); err != nil {
+			return nil, fmt.Errorf("%s not ready: %w", nd.id, err)
 		}
-		var st clusterStatus
-		if err := c.get(nd, "/v1/cluster", &st); err != nil {
+		st, err := c.status(nd)
+		if err != nil {
 			return nil, err
 		}
 		voters := 0
@@ -377,7 +346,7 @@ func (c *cluster) healthy() (*node, error) {
 		case ref != nil && st.AppliedIndex != ref.AppliedIndex:
 			return nil, fmt.Errorf("%s applied %d, another node %d", nd.id, st.AppliedIndex, ref.AppliedIndex)
 		}
-		ref = &st
+		ref = st
 	}
 	for _, nd := range c.nodes {
 		if nd.id == ref.LeaderID {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -81,28 +82,22 @@ func (c *cluster) write(nd *node, method, path string, body any, ifMatch *uint64
 			return err
 		}
 	}
-	hdr := map[string]string{"Content-Type": "application/json"}
+	var hdr http.Header
 	if ifMatch != nil {
-		hdr["If-Match"] = strconv.Quote(strconv.FormatUint(*ifMatch, 10))
+		hdr = http.Header{"If-Match": {strconv.Quote(strconv.FormatUint(*ifMatch, 10))}}
 	}
-	var code int
-	var resp []byte
 	var err error
 	servertest.Poll(20*time.Second, func() bool {
-		code, resp, err = c.call(nd, method, path, raw, hdr)
-		return err != nil || code != http.StatusServiceUnavailable
+		err = nd.api.Do(c.ctx, method, path, hdr, raw, out)
+		var ae *adminclient.Error
+		return !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable
 	})
+	var ae *adminclient.Error
 	switch {
+	case errors.As(err, &ae) && ae.Status == http.StatusConflict:
+		return fmt.Errorf("%s: %s %s: %w: %s", nd.id, method, path, errConflict, ae.Message)
 	case err != nil:
-		return err
-	case code == http.StatusConflict:
-		return fmt.Errorf("%s: %s %s: %w: %s", nd.id, method, path, errConflict, resp)
-	case code != http.StatusOK:
-		return fmt.Errorf("%s: %s %s: %d %s", nd.id, method, path, code, resp)
-	case out != nil:
-		if err := json.Unmarshal(resp, out); err != nil {
-			return fmt.Errorf("%s: %s %s: %w", nd.id, method, path, err)
-		}
+		return fmt.Errorf("%s: %s %s: %w", nd.id, method, path, err)
 	}
 	return nil
 }

@@ -4,16 +4,15 @@ package upgrade
 
 import (
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/raftfsm"
 )
 
@@ -154,8 +153,8 @@ func (c *cluster) writeUnderNewLeader(m *model, bins binaries, oldVersion uint32
 // term is the Raft term nd reports.
 func (c *cluster) term(nd *node) uint64 {
 	c.t.Helper()
-	var st clusterStatus
-	if err := c.get(nd, "/v1/cluster", &st); err != nil {
+	st, err := c.status(nd)
+	if err != nil {
 		c.t.Fatal(err)
 	}
 	return st.Term
@@ -175,15 +174,9 @@ func (c *cluster) checkActors() {
 	for _, nd := range c.nodes {
 		var got []audited
 		for after := uint64(0); ; {
-			var page struct {
-				Events []struct {
-					ID    uint64 `json:"id"`
-					Actor string `json:"actor"`
-				} `json:"events"`
-				LastID uint64 `json:"last_id"`
-			}
-			if err := c.get(nd, "/v1/events?"+url.Values{"after": {strconv.FormatUint(after, 10)}, "limit": {"1000"}}.Encode(), &page); err != nil {
-				c.t.Fatal(err)
+			page, err := nd.api.Events(c.ctx, adminclient.EventFilter{After: after, Limit: 1000})
+			if err != nil {
+				c.t.Fatalf("%s: GET /v1/events: %v", nd.id, err)
 			}
 			for _, ev := range page.Events {
 				got = append(got, audited{ev.ID, ev.Actor})
