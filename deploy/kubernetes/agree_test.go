@@ -426,8 +426,8 @@ func (d *deployment) checkProbes(t *testing.T) {
 		path  string
 	}{
 		{"readiness", d.c.ReadinessProbe, "/readyz"},
-		{"liveness", d.c.LivenessProbe, "/healthz"},
-		{"startup", d.c.StartupProbe, "/healthz"},
+		{"liveness", d.c.LivenessProbe, "/livez"},
+		{"startup", d.c.StartupProbe, "/livez"},
 	} {
 		if p.probe == nil || p.probe.HTTPGet == nil {
 			t.Errorf("%s probe: want GET %s", p.what, p.path)
