@@ -5,14 +5,14 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := build
 
-# VERSION is stamped into the binary (main.version) and tags the image.
+# VERSION is stamped into the binary (buildinfo.version) and tags the image.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 VERSION := $(VERSION)
 
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 
-GO_LDFLAGS := -s -w -X main.version=$(VERSION)
+GO_LDFLAGS := -s -w -X github.com/policyd/policyd/buildinfo.version=$(VERSION)
 
 # TOOLS puts protoc, the protoc plugins and golangci-lint on PATH; it fails
 # the recipe if hack/tools.sh fails.

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/adminclient"
+	"github.com/policyd/policyd/buildinfo"
 	"github.com/policyd/policyd/client"
 )
 
@@ -54,7 +55,7 @@ func (c *adminClient) client() (*adminclient.Client, error) {
 			c.err = err
 			return
 		}
-		cfg := adminclient.Config{Servers: strings.Split(c.server, ","), Token: c.token, UserAgent: "policyd/" + version}
+		cfg := adminclient.Config{Servers: strings.Split(c.server, ","), Token: c.token, UserAgent: "policyd/" + buildinfo.Read().Version}
 		if c.caFile != "" || c.certFile != "" || c.keyFile != "" {
 			tc, err := client.TLSFiles(c.caFile, c.certFile, c.keyFile)
 			if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/buildinfo"
 )
 
 // clientsCommand lists the connected sidecars, filtered on the client side
@@ -252,16 +252,10 @@ type versionReport struct {
 	Servers []adminclient.ServerVersion `json:"servers,omitempty"`
 }
 
-// clientVersion is this binary's build: main.version as stamped by the
-// Makefile, else the module version; Go version and commit from the build
-// info, as the server reports its own (adminapi.Build).
+// clientVersion is this binary's build, as a server reports its own.
 func clientVersion() adminclient.VersionInfo {
-	b := adminapi.Build()
-	v := adminclient.VersionInfo{Version: version, GoVersion: b.GoVersion, Commit: b.Commit}
-	if version == "dev" && b.Version != "unknown" && b.Version != "(devel)" {
-		v.Version = b.Version
-	}
-	return v
+	b := buildinfo.Read()
+	return adminclient.VersionInfo{Version: b.Version, GoVersion: b.GoVersion, Commit: b.Commit}
 }
 
 func versionCommand(c *adminClient) *cobra.Command {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +9,8 @@ import (
 	gometrics "github.com/hashicorp/go-metrics/compat"
 	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/policyd/policyd/buildinfo"
 )
 
 var bridgeOnce sync.Once
@@ -63,21 +63,13 @@ func renamePeer(labels []gometrics.Label) []gometrics.Label {
 	return labels
 }
 
-// buildInfo is policyd_build_info: 1, labelled with the version the
-// version command prints, the Go version and the VCS commit the binary was
-// built from ("unknown" when the build did not record one).
+// buildInfo is policyd_build_info: 1, labelled with the binary's version,
+// Go version and VCS commit (buildinfo).
 func buildInfo() prometheus.Collector {
-	goVersion, commit := runtime.Version(), "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				commit = s.Value
-			}
-		}
-	}
+	b := buildinfo.Read()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "policyd_build_info", Help: "1, labelled with the version, Go version and commit of this binary.",
-		ConstLabels: prometheus.Labels{"version": version, "goversion": goVersion, "commit": commit},
+		ConstLabels: prometheus.Labels{"version": b.Version, "goversion": b.GoVersion, "commit": b.Commit},
 	})
 	g.Set(1)
 	return g

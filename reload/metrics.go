@@ -1,9 +1,9 @@
 package reload
 
 import (
-	"runtime/debug"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/policyd/policyd/buildinfo"
 )
 
 // metrics are seed 003's, with its names and labels, plus
@@ -68,13 +68,10 @@ func newMetrics(reg prometheus.Registerer, namespace, selector string) (*metrics
 			Name: "configmap_reload_stopped", Help: "1 while the controller is stopped by a fatal API error (unauthorized/forbidden) until the next leadership term.",
 		}, []string{"reason"}),
 	}
-	version, goVersion := "unknown", "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version, goVersion = bi.Main.Version, bi.GoVersion
-	}
+	b := buildinfo.Read()
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "configmap_reload_info", Help: "Build metadata.",
-		ConstLabels: prometheus.Labels{"version": version, "go_version": goVersion, "namespace": namespace, "selector": selector},
+		ConstLabels: prometheus.Labels{"version": b.Version, "go_version": b.GoVersion, "namespace": namespace, "selector": selector},
 	})
 	info.Set(1)
 	m.setStopped("")
