@@ -34,8 +34,10 @@ const (
 	// DefaultMaxMessageBytes bounds one received snapshot or message.
 	DefaultMaxMessageBytes = 64 << 20
 	// DefaultCELCostLimit is the CEL cost budget of one expression's
-	// evaluation, the per-call limit Kubernetes uses for its CEL.
-	DefaultCELCostLimit = 1_000_000
+	// evaluation: a tenth of Kubernetes' per-call limit, since a sidecar
+	// decides on the request path (it stops a runaway expression within
+	// tens of milliseconds on a small machine).
+	DefaultCELCostLimit = 100_000
 )
 
 // Scope names the identity whose policies a gRPC client asks for. With the
