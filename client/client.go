@@ -68,6 +68,8 @@ type view struct {
 	state State
 	block string // non-empty: block everything with this reason
 	rules *ruleSet
+	// validators are the compiled ValidatingPolicies, in name order.
+	validators []*validator
 }
 
 // Client follows a policyd cluster and enforces the policies it receives.
@@ -78,6 +80,9 @@ type Client struct {
 	logger *slog.Logger
 	view   atomic.Pointer[view]
 	ran    atomic.Bool
+	cel    *celCompiler
+
+	evalErrors atomic.Uint64
 
 	readyOnce sync.Once
 	readyCh   chan struct{} // closed when first ready
@@ -92,6 +97,7 @@ type Client struct {
 	graceTimer   Timer
 	policies     []Policy // in force, sorted by name
 	rules        *ruleSet
+	validators   []*validator
 	version      string // policy-set version of the set in force
 	haveSet      bool   // a set has been put in force
 	index        uint64 // ws: Raft index of the last message received
@@ -108,6 +114,10 @@ func New(cfg Config, logger *slog.Logger) (*Client, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	cc, err := newCELCompiler(cfg.CELCostLimit)
+	if err != nil {
+		return nil, err
+	}
 	c := &Client{
 		cfg:     cfg,
 		logger:  logger.With("client_address", cfg.ClientAddress, "transport", cfg.Transport),
@@ -115,6 +125,7 @@ func New(cfg Config, logger *slog.Logger) (*Client, error) {
 		doneCh:  make(chan struct{}),
 		state:   StateConnecting,
 		rules:   emptyRules,
+		cel:     cc,
 	}
 	c.publish()
 	return c, nil
@@ -203,28 +214,42 @@ func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, bl
 	if v.block != "" {
 		return v.block, true
 	}
-	tr := v.rules.rulesFor(tool)
+	if r := c.toolDeny(v.rules, tool, input); r != nil {
+		return r.denial(), true
+	}
+	return "", false
+}
+
+// toolDeny returns the first deny rule of rs matching the call, or nil after
+// logging the audit rules that match it.
+func (c *Client) toolDeny(rs *ruleSet, tool string, input map[string]any) *rule {
+	tr := rs.rulesFor(tool)
 	if len(tr.deny) == 0 && len(tr.audit) == 0 {
-		return "", false
+		return nil
 	}
 	in := callInput{v: input}
 	for _, r := range tr.deny {
 		if r.matches(&in) {
-			if r.reason != "" {
-				return r.reason, true
-			}
-			return "blocked by policy " + r.name, true
+			return r
 		}
 	}
 	if len(tr.audit) == 0 || !c.logger.Enabled(context.Background(), slog.LevelInfo) {
-		return "", false
+		return nil
 	}
 	for _, r := range tr.audit {
 		if r.matches(&in) {
 			c.logger.Info("audit: tool call matched policy", "policy", r.name, "tool", tool, "reason", r.reason)
 		}
 	}
-	return "", false
+	return nil
+}
+
+// denial is the reason a deny rule gives.
+func (r *rule) denial() string {
+	if r.reason != "" {
+		return r.reason
+	}
+	return "blocked by policy " + r.name
 }
 
 // ShouldBlockAll reports whether every call must be blocked: while
@@ -260,7 +285,7 @@ func (c *Client) Stats() Stats {
 // publish rebuilds the hot-path view. Call with c.mu held (or before the
 // client is shared).
 func (c *Client) publish() {
-	v := &view{state: c.state, rules: c.rules}
+	v := &view{state: c.state, rules: c.rules, validators: c.validators}
 	switch {
 	case c.state == StateRevoked:
 		v.block = ReasonRevoked
@@ -388,9 +413,13 @@ func (c *Client) stop() {
 // hook. On error nothing changes. It is called only from Run's goroutine.
 func (c *Client) install(set []Policy, version string, index uint64, full bool, server string) error {
 	c.mu.Lock()
-	prev := c.rules
+	prev, prevValidators := c.rules, c.validators
 	c.mu.Unlock()
 	rules, err := compileRules(set, prev)
+	var validators []*validator
+	if err == nil {
+		validators, err = c.cel.compileValidators(set, prevValidators)
+	}
 	if err == nil && c.cfg.Apply != nil {
 		if aerr := c.cfg.Apply(set); aerr != nil {
 			err = fmt.Errorf("apply hook: %w", aerr)
@@ -404,7 +433,7 @@ func (c *Client) install(set []Policy, version string, index uint64, full bool, 
 		return err
 	}
 	c.mu.Lock()
-	c.policies, c.rules, c.version, c.haveSet = set, rules, version, true
+	c.policies, c.rules, c.validators, c.version, c.haveSet = set, rules, validators, version, true
 	if full || index > c.index {
 		c.index = index
 	}

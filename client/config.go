@@ -33,6 +33,11 @@ const (
 	DefaultBackoffMax     = 10 * time.Second
 	// DefaultMaxMessageBytes bounds one received snapshot or message.
 	DefaultMaxMessageBytes = 64 << 20
+	// DefaultCELCostLimit is the CEL cost budget of one expression's
+	// evaluation: a tenth of Kubernetes' per-call limit, since a sidecar
+	// decides on the request path (it stops a runaway expression within
+	// tens of milliseconds on a small machine).
+	DefaultCELCostLimit = 100_000
 )
 
 // Scope names the identity whose policies a gRPC client asks for. With the
@@ -88,6 +93,10 @@ type Config struct {
 	// between connection attempts. Defaults 100ms and 10s.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
+	// CELCostLimit is the CEL cost budget of one ValidatingPolicy
+	// expression's evaluation; past it the expression fails and Evaluate
+	// denies, so a policy cannot stall a sidecar. 0: DefaultCELCostLimit.
+	CELCostLimit uint64
 	// MaxMessageBytes bounds one received snapshot (gRPC) or message (ws).
 	// Default 64 MiB.
 	MaxMessageBytes int
@@ -219,6 +228,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.MaxMessageBytes <= 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.CELCostLimit == 0 {
+		cfg.CELCostLimit = DefaultCELCostLimit
 	}
 	if cfg.ClientAddress == "" {
 		cfg.ClientAddress = defaultClientAddress()

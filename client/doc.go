@@ -88,7 +88,8 @@
 // # ToolPolicy semantics (IsBlocked)
 //
 // Only policies of kind "ToolPolicy" take part; other kinds are kept (and
-// returned by Policies) but never block. Their spec is
+// returned by Policies) but never block a tool call (Evaluate runs
+// ValidatingPolicies too, see below). Their spec is
 //
 //	{"tool_name": "Bash", "action": "deny|audit|allow", "reason": "...",
 //	 "conditions": {"patterns": ["rm -rf", "..."]}}
@@ -115,4 +116,18 @@
 // that does not compile) is rejected as a whole, exactly like an error from
 // the Config.Apply hook: over gRPC it is NACKed with the error and the last
 // good version, and the previous set stays in force.
+//
+// # ValidatingPolicy semantics (Evaluate)
+//
+// Evaluate decides a Request: when it names a tool, the ToolPolicy rule above
+// (deny wins) is applied first; then every ValidatingPolicy in the set, in
+// name order, must have each of its validations' CEL expressions evaluate to
+// true. The first that does not denies, with its message and reason. An
+// expression that fails at run time, returns something other than a bool or
+// exceeds Config.CELCostLimit denies too (fail closed), and is counted in
+// EvalErrors. Expressions are compiled when a set is applied, in the
+// environment of package api/celenv, which the server validates with; a
+// ValidatingPolicy that does not compile rejects the set like a bad
+// ToolPolicy. Evaluate denies everything whenever IsBlocked blocks
+// everything.
 package client

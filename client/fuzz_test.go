@@ -29,7 +29,7 @@ func FuzzFeedMessage(f *testing.F) {
 	deny := `{"name":"deny-rm","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Bash","action":"deny","reason":"no rm","conditions":{"patterns":["rm -rf"]}},"revision":3}`
 	denyAll := `{"name":"b-deny-all","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Write","action":"deny"},"revision":1}`
 	wild := `{"name":"a-wild","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"*","action":"audit","conditions":{"patterns":["secret"]}},"revision":1}`
-	other := `{"name":"v","kind":"ValidatingPolicy","scope":{"org":"acme"},"labels":{"tier":"prod"},"spec":{"anything":[1,2]},"revision":2}`
+	other := `{"name":"v","kind":"ValidatingPolicy","scope":{"org":"acme"},"labels":{"tier":"prod"},"spec":{"validations":[{"expression":"request.method == 'GET'","message":"only GET"}]},"revision":2}`
 	bad := `{"name":"bad","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"Bash","action":"deny","conditions":{"patterns":["("]}},"revision":1}`
 	init := `{"type":"init","policies":[` + deny + `,` + wild + `,` + other + `],"version":10,"digest":"d1"}`
 	for _, frames := range [][]string{

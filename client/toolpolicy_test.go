@@ -68,7 +68,7 @@ func TestIsBlockedToolPolicySemantics(t *testing.T) {
 		{"first deny by name gives the reason", []Policy{tp("z", "Bash", "deny", "from z"), tp("m", "*", "deny", "from m")}, "Bash", shell, true, "from m"},
 		{"wildcard deny applies to a tool with its own rules", []Policy{tp("a", "Bash", "audit", ""), tp("b", "*", "deny", "all")}, "Bash", nil, true, "all"},
 		{"empty reason names the policy", []Policy{tp("acme.deny", "Bash", "deny", "")}, "Bash", nil, true, "blocked by policy acme.deny"},
-		{"other kinds never block", []Policy{{Name: "v", Kind: "ValidatingPolicy", Spec: json.RawMessage(`{"validations":[]}`)}}, "Bash", shell, false, ""},
+		{"other kinds never block", []Policy{{Name: "v", Kind: "ValidatingPolicy", Spec: json.RawMessage(`{"validations":[{"expression":"false","message":"m"}]}`)}}, "Bash", shell, false, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/google/cel-go/cel"
+
+	"github.com/policyd/policyd/api/celenv"
 )
 
 // ErrInvalid is wrapped by every validation and decoding error, so callers
@@ -100,7 +102,7 @@ const (
 	maxPatterns      = 64
 	maxPatternLen    = 1024
 	maxValidations   = 64
-	maxExpressionLen = 4096
+	maxExpressionLen = celenv.MaxExpressionLen
 	maxEmployeeIDLen = 253
 )
 
@@ -141,28 +143,11 @@ type Validation struct {
 	Reason     string `json:"reason,omitempty"`
 }
 
-// celVariables are the variables a ValidatingPolicy expression may use, all
-// of type dyn.
-var celVariables = []string{"object", "oldObject", "request", "params", "tool", "input"}
-
 // NewCELEnv returns the CEL environment ValidatingPolicy expressions are
-// compiled in: the standard library plus the variables object, oldObject,
-// request, params, tool and input, all dyn. Whatever evaluates the
-// expressions must use this same environment, or an expression accepted here
-// could fail to compile there.
+// compiled in, shared with the sidecar SDK through package celenv so that an
+// expression accepted here compiles there too.
 func NewCELEnv() (*cel.Env, error) {
-	opts := make([]cel.EnvOption, 0, len(celVariables)+1)
-	for _, name := range celVariables {
-		opts = append(opts, cel.Variable(name, cel.DynType))
-	}
-	// The parser counts code points; matching our own limit means an
-	// over-long expression gets our clearer message first.
-	opts = append(opts, cel.ParserExpressionSizeLimit(maxExpressionLen))
-	env, err := cel.NewEnv(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("create CEL environment: %w", err)
-	}
-	return env, nil
+	return celenv.New()
 }
 
 // Validator checks policies and employees before they are proposed to Raft.

@@ -1,0 +1,45 @@
+package client
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkEvaluate decides one request against 20 ValidatingPolicies and
+// 20 ToolPolicies, in process, with every policy evaluated and none denying:
+// the slowest path a request that is allowed takes.
+func BenchmarkEvaluate(b *testing.B) {
+	var set []Policy
+	for i := range 20 {
+		set = append(set,
+			vp(fmt.Sprintf("vp-%02d", i),
+				val{`request.method in ["GET", "POST"]`, "method", ""},
+				val{fmt.Sprintf(`!request.path.startsWith("/internal/%d/")`, i), "path", ""},
+				val{`!("x-evil" in request.headers) && request.headers["x-user"] != ""`, "headers", ""},
+			),
+			tp(fmt.Sprintf("tp-%02d", i), "Bash", "deny", "no", fmt.Sprintf(`^rm -rf /%d`, i)),
+		)
+	}
+	c, err := New(Config{Servers: []string{"127.0.0.1:1"}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.install(sortByName(set), "v1", 0, true, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	c.synced()
+	req := Request{
+		Request: map[string]any{"method": "GET", "path": "/api/v1/things", "headers": map[string]any{"x-user": "alice", "accept": "*/*"}},
+		Tool:    "Bash",
+		Input:   map[string]any{"command": "ls -la /tmp"},
+	}
+	if d := c.Evaluate(b.Context(), req); !d.Allowed {
+		b.Fatalf("Evaluate = %+v, want allowed", d)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if d := c.Evaluate(b.Context(), req); !d.Allowed {
+			b.Fatal("denied")
+		}
+	}
+}
