@@ -15,18 +15,18 @@ import (
 // MaxExpressionLen is the longest expression accepted, in code points.
 const MaxExpressionLen = 4096
 
-// Variables are the variables an expression may use, all of type dyn:
+// variables are the variables an expression may use, all of type dyn:
 // object and oldObject (a Kubernetes-style resource and its previous
 // version), request (the request's attributes, e.g. method, path, headers),
 // params (policy parameters), tool and input (an agent's tool call).
-var Variables = []string{"object", "oldObject", "request", "params", "tool", "input"}
+var variables = []string{"object", "oldObject", "request", "params", "tool", "input"}
 
-// New returns the environment: the standard library plus Variables, with the
+// New returns the environment: the standard library plus variables, with the
 // parser's expression size limit at MaxExpressionLen. extra options are
 // appended, for a caller that needs more (a test forcing a mismatch).
 func New(extra ...cel.EnvOption) (*cel.Env, error) {
-	opts := make([]cel.EnvOption, 0, len(Variables)+1+len(extra))
-	for _, name := range Variables {
+	opts := make([]cel.EnvOption, 0, len(variables)+1+len(extra))
+	for _, name := range variables {
 		opts = append(opts, cel.Variable(name, cel.DynType))
 	}
 	// The parser counts code points; matching the validator's own limit

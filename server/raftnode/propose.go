@@ -61,20 +61,21 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 	if cmd.GetOriginatedAtUnixNano() == 0 {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
-	cmd, err := n.forMembers(cmd)
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Forward.Timeout)
 	defer cancel()
 	var res *commandv1.Result
-	err = n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
-		var err error
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
 		if leader {
-			res, err = n.applyLocal(ctx, cmd)
+			var err error
+			res, err = n.applyLocal(ctx, cmd) // which writes it for the members
 			return err
 		}
-		resp, err := c.Apply(ctx, &clusterv1.ApplyRequest{Command: cmd})
+		// The leader may run an older release: write cmd as it reads.
+		fwd, err := n.forMembers(cmd)
+		if err != nil {
+			return err
+		}
+		resp, err := c.Apply(ctx, &clusterv1.ApplyRequest{Command: fwd})
 		if err != nil {
 			return fromStatus(err)
 		}
