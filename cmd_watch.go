@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
 	"github.com/policyd/policyd/client"
@@ -24,10 +24,8 @@ import (
 // (exit 0) or its access is revoked (exit 1).
 func watchCommand() *cobra.Command {
 	var (
-		transport, tokenFile, output string
-		org, team, employee          string
-		servers                      []string
-		grace                        time.Duration
+		sf     = sidecarFlags{env: "POLICYD_WATCH", cmd: "watch"}
+		output string
 	)
 	cmd := &cobra.Command{
 		Use:   "watch",
@@ -48,9 +46,6 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 --org/--team/--employee (grpc) or --employee (ws).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if len(servers) == 0 {
-				return &usageError{errors.New("watch needs --servers (or POLICYD_WATCH_SERVERS): the nodes' gRPC (grpc) or HTTP (ws) addresses")}
-			}
 			switch output {
 			case "text", "table": // table: the root's name for the plain form
 				output = "text"
@@ -58,31 +53,10 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 			default:
 				return &usageError{fmt.Errorf("--output %q: want text, json or yaml", output)}
 			}
-			cfg := client.Config{
-				Servers:   servers,
-				Transport: transport,
-				Employee:  employee,
-				Grace:     grace,
-			}
-			if transport != client.TransportWS {
-				cfg.Scope = client.Scope{Org: org, Team: team, Employee: employee}
-			}
-			if tokenFile != "" {
-				if _, err := readToken(tokenFile); err != nil {
-					return &usageError{err}
-				}
-				cfg.TokenSource = func(context.Context) (string, error) { return readToken(tokenFile) }
-			} else {
-				cfg.Token = strings.TrimSpace(os.Getenv("POLICYD_WATCH_TOKEN"))
-			}
-			if transport == client.TransportWS && cfg.Token == "" && cfg.TokenSource == nil && employee == "" {
-				return &usageError{errors.New("--transport ws needs a token (--token-file or POLICYD_WATCH_TOKEN) or, with the server in auth.mode none, --employee")}
-			}
-			tc, err := watchTLS(cmd)
+			cfg, err := sf.config(cmd)
 			if err != nil {
 				return err
 			}
-			cfg.TLS = tc
 			p := &watchPrinter{w: cmd.OutOrStdout(), format: output}
 			cfg.OnStateChange = p.state
 			cfg.OnUpdate = p.update
@@ -97,16 +71,64 @@ POLICYD_WATCH_TOKEN. With the server in auth.mode none, name the identity with
 			return nil
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&transport, "transport", client.TransportGRPC, "grpc (discovery stream) or ws (WebSocket feed)")
-	f.StringSliceVar(&servers, "servers", envList("POLICYD_WATCH_SERVERS"), "comma-separated node addresses: gRPC host:port, or HTTP host:port/URL for ws (env POLICYD_WATCH_SERVERS)")
-	f.StringVar(&tokenFile, "token-file", "", "file holding the sidecar JWT (else env POLICYD_WATCH_TOKEN)")
-	f.StringVar(&org, "org", "", "scope org (grpc)")
-	f.StringVar(&team, "team", "", "scope team (grpc)")
-	f.StringVar(&employee, "employee", "", "scope employee (grpc); the employee for ws when the server runs auth.mode none")
-	f.DurationVar(&grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
-	f.StringVarP(&output, "output", "o", "text", "text, json (one object per line) or yaml (one document per event)")
+	sf.register(cmd.Flags())
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text, json (one object per line) or yaml (one document per event)")
 	return cmd
+}
+
+// sidecarFlags are the flags of the commands built on the client SDK
+// (watch, authz): which nodes, which identity, and how long to trust the
+// cache. env prefixes the environment variables that back them.
+type sidecarFlags struct {
+	env, cmd             string
+	transport, tokenFile string
+	org, team, employee  string
+	servers              []string
+	grace                time.Duration
+}
+
+func (sf *sidecarFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&sf.transport, "transport", client.TransportGRPC, "grpc (discovery stream) or ws (WebSocket feed)")
+	f.StringSliceVar(&sf.servers, "servers", envList(sf.env+"_SERVERS"), "comma-separated node addresses: gRPC host:port, or HTTP host:port/URL for ws (env "+sf.env+"_SERVERS)")
+	f.StringVar(&sf.tokenFile, "token-file", "", "file holding the sidecar JWT (else env "+sf.env+"_TOKEN)")
+	f.StringVar(&sf.org, "org", "", "scope org (grpc)")
+	f.StringVar(&sf.team, "team", "", "scope team (grpc)")
+	f.StringVar(&sf.employee, "employee", "", "scope employee (grpc); the employee for ws when the server runs auth.mode none")
+	f.DurationVar(&sf.grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
+}
+
+// config is the SDK configuration the flags describe, TLS included.
+func (sf *sidecarFlags) config(cmd *cobra.Command) (client.Config, error) {
+	if len(sf.servers) == 0 {
+		return client.Config{}, &usageError{fmt.Errorf("%s needs --servers (or %s_SERVERS): the nodes' gRPC (grpc) or HTTP (ws) addresses", sf.cmd, sf.env)}
+	}
+	cfg := client.Config{
+		Servers:   sf.servers,
+		Transport: sf.transport,
+		Employee:  sf.employee,
+		Grace:     sf.grace,
+	}
+	if sf.transport != client.TransportWS {
+		cfg.Scope = client.Scope{Org: sf.org, Team: sf.team, Employee: sf.employee}
+	}
+	if sf.tokenFile != "" {
+		if _, err := readToken(sf.tokenFile); err != nil {
+			return client.Config{}, &usageError{err}
+		}
+		path := sf.tokenFile
+		cfg.TokenSource = func(context.Context) (string, error) { return readToken(path) }
+	} else {
+		cfg.Token = strings.TrimSpace(os.Getenv(sf.env + "_TOKEN"))
+	}
+	if sf.transport == client.TransportWS && cfg.Token == "" && cfg.TokenSource == nil && sf.employee == "" {
+		return client.Config{}, &usageError{fmt.Errorf("--transport ws needs a token (--token-file or %s_TOKEN) or, with the server in auth.mode none, --employee", sf.env)}
+	}
+	tc, err := watchTLS(cmd)
+	if err != nil {
+		return client.Config{}, err
+	}
+	cfg.TLS = tc
+	return cfg, nil
 }
 
 // watchTLS builds the TLS configuration from the global --ca-file,

@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		reloadCommand(cl),
 		driftCommand(cl),
 		watchCommand(),
+		authzCommand(),
 		snapshotCommand(cl),
 		recoverCommand(),
 		versionCommand(cl),

@@ -59,7 +59,7 @@ func (c *Config) Validate() error {
 	// reach the API, so no token file is needed then.
 	if c.Auth.AdminTokensFile == "" && !c.Auth.AllowOpenAdmin && c.HTTP.TLS.ClientCAFile == "" {
 		// An unparsable http.addr is reported on its own key already.
-		if host, _, err := splitHostPort(c.HTTP.Addr); err == nil && !isLoopback(host) {
+		if host, _, err := splitHostPort(c.HTTP.Addr); err == nil && !IsLoopback(host) {
 			p.add("auth.admin_tokens_file", "required because http.addr %q is reachable from other hosts; "+
 				"set auth.admin_tokens_file, require client certificates with http.tls.client_ca_file, "+
 				"or set auth.allow_open_admin: true to serve the admin API without authentication",
@@ -120,7 +120,7 @@ func (c *Config) validatePlanes(p *problems) {
 		p.add("cluster.trust_domain", "%q must match %s", c.Cluster.TrustDomain, trustDomainPattern)
 	}
 	peerAuth := c.Cluster.SecretFile != "" || c.Raft.TLS.Enabled() && c.Raft.TLS.ClientCAFile != ""
-	if host, _, err := splitHostPort(c.Raft.Addr); err == nil && !isLoopback(host) && !peerAuth && !c.Cluster.AllowInsecurePeers {
+	if host, _, err := splitHostPort(c.Raft.Addr); err == nil && !IsLoopback(host) && !peerAuth && !c.Cluster.AllowInsecurePeers {
 		p.add("cluster.secret_file", "required because raft.addr %q is reachable from other hosts and carries Raft and the "+
 			"node-to-node API; set cluster.secret_file, or raft.tls.cert_file, key_file and client_ca_file with node "+
 			"certificates, or set cluster.allow_insecure_peers: true to let anyone who reaches it join the cluster",
@@ -134,7 +134,7 @@ func (c *Config) validatePlanes(p *problems) {
 		key, addr string
 		tls       TLS
 	}{{"grpc.addr", c.GRPC.Addr, c.GRPC.TLS}, {"http.addr", c.HTTP.Addr, c.HTTP.TLS}} {
-		if host, _, err := splitHostPort(l.addr); err == nil && !isLoopback(host) && l.tls.ClientCAFile == "" {
+		if host, _, err := splitHostPort(l.addr); err == nil && !IsLoopback(host) && l.tls.ClientCAFile == "" {
 			p.add("auth.mode", "none is refused because %s %q is reachable from other hosts and serves sidecars; "+
 				"set auth.mode: jwt, require client certificates with its tls.client_ca_file, or auth.allow_insecure_sidecars: true to serve every tenant's policies to anyone",
 				l.key, l.addr)
@@ -387,7 +387,9 @@ func isUnspecified(host string) bool {
 	return err == nil && ip.IsUnspecified()
 }
 
-func isLoopback(host string) bool {
+// IsLoopback reports whether host (from a listen address) is a loopback
+// address or localhost; an empty or unspecified host is not.
+func IsLoopback(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
 	}
