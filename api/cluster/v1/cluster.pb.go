@@ -485,8 +485,13 @@ type ClientInfo struct {
 	ConnectedAtUnixNano int64  `protobuf:"varint,12,opt,name=connected_at_unix_nano,json=connectedAtUnixNano,proto3" json:"connected_at_unix_nano,omitempty"`
 	LastActiveUnixNano  int64  `protobuf:"varint,13,opt,name=last_active_unix_nano,json=lastActiveUnixNano,proto3" json:"last_active_unix_nano,omitempty"`
 	PeerAddr            string `protobuf:"bytes,14,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The staged rollouts whose candidate the newest version sent holds, as
+	// "<rollout id>:<stage>" (docs/rollouts.md).
+	Rollouts []string `protobuf:"bytes,15,rep,name=rollouts,proto3" json:"rollouts,omitempty"`
+	// The capabilities the client declared (discovery capabilities).
+	Capabilities  []string `protobuf:"bytes,16,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientInfo) Reset() {
@@ -617,6 +622,20 @@ func (x *ClientInfo) GetPeerAddr() string {
 	return ""
 }
 
+func (x *ClientInfo) GetRollouts() []string {
+	if x != nil {
+		return x.Rollouts
+	}
+	return nil
+}
+
+func (x *ClientInfo) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
@@ -641,7 +660,7 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x13LocalClientsRequest\"i\n" +
 	"\x14LocalClientsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x128\n" +
-	"\aclients\x18\x02 \x03(\v2\x1e.policyd.cluster.v1.ClientInfoR\aclients\"\xd5\x03\n" +
+	"\aclients\x18\x02 \x03(\v2\x1e.policyd.cluster.v1.ClientInfoR\aclients\"\x95\x04\n" +
 	"\n" +
 	"ClientInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
@@ -658,7 +677,9 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\fnack_version\x18\v \x01(\tR\vnackVersion\x123\n" +
 	"\x16connected_at_unix_nano\x18\f \x01(\x03R\x13connectedAtUnixNano\x121\n" +
 	"\x15last_active_unix_nano\x18\r \x01(\x03R\x12lastActiveUnixNano\x12\x1b\n" +
-	"\tpeer_addr\x18\x0e \x01(\tR\bpeerAddr2\xb0\x03\n" +
+	"\tpeer_addr\x18\x0e \x01(\tR\bpeerAddr\x12\x1a\n" +
+	"\brollouts\x18\x0f \x03(\tR\brollouts\x12\"\n" +
+	"\fcapabilities\x18\x10 \x03(\tR\fcapabilities2\xb0\x03\n" +
 	"\aCluster\x12L\n" +
 	"\x05Apply\x12 .policyd.cluster.v1.ApplyRequest\x1a!.policyd.cluster.v1.ApplyResponse\x12X\n" +
 	"\tReadIndex\x12$.policyd.cluster.v1.ReadIndexRequest\x1a%.policyd.cluster.v1.ReadIndexResponse\x12I\n" +

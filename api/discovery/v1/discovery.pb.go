@@ -137,6 +137,12 @@ type PolicyDiscoveryRequest struct {
 	ResponseNonce string                 `protobuf:"bytes,3,opt,name=response_nonce,json=responseNonce,proto3" json:"response_nonce,omitempty"` // nonce of the response this answers ("" on first request)
 	ErrorDetail   *ErrorDetail           `protobuf:"bytes,4,opt,name=error_detail,json=errorDetail,proto3" json:"error_detail,omitempty"`       // set = NACK
 	Scope         *Scope                 `protobuf:"bytes,5,opt,name=scope,proto3" json:"scope,omitempty"`                                      // what the client asks for; with auth on it must match its token
+	// What the client can handle beyond version 1 of this protocol:
+	// "rollouts" (it may be put in a staged rollout's cohort) and "shadow"
+	// (it evaluates shadow policies without enforcing them). A client that
+	// sends none is served the stable set of enforced policies
+	// (docs/rollouts.md).
+	Capabilities  []string `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +208,13 @@ func (x *PolicyDiscoveryRequest) GetErrorDetail() *ErrorDetail {
 func (x *PolicyDiscoveryRequest) GetScope() *Scope {
 	if x != nil {
 		return x.Scope
+	}
+	return nil
+}
+
+func (x *PolicyDiscoveryRequest) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
 	}
 	return nil
 }
@@ -464,13 +477,14 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\x04team\x18\x02 \x01(\tR\x04team\x12\x1a\n" +
 	"\bemployee\x18\x03 \x01(\tR\bemployee\"'\n" +
 	"\vErrorDetail\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"\x82\x02\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\xa6\x02\n" +
 	"\x16PolicyDiscoveryRequest\x12%\n" +
 	"\x0eclient_address\x18\x01 \x01(\tR\rclientAddress\x12!\n" +
 	"\fversion_info\x18\x02 \x01(\tR\vversionInfo\x12%\n" +
 	"\x0eresponse_nonce\x18\x03 \x01(\tR\rresponseNonce\x12D\n" +
 	"\ferror_detail\x18\x04 \x01(\v2!.policyd.discovery.v1.ErrorDetailR\verrorDetail\x121\n" +
-	"\x05scope\x18\x05 \x01(\v2\x1b.policyd.discovery.v1.ScopeR\x05scope\"\x90\x02\n" +
+	"\x05scope\x18\x05 \x01(\v2\x1b.policyd.discovery.v1.ScopeR\x05scope\x12\"\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\x90\x02\n" +
 	"\x06Policy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x121\n" +
