@@ -307,7 +307,8 @@ func (c *authzConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err := env.emit(idle); err != nil {
 		return err
 	}
-	env.logf("idle: RSS %s, heap in use %s, %d goroutines", kib(idle.RSSBytes), kib(idle.HeapInuseBytes), idle.Goroutines)
+	env.logf("idle: RSS %s (anonymous %s, files %s), heap in use %s, %d goroutines", kib(idle.RSSBytes),
+		kib(idle.RSSAnonBytes), kib(idle.RSSFileBytes), kib(idle.HeapInuseBytes), idle.Goroutines)
 
 	cc, err := grpc.NewClient(nd.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -450,15 +451,19 @@ func authzReadyOnce(ctx context.Context, client *http.Client, addr string, polic
 
 // authzIdleFigure is the sidecar's memory once ready and idle.
 type authzIdleFigure struct {
-	Scenario       string  `json:"scenario"`
-	Measure        string  `json:"measure"`
-	Policies       int     `json:"policies"`
-	IdleS          float64 `json:"idle_s"`
-	RSSBytes       int64   `json:"rss_bytes"`
-	HeapInuseBytes int64   `json:"heap_inuse_bytes"`
-	StackBytes     int64   `json:"stack_inuse_bytes"`
-	Goroutines     int64   `json:"goroutines"`
-	AuthzCPUs      string  `json:"authz_cpus,omitempty"`
+	Scenario string  `json:"scenario"`
+	Measure  string  `json:"measure"`
+	Policies int     `json:"policies"`
+	IdleS    float64 `json:"idle_s"`
+	RSSBytes int64   `json:"rss_bytes"`
+	// RSS of anonymous memory (heap, stacks) and of files (the binary's
+	// pages, shared with every process running it).
+	RSSAnonBytes   int64  `json:"rss_anon_bytes"`
+	RSSFileBytes   int64  `json:"rss_file_bytes"`
+	HeapInuseBytes int64  `json:"heap_inuse_bytes"`
+	StackBytes     int64  `json:"stack_inuse_bytes"`
+	Goroutines     int64  `json:"goroutines"`
+	AuthzCPUs      string `json:"authz_cpus,omitempty"`
 }
 
 func authzIdleFor(ctx context.Context, client *http.Client, nd *node, policies int, idle time.Duration, cpus string) (*authzIdleFigure, error) {
@@ -466,17 +471,29 @@ func authzIdleFor(ctx context.Context, client *http.Client, nd *node, policies i
 	if err != nil {
 		return nil, err
 	}
-	return &authzIdleFigure{Scenario: "authz", Measure: "idle", Policies: policies, IdleS: idle.Seconds(),
-		RSSBytes: s.RSS, HeapInuseBytes: s.HeapInuse, StackBytes: s.StackInuse, Goroutines: s.Goroutines, AuthzCPUs: cpus}, nil
+	f := &authzIdleFigure{Scenario: "authz", Measure: "idle", Policies: policies, IdleS: idle.Seconds(),
+		RSSBytes: s.RSS, HeapInuseBytes: s.HeapInuse, StackBytes: s.StackInuse, Goroutines: s.Goroutines, AuthzCPUs: cpus}
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(nd.cmd.Process.Pid) + "/status")
+	if err == nil {
+		f.RSSAnonBytes, err = parseStatusKB(status, "RssAnon")
+	}
+	if err == nil {
+		f.RSSFileBytes, err = parseStatusKB(status, "RssFile")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("authz RSS: %w", err)
+	}
+	return f, nil
 }
 
 func (f *authzIdleFigure) columns() []string {
-	return []string{"scenario", "measure", "policies", "rss KiB", "heap KiB", "stack KiB", "goroutines"}
+	return []string{"scenario", "measure", "policies", "rss KiB", "anon KiB", "file KiB", "heap KiB", "stack KiB", "goroutines"}
 }
 
 func (f *authzIdleFigure) row() []string {
 	k := func(b int64) string { return strconv.FormatFloat(float64(b)/1024, 'f', 1, 64) }
-	return []string{f.Scenario, f.Measure, strconv.Itoa(f.Policies), k(f.RSSBytes), k(f.HeapInuseBytes), k(f.StackBytes),
+	return []string{f.Scenario, f.Measure, strconv.Itoa(f.Policies), k(f.RSSBytes), k(f.RSSAnonBytes), k(f.RSSFileBytes),
+		k(f.HeapInuseBytes), k(f.StackBytes),
 		strconv.FormatInt(f.Goroutines, 10)}
 }
 
