@@ -451,27 +451,31 @@ func (f *idleMemFigure) row() []string {
 }
 
 // parseVmRSS returns the VmRSS of a /proc/<pid>/status file, in bytes.
-func parseVmRSS(status []byte) (int64, error) {
+func parseVmRSS(status []byte) (int64, error) { return parseStatusKB(status, "VmRSS") }
+
+// parseStatusKB returns field (VmRSS, RssAnon, RssFile…) of a
+// /proc/<pid>/status file, in bytes.
+func parseStatusKB(status []byte, field string) (int64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		rest, ok := strings.CutPrefix(sc.Text(), field+":")
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("unexpected VmRSS line %q", sc.Text())
+			return 0, fmt.Errorf("unexpected %s line %q", field, sc.Text())
 		}
 		n, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil || n < 0 {
-			return 0, fmt.Errorf("unexpected VmRSS line %q", sc.Text())
+			return 0, fmt.Errorf("unexpected %s line %q", field, sc.Text())
 		}
 		return n * 1024, nil
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, errors.New("no VmRSS line (a kernel thread, or not Linux)")
+	return 0, fmt.Errorf("no %s line (a kernel thread, or not Linux)", field)
 }
 
 // parsePromText returns the samples without labels of a Prometheus text

@@ -31,6 +31,18 @@ func TestParseVmRSS(t *testing.T) {
 	}
 }
 
+func TestParseStatusKB(t *testing.T) {
+	status := []byte("VmRSS:\t   53412 kB\nRssAnon:\t 40000 kB\nRssFile:\t 13000 kB\nRssShmem:\t 412 kB\n")
+	for field, want := range map[string]int64{"VmRSS": 53412 << 10, "RssAnon": 40000 << 10, "RssFile": 13000 << 10} {
+		if got, err := parseStatusKB(status, field); err != nil || got != want {
+			t.Errorf("parseStatusKB(%s) = %d, %v; want %d", field, got, err, want)
+		}
+	}
+	if _, err := parseStatusKB(status, "RssHuge"); err == nil {
+		t.Error("parseStatusKB(RssHuge) found a line that is not there")
+	}
+}
+
 func TestParsePromText(t *testing.T) {
 	text := `# HELP go_gc_duration_seconds A summary of the wall-time pause.
 # TYPE go_gc_duration_seconds summary

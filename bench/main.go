@@ -13,6 +13,7 @@
 //	go run ./bench idle-memory -streams 1000 -ws 1000
 //	go run ./bench etcd -writers 100 -duration 20s
 //	go run ./bench failover -rounds 3 -grpc 200 -ws 200
+//	go run ./bench authz -requests 20000 -concurrency 32 -authz-cpus 1
 //	go run ./bench suite -results bench/results/latest.json   (make bench)
 //
 // Scenarios:
@@ -26,6 +27,8 @@
 //	             3-member etcd started by bench, and the ratio
 //	failover     kill -9 the leader under write load with SDK sidecars
 //	             connected: new leader, writes, sidecars current, lost writes
+//	authz        the `policyd authz` sidecar: idle RSS, ext_authz gRPC and
+//	             POST /v1/check latency, decisions/s on one core
 //	suite        the standard set above, in one run (make bench)
 //
 // The sidecar scenarios (sidecars.go) run thousands of simulated sidecars in
@@ -94,6 +97,7 @@ func scenarios() []scenario {
 		idleMemoryScenario(),
 		etcdScenario(),
 		failoverScenario(),
+		authzScenario(),
 		suiteScenario(),
 	}
 }
