@@ -133,19 +133,22 @@ func (s *Server) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.C
 	return deniedResponse(http.StatusForbidden, codes.PermissionDenied, d.Message, s.denialHeaders(d)), nil
 }
 
-// decide evaluates req in one of the bounded slots.
+// decide evaluates req in one of the bounded slots. maxQueueWait bounds
+// only the wait for a slot: the evaluation runs under the caller's ctx, or
+// a check that got its slot just in time would be denied as cancelled.
 func (s *Server) decide(ctx context.Context, req client.Request) (client.Decision, *rejection) {
 	select {
 	case s.slots <- struct{}{}:
 	default:
+		wait := ctx
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, maxQueueWait)
+			wait, cancel = context.WithTimeout(ctx, maxQueueWait)
 			defer cancel()
 		}
 		select {
 		case s.slots <- struct{}{}:
-		case <-ctx.Done():
+		case <-wait.Done():
 			s.metrics.rejected.WithLabelValues(reasonOverloaded).Inc()
 			return client.Decision{}, &rejection{http.StatusServiceUnavailable, reasonOverloaded, "policyd authz is overloaded"}
 		}
