@@ -14,7 +14,7 @@
 //   - Input over the limits is a deny, not an error, so Envoy's answer does
 //     not depend on failure_mode_allow: 431 for headers, 413 for a body, 400
 //     for a header that is not UTF-8, 503 when every evaluation slot stayed
-//     busy until the request's deadline.
+//     busy until shortly before the request's deadline (or for a second).
 //   - At most Config.MaxInFlight evaluations run at once; gRPC streams per
 //     connection and connections per listener are bounded by the caller
 //     (Serve), so 10,000 concurrent checks queue rather than grow memory.
@@ -42,9 +42,11 @@ const (
 	DefaultMaxHeaderBytes = 64 << 10
 	DefaultMaxBodyBytes   = 1 << 20
 	DefaultMaxInFlight    = 1024
-	// maxQueueWait bounds how long a check without a deadline waits for an
-	// evaluation slot.
+	// maxQueueWait bounds how long a check waits for an evaluation slot.
 	maxQueueWait = time.Second
+	// queueMargin is how long before a check's deadline its wait for a
+	// slot ends (at most a fifth of what is left).
+	queueMargin = 20 * time.Millisecond
 )
 
 // Response headers naming why a request was denied.
@@ -140,12 +142,16 @@ func (s *Server) decide(ctx context.Context, req client.Request) (client.Decisio
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		wait := ctx
-		if _, ok := ctx.Deadline(); !ok {
-			var cancel context.CancelFunc
-			wait, cancel = context.WithTimeout(ctx, maxQueueWait)
-			defer cancel()
+		// Give up early enough that the deny reaches the caller before its
+		// own deadline: Envoy would otherwise time out first and let
+		// failure_mode_allow decide.
+		budget := maxQueueWait
+		if dl, ok := ctx.Deadline(); ok {
+			left := time.Until(dl)
+			budget = min(budget, left-min(queueMargin, left/5))
 		}
+		wait, cancel := context.WithTimeout(ctx, budget)
+		defer cancel()
 		select {
 		case s.slots <- struct{}{}:
 		case <-wait.Done():
