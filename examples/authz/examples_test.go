@@ -35,10 +35,10 @@ import (
 
 // The contract of `policyd authz` (docs/authz.md) that the examples follow.
 const (
-	authzGRPCAddr  = "127.0.0.1:9191" // --grpc-addr default
-	authzHTTPAddr  = "127.0.0.1:9192" // --http-addr default
-	maxBodyBytes   = 1048576          // --max-body-bytes default
-	maxAuthzTimout = time.Second      // longer would hold requests on a stuck sidecar
+	authzGRPCAddr   = "127.0.0.1:9191" // --grpc-addr default
+	authzHTTPAddr   = "127.0.0.1:9192" // --http-addr default
+	maxBodyBytes    = 1048576          // --max-body-bytes default
+	maxAuthzTimeout = time.Second      // longer would hold requests on a stuck sidecar
 )
 
 // authzFlags are the flags `policyd authz` takes, so that a misspelt flag in
@@ -282,8 +282,8 @@ func checkHTTPFilters(listener string, filters []*hcmv3.HttpFilter, clusters map
 		fail("with_request_body.allow_partial_message: a policy would see a partial body")
 	}
 	gs := ea.GetGrpcService()
-	if d := gs.GetTimeout(); d == nil || d.AsDuration() <= 0 || d.AsDuration() > maxAuthzTimout {
-		fail("grpc_service.timeout %v, want one up to %v", d.AsDuration(), maxAuthzTimout)
+	if d := gs.GetTimeout(); d == nil || d.AsDuration() <= 0 || d.AsDuration() > maxAuthzTimeout {
+		fail("grpc_service.timeout %v, want one up to %v", d.AsDuration(), maxAuthzTimeout)
 	}
 	name := gs.GetEnvoyGrpc().GetClusterName()
 	c, ok := clusters[name]
@@ -473,8 +473,8 @@ func checkIstio(src []byte) error {
 	if b := p.IncludeRequestBodyInCheck; b.MaxRequestBytes != maxBodyBytes || b.AllowPartialMessage {
 		fail("provider body %d bytes (partial %t), want %d, not partial", b.MaxRequestBytes, b.AllowPartialMessage, maxBodyBytes)
 	}
-	if d, err := time.ParseDuration(p.Timeout); err != nil || d <= 0 || d > maxAuthzTimout {
-		fail("provider timeout %q, want one up to %v", p.Timeout, maxAuthzTimout)
+	if d, err := time.ParseDuration(p.Timeout); err != nil || d <= 0 || d > maxAuthzTimeout {
+		fail("provider timeout %q, want one up to %v", p.Timeout, maxAuthzTimeout)
 	}
 	// The provider's service must be the ServiceEntry for loopback:9191.
 	_, port, _ := net.SplitHostPort(authzGRPCAddr)
