@@ -74,6 +74,7 @@ func runMutations(t *testing.T, file string, check func([]byte) error, tests []m
 				src = strings.Replace(src, tt.old, tt.new, 1)
 			}
 			err := check([]byte(src))
+			t.Logf("check: %v", err) // with -v, shows which check caught it
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Fatalf("check %s: %v", file, err)
@@ -593,7 +594,7 @@ func checkPod(src []byte) error {
 		}
 		g := p.probe.HTTPGet
 		if got := containerPort(c, g.Port); g.Path != p.path || got != wantPort || (g.Scheme != "" && g.Scheme != corev1.URISchemeHTTP) {
-			fail("%s: %s %s on port %s, want HTTP %s on %s (--http-addr)", p.what, g.Scheme, g.Path, got, p.path, wantPort)
+			fail("%s: %s on port %s (scheme %q), want HTTP %s on %s (--http-addr)", p.what, g.Path, got, g.Scheme, p.path, wantPort)
 		}
 	}
 
