@@ -24,7 +24,7 @@ import (
 func authzCommand() *cobra.Command {
 	var (
 		sf                         = sidecarFlags{env: "POLICYD_AUTHZ", cmd: "authz"}
-		grpcAddr, httpAddr         string
+		grpcAddr, httpAddr, probe  string
 		serveCert, serveKey, trust string
 		cfg                        authz.Config
 		maxConns                   int
@@ -44,6 +44,8 @@ It fails closed: before the first sync, after revocation, and once the grace
 period has passed without a node, every request is denied. It keeps serving
 those denials until SIGINT/SIGTERM. A non-loopback listen address needs
 --serve-cert-file, --serve-key-file and --serve-client-ca-file (mutual TLS).
+--probe-addr serves /healthz and /readyz alone, without TLS, on any address:
+they tell only whether the process runs and whether it is synced.
 See docs/authz.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -82,12 +84,19 @@ See docs/authz.md.`,
 				_ = gln.Close()
 				return err
 			}
-			logger.Info("authz listening", "grpc", gln.Addr().String(), "http", hln.Addr().String(), "servers", ccfg.Servers)
+			ls := authz.Listeners{GRPC: gln, HTTP: hln}
+			if probe != "" {
+				if ls.Probe, err = authzListen(probe, maxConns, nil, ""); err != nil {
+					_, _ = gln.Close(), hln.Close()
+					return err
+				}
+			}
+			logger.Info("authz listening", "grpc", gln.Addr().String(), "http", hln.Addr().String(), "probe", probe, "servers", ccfg.Servers)
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			runErr := make(chan error, 1)
 			go func() { runErr <- c.Run(ctx) }()
-			serveErr := srv.Serve(ctx, gln, hln, reg)
+			serveErr := srv.Serve(ctx, ls, reg)
 			cancel()
 			err = <-runErr
 			if errors.Is(err, client.ErrRevoked) || errors.Is(err, context.Canceled) {
@@ -100,6 +109,7 @@ See docs/authz.md.`,
 	sf.register(f)
 	f.StringVar(&grpcAddr, "grpc-addr", "127.0.0.1:9191", "address of the Envoy ext_authz gRPC listener")
 	f.StringVar(&httpAddr, "http-addr", "127.0.0.1:9192", "address of the HTTP listener: /v1/check, /healthz, /readyz, /metrics")
+	f.StringVar(&probe, "probe-addr", "", "address of a plain-HTTP listener with /healthz and /readyz only, for the kubelet; any address (off by default)")
 	f.StringVar(&serveCert, "serve-cert-file", "", "certificate of the listeners (TLS)")
 	f.StringVar(&serveKey, "serve-key-file", "", "private key of the listeners")
 	f.StringVar(&trust, "serve-client-ca-file", "", "CA bundle the listeners verify callers' certificates with (mutual TLS)")

@@ -55,7 +55,7 @@ func TestAuthzUsageErrors(t *testing.T) {
 // SIGTERM ends it with exit 0.
 func TestAuthzProcess(t *testing.T) {
 	dir := t.TempDir()
-	ports, err := loopback.FreePorts(5)
+	ports, err := loopback.FreePorts(6)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestAuthzProcess(t *testing.T) {
 	caller := ca.WriteFiles(t, dir, "caller", "envoy")
 	httpAddr := loopback.Addr(ports[4])
 	cmd := exec.Command(policydBinary(t), "authz", "--servers", loopback.Addr(ports[1]), "--org", "acme",
-		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr,
+		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr, "--probe-addr", loopback.Addr(ports[5]),
 		"--serve-cert-file", srv.Cert, "--serve-key-file", srv.Key, "--serve-client-ca-file", srv.CA)
 	cmd.Env = servertest.CleanEnv()
 	logs := &servertest.LogBuffer{}
@@ -113,6 +113,23 @@ func TestAuthzProcess(t *testing.T) {
 	}
 	if code, msg := get(noCert, "GET", "/healthz", ""); code != 0 {
 		t.Fatalf("a caller without a certificate got %d %s; want the handshake refused", code, msg)
+	}
+	// The probe listener answers without TLS, and serves nothing but the
+	// probes.
+	probe := "http://" + loopback.Addr(ports[5])
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{{"GET", "/readyz", 200}, {"GET", "/healthz", 200}, {"POST", "/v1/check", 404}, {"GET", "/metrics", 404}} {
+		req, _ := http.NewRequest(tc.method, probe+tc.path, strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("probe listener %s %s = %d, want %d", tc.method, tc.path, resp.StatusCode, tc.want)
+		}
 	}
 
 	check := `{"tool":"Bash","input":{"command":"rm -rf /"}}`

@@ -15,6 +15,10 @@
 //     not depend on failure_mode_allow: 431 for headers, 413 for a body, 400
 //     for a header that is not UTF-8, 503 when every evaluation slot stayed
 //     busy until shortly before the request's deadline (or for a second).
+//   - The probe listener (Listeners.Probe, --probe-addr) serves /healthz and
+//     /readyz without TLS on any address, because the kubelet probes the
+//     pod's IP and presents no certificate; like a node's open probe paths,
+//     it tells only whether the process runs and is synced.
 //   - At most Config.MaxInFlight evaluations run at once; gRPC streams per
 //     connection and connections per listener are bounded by the caller
 //     (Serve), so 10,000 concurrent checks queue rather than grow memory.

@@ -194,7 +194,7 @@ func serve(t *testing.T, s *Server) (authv3.AuthorizationClient, *grpc.ClientCon
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, gln, hln, prometheus.NewRegistry()) }()
+	go func() { done <- s.Serve(ctx, Listeners{GRPC: gln, HTTP: hln}, prometheus.NewRegistry()) }()
 	conn, err := grpc.NewClient(gln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -279,7 +279,7 @@ func BenchmarkCheckGRPC(b *testing.B) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln, nil, nil) }()
+	go func() { served <- srv.Serve(ctx, authz.Listeners{GRPC: ln}, nil) }()
 	b.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {

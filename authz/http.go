@@ -42,14 +42,24 @@ type CheckResponse struct {
 
 // Handler serves the local decision API, the probes and metrics from g.
 func (s *Server) Handler(g prometheus.Gatherer) http.Handler {
-	mux := http.NewServeMux()
+	mux := s.probeMux()
 	mux.HandleFunc("POST /v1/check", s.serveCheck)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// ProbeHandler serves /healthz and /readyz alone, for a listener the
+// kubelet can reach: it tells only whether the process runs and whether
+// the SDK is synced, as a node's open /healthz and /readyz do.
+func (s *Server) ProbeHandler() http.Handler { return s.probeMux() }
+
+func (s *Server) probeMux() *http.ServeMux {
+	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", s.serveReady)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	return mux
 }
 

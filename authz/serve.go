@@ -37,11 +37,22 @@ func (s *Server) StateChanged(_, to client.State) {
 	}
 }
 
-// Serve answers ext_authz on grpcLn and the HTTP API on httpLn (either may
-// be nil) until ctx ends, then stops both gracefully. The listeners carry
+// Listeners are what Serve answers on; a nil one is not served. They carry
 // any TLS and connection limit the caller wants.
-func (s *Server) Serve(ctx context.Context, grpcLn, httpLn net.Listener, g prometheus.Gatherer) error {
-	errc := make(chan error, 2)
+type Listeners struct {
+	// GRPC serves ext_authz and gRPC health.
+	GRPC net.Listener
+	// HTTP serves /v1/check, /healthz, /readyz and /metrics.
+	HTTP net.Listener
+	// Probe serves /healthz and /readyz only.
+	Probe net.Listener
+}
+
+// Serve answers on ls until ctx ends, then stops every listener
+// gracefully.
+func (s *Server) Serve(ctx context.Context, ls Listeners, g prometheus.Gatherer) error {
+	grpcLn := ls.GRPC
+	errc := make(chan error, 3)
 	n := 0
 	var gs *grpc.Server
 	if grpcLn != nil {
@@ -57,17 +68,25 @@ func (s *Server) Serve(ctx context.Context, grpcLn, httpLn net.Listener, g prome
 		n++
 		go func() { errc <- serveErr("ext_authz gRPC", gs.Serve(grpcLn)) }()
 	}
-	var hs *http.Server
-	if httpLn != nil {
-		hs = &http.Server{
-			Handler:           s.Handler(g),
+	var https []*http.Server
+	for _, l := range []struct {
+		what string
+		ln   net.Listener
+		h    http.Handler
+	}{{"decision HTTP", ls.HTTP, s.Handler(g)}, {"probe HTTP", ls.Probe, s.ProbeHandler()}} {
+		if l.ln == nil {
+			continue
+		}
+		hs := &http.Server{
+			Handler:           l.h,
 			ReadHeaderTimeout: 5 * time.Second,
 			ReadTimeout:       30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		}
+		https = append(https, hs)
 		n++
-		go func() { errc <- serveErr("decision HTTP", hs.Serve(httpLn)) }()
+		go func() { errc <- serveErr(l.what, hs.Serve(l.ln)) }()
 	}
 	var err error
 	select {
@@ -77,7 +96,7 @@ func (s *Server) Serve(ctx context.Context, grpcLn, httpLn net.Listener, g prome
 	}
 	drain, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
-	if hs != nil {
+	for _, hs := range https {
 		_ = hs.Shutdown(drain) // past the deadline, Close below ends what is left
 		_ = hs.Close()
 	}

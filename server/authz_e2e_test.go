@@ -92,7 +92,7 @@ func startAuthz(t *testing.T, ccfg client.Config, acfg authz.Config, onState fun
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { s.runErr <- sdk.Run(ctx) }()
-	go func() { served <- srv.Serve(ctx, gln, hln, reg) }()
+	go func() { served <- srv.Serve(ctx, authz.Listeners{GRPC: gln, HTTP: hln}, reg) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

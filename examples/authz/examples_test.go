@@ -48,6 +48,7 @@ var authzFlags = []string{
 	"--ca-file", "--cert-file", "--key-file", "--grpc-addr", "--http-addr",
 	"--serve-cert-file", "--serve-key-file", "--serve-client-ca-file",
 	"--max-header-bytes", "--max-body-bytes", "--max-in-flight", "--cel-cost-limit",
+	"--max-conns", "--probe-addr",
 }
 
 // mutation corrupts an example to prove its check catches the corruption.
@@ -501,9 +502,11 @@ func TestPod(t *testing.T) {
 		{name: "typo in a flag", old: "--token-file=", new: "--tokenfile=", wantErr: "--tokenfile"},
 		{name: "no token", old: "            - --token-file=/etc/policyd/token/token\n", new: "", wantErr: "--token-file"},
 		{name: "token not mounted", old: "--token-file=/etc/policyd/token/token", new: "--token-file=/tmp/token", wantErr: "not on a Secret"},
-		{name: "readiness on /healthz", old: "path: /readyz", new: "path: /healthz", wantErr: "/readyz"},
-		{name: "probe on the wrong port", old: "port: authz-http\n            periodSeconds: 5", new: "port: 9191\n            periodSeconds: 5", wantErr: "9192"},
-		{name: "port moved", old: "containerPort: 9192", new: "containerPort: 9193", wantErr: "9192"},
+		{name: "startup on /healthz", old: "path: /readyz", new: "path: /healthz", wantErr: "/readyz"},
+		{name: "probe on the wrong port", old: "port: authz-probe\n            periodSeconds: 2", new: "port: authz-http\n            periodSeconds: 2", wantErr: "9193"},
+		{name: "port moved", old: "containerPort: 9193", new: "containerPort: 9194", wantErr: "9193"},
+		{name: "no probe listener", old: "            - --probe-addr=0.0.0.0:9193\n", new: "", wantErr: "--probe-addr"},
+		{name: "readiness on /readyz", old: "          livenessProbe:", new: "          readinessProbe:\n            httpGet: {path: /readyz, port: authz-probe}\n          livenessProbe:", wantErr: "readinessProbe"},
 		{name: "writable root", old: "readOnlyRootFilesystem: true\n            capabilities:\n              drop: [\"ALL\"]\n          volumeMounts", new: "readOnlyRootFilesystem: false\n            capabilities:\n              drop: [\"ALL\"]\n          volumeMounts", wantErr: "readOnlyRootFilesystem"},
 		{name: "no memory limit", old: "            limits:\n              memory: 128Mi\n", new: "", wantErr: "memory"},
 	})
@@ -572,20 +575,22 @@ func checkPod(src []byte) error {
 		fail("--token-file %s is not on a Secret or projected volume", tok)
 	}
 
-	httpAddr := authzHTTPAddr
-	if a := flags["--http-addr"]; a != "" {
-		httpAddr = a
+	// The kubelet probes the pod IP: only --probe-addr (any address,
+	// /healthz and /readyz only) is reachable without a certificate.
+	probeAddr := flags["--probe-addr"]
+	if probeAddr == "" {
+		fail("no --probe-addr: the kubelet cannot reach the loopback --http-addr")
 	}
-	_, wantPort, err := net.SplitHostPort(httpAddr)
+	_, wantPort, err := net.SplitHostPort(probeAddr)
 	if err != nil {
-		fail("--http-addr %q: %v", httpAddr, err)
+		fail("--probe-addr %q: %v", probeAddr, err)
 	}
 	for _, p := range []struct {
 		what  string
 		probe *corev1.Probe
 		path  string
 	}{
-		{"readinessProbe", c.ReadinessProbe, "/readyz"},
+		{"startupProbe", c.StartupProbe, "/readyz"},
 		{"livenessProbe", c.LivenessProbe, "/healthz"},
 	} {
 		if p.probe == nil || p.probe.HTTPGet == nil {
@@ -594,8 +599,13 @@ func checkPod(src []byte) error {
 		}
 		g := p.probe.HTTPGet
 		if got := containerPort(c, g.Port); g.Path != p.path || got != wantPort || (g.Scheme != "" && g.Scheme != corev1.URISchemeHTTP) {
-			fail("%s: %s on port %s (scheme %q), want HTTP %s on %s (--http-addr)", p.what, g.Path, got, g.Scheme, p.path, wantPort)
+			fail("%s: %s on port %s (scheme %q), want HTTP %s on %s (--probe-addr)", p.what, g.Path, got, g.Scheme, p.path, wantPort)
 		}
+	}
+	// Readiness on /readyz would take every pod out of its Service when
+	// the cluster is unreachable, while the cache still decides.
+	if r := c.ReadinessProbe; r != nil && r.HTTPGet != nil && r.HTTPGet.Path == "/readyz" {
+		fail("readinessProbe on /readyz: a policyd outage would become an outage of the app")
 	}
 
 	sc := c.SecurityContext
