@@ -114,9 +114,9 @@ func New(cfg Config, logger *slog.Logger) (*Client, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	cc, err := newCELCompiler(cfg.CELCostLimit)
+	cc, err := newCELCompiler(cfg.CELCostLimit, cfg.CELEnvOptions...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("client config: CEL env options: %w", err)
 	}
 	c := &Client{
 		cfg:     cfg,

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/cel-go/cel"
 	"google.golang.org/grpc"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
@@ -97,6 +98,13 @@ type Config struct {
 	// expression's evaluation; past it the expression fails and Evaluate
 	// denies, so a policy cannot stall a sidecar. 0: DefaultCELCostLimit.
 	CELCostLimit uint64
+	// CELEnvOptions are appended to the shared CEL environment (package
+	// api/celenv) the client compiles ValidatingPolicies in: for a sidecar
+	// that restricts its environment, e.g. a smaller expression size limit
+	// (cel.ParserExpressionSizeLimit). A policy the server accepted that
+	// does not compile in the restricted environment rejects its set (a
+	// NACK over gRPC), and the previous set stays in force.
+	CELEnvOptions []cel.EnvOption
 	// MaxMessageBytes bounds one received snapshot (gRPC) or message (ws).
 	// Default 64 MiB.
 	MaxMessageBytes int

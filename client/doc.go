@@ -125,9 +125,18 @@
 // true. The first that does not denies, with its message and reason. An
 // expression that fails at run time, returns something other than a bool or
 // exceeds Config.CELCostLimit denies too (fail closed), and is counted in
-// EvalErrors. Expressions are compiled when a set is applied, in the
-// environment of package api/celenv, which the server validates with; a
-// ValidatingPolicy that does not compile rejects the set like a bad
-// ToolPolicy. Evaluate denies everything whenever IsBlocked blocks
-// everything.
+// EvalErrors.
+//
+// A ValidatingPolicy's optional spec.matchConditions narrow it, as in
+// Kubernetes: it applies only when every match condition is true. One that
+// is false skips the policy, whatever the others give; otherwise one that
+// fails (as above) denies with the message "match condition <name>
+// failed", Decision.Err set and EvalErrors counted. So an HTTP-style
+// policy can say `has(request.method)` to leave tool calls alone.
+//
+// Expressions are compiled when a set is applied, in the environment of
+// package api/celenv, which the server validates with, plus
+// Config.CELEnvOptions; a ValidatingPolicy that does not compile rejects
+// the set like a bad ToolPolicy. Evaluate denies everything whenever
+// IsBlocked blocks everything.
 package client

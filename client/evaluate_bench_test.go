@@ -43,3 +43,47 @@ func BenchmarkEvaluate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEvaluateMatchConditions is BenchmarkEvaluate's set with a match
+// condition on every ValidatingPolicy: an HTTP request, for which they
+// hold and every validation runs, and a tool call, which skips them all.
+func BenchmarkEvaluateMatchConditions(b *testing.B) {
+	var set []Policy
+	for i := range 20 {
+		set = append(set,
+			vpWhen(fmt.Sprintf("vp-%02d", i), []when{{"http", `has(request.method)`}},
+				val{`request.method in ["GET", "POST"]`, "method", ""},
+				val{fmt.Sprintf(`!request.path.startsWith("/internal/%d/")`, i), "path", ""},
+				val{`!("x-evil" in request.headers) && request.headers["x-user"] != ""`, "headers", ""},
+			),
+			tp(fmt.Sprintf("tp-%02d", i), "Bash", "deny", "no", fmt.Sprintf(`^rm -rf /%d`, i)),
+		)
+	}
+	c, err := New(Config{Servers: []string{"127.0.0.1:1"}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.install(sortByName(set), "v1", 0, true, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	c.synced()
+	for _, bc := range []struct {
+		name string
+		req  Request
+	}{
+		{"http", Request{Request: map[string]any{"method": "GET", "path": "/api/v1/things", "headers": map[string]any{"x-user": "alice", "accept": "*/*"}}}},
+		{"tool", Request{Tool: "Bash", Input: map[string]any{"command": "ls -la /tmp"}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			if d := c.Evaluate(b.Context(), bc.req); !d.Allowed {
+				b.Fatalf("Evaluate = %+v, want allowed", d)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if d := c.Evaluate(b.Context(), bc.req); !d.Allowed {
+					b.Fatal("denied")
+				}
+			}
+		})
+	}
+}

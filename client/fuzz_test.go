@@ -30,11 +30,13 @@ func FuzzFeedMessage(f *testing.F) {
 	denyAll := `{"name":"b-deny-all","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Write","action":"deny"},"revision":1}`
 	wild := `{"name":"a-wild","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"*","action":"audit","conditions":{"patterns":["secret"]}},"revision":1}`
 	other := `{"name":"v","kind":"ValidatingPolicy","scope":{"org":"acme"},"labels":{"tier":"prod"},"spec":{"validations":[{"expression":"request.method == 'GET'","message":"only GET"}]},"revision":2}`
+	when := `{"name":"w","kind":"ValidatingPolicy","scope":{"org":"acme"},"spec":{"matchConditions":[{"name":"http","expression":"has(request.method)"}],"validations":[{"expression":"request.method == 'GET'","message":"only GET"}]},"revision":4}`
 	bad := `{"name":"bad","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"Bash","action":"deny","conditions":{"patterns":["("]}},"revision":1}`
 	init := `{"type":"init","policies":[` + deny + `,` + wild + `,` + other + `],"version":10,"digest":"d1"}`
 	for _, frames := range [][]string{
 		{init},
 		{init, `{"type":"upsert","policy":` + denyAll + `,"version":11,"digest":"d2"}`, `{"type":"delete","policy_name":"deny-rm","version":12,"digest":"d3"}`},
+		{init, `{"type":"upsert","policy":` + when + `,"version":11,"digest":"d2"}`, `{"type":"upsert","policy":` + strings.Replace(when, "has(", "has", 1) + `,"version":12}`},
 		{init, `{"type":"ping"}`, `{"type":"revoke","reason":"employee deactivated"}`, `{"type":"init","policies":[],"version":20,"digest":"d9"}`},
 		{init, `{"type":"init","policies":[` + deny + `],"version":11,"digest":"d1"}`},
 		{init, `{"type":"upsert","policy":` + bad + `,"version":11}`, `{"type":"upsert","policy":` + denyAll + `,"version":11}`},

@@ -17,6 +17,10 @@ const KindValidatingPolicy = "ValidatingPolicy"
 
 // validatingSpec is the spec of a ValidatingPolicy.
 type validatingSpec struct {
+	MatchConditions []struct {
+		Name       string `json:"name"`
+		Expression string `json:"expression"`
+	} `json:"matchConditions"`
 	Validations []struct {
 		Expression string `json:"expression"`
 		Message    string `json:"message"`
@@ -31,15 +35,22 @@ type check struct {
 	reason  string
 }
 
+// condition is one compiled match condition.
+type condition struct {
+	prog cel.Program
+	name string
+}
+
 // validator is one compiled ValidatingPolicy.
 type validator struct {
-	name   string
-	spec   json.RawMessage // what it was compiled from, for reuse
-	checks []check
+	name       string
+	spec       json.RawMessage // what it was compiled from, for reuse
+	conditions []condition
+	checks     []check
 }
 
 // celCompiler compiles ValidatingPolicies in the environment the server
-// validates them with (package celenv).
+// validates them with (package celenv), plus the client's own options.
 type celCompiler struct {
 	env       *cel.Env
 	costLimit uint64
@@ -88,22 +99,41 @@ func (cc *celCompiler) compile(p Policy) (*validator, error) {
 		return nil, fmt.Errorf("policy %s: spec.validations is required", p.Name)
 	}
 	v := &validator{name: p.Name, spec: p.Spec, checks: make([]check, 0, len(s.Validations))}
-	for i, val := range s.Validations {
-		field := fmt.Sprintf("policy %s: spec.validations[%d].expression", p.Name, i)
-		ast, iss := cc.env.Compile(val.Expression)
-		if iss.Err() != nil {
-			return nil, fmt.Errorf("%s: compile: %w", field, iss.Err())
-		}
-		if out := ast.OutputType(); !out.IsExactType(cel.BoolType) && !out.IsExactType(cel.DynType) {
-			return nil, fmt.Errorf("%s: must evaluate to bool, got %s", field, out)
-		}
-		prog, err := cc.env.Program(ast, cel.CostLimit(cc.costLimit))
+	if len(s.MatchConditions) > 0 {
+		v.conditions = make([]condition, 0, len(s.MatchConditions))
+	}
+	for i, mc := range s.MatchConditions {
+		prog, err := cc.program(mc.Expression)
 		if err != nil {
-			return nil, fmt.Errorf("%s: program: %w", field, err)
+			return nil, fmt.Errorf("policy %s: spec.matchConditions[%d].expression: %w", p.Name, i, err)
+		}
+		v.conditions = append(v.conditions, condition{prog: prog, name: mc.Name})
+	}
+	for i, val := range s.Validations {
+		prog, err := cc.program(val.Expression)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: spec.validations[%d].expression: %w", p.Name, i, err)
 		}
 		v.checks = append(v.checks, check{prog: prog, message: val.Message, reason: val.Reason})
 	}
 	return v, nil
+}
+
+// program compiles one expression that must give a bool (or dyn, checked
+// when it runs).
+func (cc *celCompiler) program(expr string) (cel.Program, error) {
+	ast, iss := cc.env.Compile(expr)
+	if iss.Err() != nil {
+		return nil, fmt.Errorf("compile: %w", iss.Err())
+	}
+	if out := ast.OutputType(); !out.IsExactType(cel.BoolType) && !out.IsExactType(cel.DynType) {
+		return nil, fmt.Errorf("must evaluate to bool, got %s", out)
+	}
+	prog, err := cc.env.Program(ast, cel.CostLimit(cc.costLimit))
+	if err != nil {
+		return nil, fmt.Errorf("program: %w", err)
+	}
+	return prog, nil
 }
 
 // Request is what Evaluate decides on. Its fields are the CEL variables of
@@ -144,11 +174,13 @@ type Decision struct {
 }
 
 // Evaluate decides req against the set in force: a ToolPolicy that denies
-// the call (when req.Tool is set) wins, then every ValidatingPolicy, in name
-// order, must have all its validations hold; the first that does not
-// denies with its message and reason. An evaluation error denies and is
-// counted in EvalErrors. In the states where IsBlocked blocks everything,
-// Evaluate denies everything.
+// the call (when req.Tool is set) wins, then every ValidatingPolicy whose
+// match conditions all hold, in name order, must have all its validations
+// hold; the first that does not denies with its message and reason. A
+// policy with a false match condition is skipped; one whose match
+// conditions are not false but include one that fails denies. An
+// evaluation error that denies is counted in EvalErrors. In the states
+// where IsBlocked blocks everything, Evaluate denies everything.
 func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 	v := c.view.Load()
 	if v.block != "" {
@@ -182,17 +214,20 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 			c.evalErrors.Add(1)
 			return Decision{Message: "evaluation cancelled", Err: err}
 		}
+		if len(val.conditions) > 0 {
+			applies, d := c.matches(val, vars)
+			if d != nil {
+				return *d
+			}
+			if !applies {
+				continue
+			}
+		}
 		for i := range val.checks {
 			ch := &val.checks[i]
-			out, _, err := ch.prog.Eval(vars)
-			if err == nil {
-				ok, isBool := out.Value().(bool)
-				if isBool && ok {
-					continue
-				}
-				if !isBool {
-					err = fmt.Errorf("expression gave %s, not a bool", out.Type().TypeName())
-				}
+			ok, err := evalBool(ch.prog, vars)
+			if ok {
+				continue
 			}
 			d := Decision{Policy: val.name, Message: ch.message, Reason: ch.reason}
 			if err != nil {
@@ -203,6 +238,47 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 		}
 	}
 	return Decision{Allowed: true}
+}
+
+// matches runs val's match conditions the way Kubernetes does: any false
+// one skips the policy (applies false), whatever the others gave; else the
+// first that failed denies (d set, fail closed); else the policy applies.
+// Evaluating them all makes the answer independent of their order.
+func (c *Client) matches(val *validator, vars interpreter.Activation) (applies bool, d *Decision) {
+	var failed *condition
+	var failure error
+	for i := range val.conditions {
+		mc := &val.conditions[i]
+		ok, err := evalBool(mc.prog, vars)
+		switch {
+		case err == nil && !ok:
+			return false, nil
+		case err != nil && failed == nil:
+			failed, failure = mc, err
+		}
+	}
+	if failed == nil {
+		return true, nil
+	}
+	c.evalErrors.Add(1)
+	return false, &Decision{
+		Policy:  val.name,
+		Message: "match condition " + failed.name + " failed",
+		Err:     fmt.Errorf("policy %s: match condition %s: %w", val.name, failed.name, failure),
+	}
+}
+
+// evalBool runs prog; a result that is not a bool is an error.
+func evalBool(prog cel.Program, vars interpreter.Activation) (bool, error) {
+	out, _, err := prog.Eval(vars)
+	if err != nil {
+		return false, err
+	}
+	ok, isBool := out.Value().(bool)
+	if !isBool {
+		return false, fmt.Errorf("expression gave %s, not a bool", out.Type().TypeName())
+	}
+	return ok, nil
 }
 
 // EvalErrors counts evaluations that Evaluate denied because an expression

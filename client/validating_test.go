@@ -281,8 +281,8 @@ func TestEvaluateFollowsTheStateMachine(t *testing.T) {
 }
 
 // TestGRPCNackOfPolicyTheSidecarCannotCompile: with a sidecar whose CEL
-// environment is stricter than the server's (forced here: a 10-character
-// parser limit), a policy valid on the server is NACKed with the compile
+// environment is stricter than the server's (Config.CELEnvOptions: a
+// 10-character parser limit), a policy valid on the server is NACKed with the compile
 // error and the previous set stays in force.
 func TestGRPCNackOfPolicyTheSidecarCannotCompile(t *testing.T) {
 	long := vp("long", val{`request.method == "GET"`, "long", ""})
@@ -295,12 +295,7 @@ func TestGRPCNackOfPolicyTheSidecarCannotCompile(t *testing.T) {
 	}
 	f := newFakeDiscovery("v1", vp("short", val{`true`, "short", ""}))
 	n := serveDiscovery(t, f, "")
-	c, rec := newClient(t, Config{Servers: []string{n.addr}})
-	c.cel, err = newCELCompiler(DefaultCELCostLimit, cel.ParserExpressionSizeLimit(10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := start(t, c, rec)
+	r := runClient(t, Config{Servers: []string{n.addr}, CELEnvOptions: []cel.EnvOption{cel.ParserExpressionSizeLimit(10)}})
 	r.waitState(t, StateReady)
 	f.publish("v2", long)
 	waitFor(t, "the NACK", func() error {

@@ -36,6 +36,8 @@ func FuzzDecodePolicy(f *testing.F) {
 		`{"name":"bad","kind":"ToolPolicy","spec":{"tool_name":"Bash","action":"deny","conditions":{"patterns":["("]}}}`,
 		`{"name":"Bad Name","kind":"Nope","scope":{"team":"x"},"spec":[]}`,
 		`{"name":"x","kind":"ValidatingPolicy","spec":{"validations":[{"expression":"1 +","message":""}]}}`,
+		`{"name":"vp-http","kind":"ValidatingPolicy","scope":{"org":"acme"},"spec":{"matchConditions":[{"name":"http-only","expression":"has(request.method)"},{"name":"not.health","expression":"request.path != '/healthz'"}],"validations":[{"expression":"request.method == 'GET'","message":"only GET"}]}}`,
+		`{"name":"x","kind":"ValidatingPolicy","spec":{"matchConditions":[{"name":"a","expression":"1"},{"name":"a","expression":""},{"name":"-","expression":"true","extra":1}],"validations":[{"expression":"true","message":"m"}]}}`,
 		`{"name":"x","unknown":1}`,
 		`{"name":"x"} trailing`,
 		`{"name":"x","name":"y"}`,

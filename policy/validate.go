@@ -102,6 +102,7 @@ const (
 	maxPatterns      = 64
 	maxPatternLen    = 1024
 	maxValidations   = 64
+	maxConditions    = 16
 	maxExpressionLen = celenv.MaxExpressionLen
 	maxEmployeeIDLen = 253
 )
@@ -130,9 +131,22 @@ type ToolConditions struct {
 }
 
 // ValidatingPolicySpec is the spec of a ValidatingPolicy (seed 000,
-// Kyverno-style): every validation's CEL expression must hold.
+// Kyverno-style): every validation's CEL expression must hold, for the
+// requests on which every match condition holds.
 type ValidatingPolicySpec struct {
-	Validations []Validation `json:"validations"`
+	MatchConditions []MatchCondition `json:"matchConditions,omitempty"`
+	Validations     []Validation     `json:"validations"`
+}
+
+// MatchCondition narrows a ValidatingPolicy, as in a Kubernetes admission
+// policy: the policy applies to a request only when Expression, a CEL
+// expression giving a bool, is true. Name identifies it in decisions: a
+// Kubernetes qualified name without prefix (1 to 63 letters, digits, '-',
+// '_' or '.', starting and ending with a letter or digit), unique within
+// the policy.
+type MatchCondition struct {
+	Name       string `json:"name"`
+	Expression string `json:"expression"`
 }
 
 // Validation is one CEL check. Expression must evaluate to a bool; Message
@@ -327,6 +341,9 @@ var (
 	orgTeamRE    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9._]{0,61}[a-z0-9])?$`)
 	employeeIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@+-]{0,252}$`)
 	labelKeyRE   = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$`)
+	// conditionRE is the name part of a Kubernetes qualified name, which
+	// is what Kubernetes requires of a match condition's name.
+	conditionRE = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 )
 
 // The check functions return a reason, or "" when the value is valid. They
@@ -489,6 +506,7 @@ func (v *Validator) checkValidatingPolicy(errs *ValidationError, spec []byte) {
 
 func (v *Validator) validatingPolicyProblems(s *ValidatingPolicySpec) ValidationError {
 	var errs ValidationError
+	v.matchConditionProblems(&errs, s.MatchConditions)
 	switch n := len(s.Validations); {
 	case n == 0:
 		errs.add("spec.validations", "required: 1 to %d validations", maxValidations)
@@ -507,6 +525,31 @@ func (v *Validator) validatingPolicyProblems(s *ValidatingPolicySpec) Validation
 		}
 	}
 	return errs
+}
+
+func (v *Validator) matchConditionProblems(errs *ValidationError, conds []MatchCondition) {
+	if n := len(conds); n > maxConditions {
+		// As for patterns: no point compiling what is rejected anyway.
+		errs.add("spec.matchConditions", "at most %d match conditions, got %d", maxConditions, n)
+		return
+	}
+	seen := make(map[string]int, len(conds))
+	for i, mc := range conds {
+		field := fmt.Sprintf("spec.matchConditions[%d]", i)
+		switch first, dup := seen[mc.Name]; {
+		case mc.Name == "":
+			errs.add(field+".name", "required")
+		case !conditionRE.MatchString(mc.Name):
+			errs.add(field+".name", "must be 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+		case dup:
+			errs.add(field+".name", "duplicate name %q (also spec.matchConditions[%d])", mc.Name, first)
+		default:
+			seen[mc.Name] = i
+		}
+		if reason := v.checkExpression(mc.Expression); reason != "" {
+			errs.add(field+".expression", "%s", reason)
+		}
+	}
 }
 
 // checkExpression compiles a CEL expression and returns why it is not

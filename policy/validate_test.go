@@ -247,6 +247,18 @@ func TestValidatorPolicy(t *testing.T) {
 		}
 		return `{"validations":[` + strings.Join(vs, ",") + `]}`
 	}
+	// mc is a ValidatingPolicy with the given match conditions (a JSON
+	// array) and one validation.
+	mc := func(conds string) func(p *Policy) {
+		return vp(`{"matchConditions":` + conds + `,"validations":[{"expression":"true","message":"m"}]}`)
+	}
+	conds := func(n int) string {
+		cs := make([]string, n)
+		for i := range cs {
+			cs[i] = fmt.Sprintf(`{"name":"c%d","expression":"true"}`, i)
+		}
+		return "[" + strings.Join(cs, ",") + "]"
+	}
 	labels := func(n int) map[string]string {
 		m := make(map[string]string, n)
 		for i := range n {
@@ -395,6 +407,51 @@ func TestValidatorPolicy(t *testing.T) {
 			}},
 		{name: "vp message wrong type", mutate: vp(`{"validations":[{"expression":"true","message":false}]}`),
 			want: []FieldError{fe("spec.validations[0].message", "expected string, got boolean")}},
+		// ValidatingPolicy match conditions
+		{name: "mc valid", mutate: mc(`[{"name":"http-only","expression":"has(request.method)"},{"name":"Get_1.x","expression":"request.method == 'GET'"}]`)},
+		{name: "mc dyn output", mutate: mc(`[{"name":"a","expression":"request.isHTTP"}]`)},
+		{name: "mc empty list", mutate: mc(`[]`)},
+		{name: "mc null", mutate: mc(`null`)},
+		{name: "mc 16", mutate: mc(conds(16))},
+		{name: "mc 63-character name", mutate: mc(`[{"name":"` + strings.Repeat("a", 63) + `","expression":"true"}]`)},
+		{name: "mc 17", mutate: mc(conds(17)),
+			want: []FieldError{fe("spec.matchConditions", "at most 16 match conditions, got 17")}},
+		{name: "mc not an array", mutate: mc(`{"name":"a","expression":"true"}`),
+			want: []FieldError{fe("spec.matchConditions", "expected array, got object")}},
+		{name: "mc missing name and expression", mutate: mc(`[{"name":"a","expression":"true"},{}]`),
+			want: []FieldError{fe("spec.matchConditions[1].name", "required"), fe("spec.matchConditions[1].expression", "required")}},
+		{name: "mc bad names", mutate: mc(`[{"name":"-a","expression":"true"},{"name":"a b","expression":"true"},{"name":"a/b","expression":"true"},{"name":"` + strings.Repeat("a", 64) + `","expression":"true"}]`),
+			want: []FieldError{
+				fe("spec.matchConditions[0].name", "must be 1 to 63 letters"),
+				fe("spec.matchConditions[1].name", "must be 1 to 63 letters"),
+				fe("spec.matchConditions[2].name", "must be 1 to 63 letters"),
+				fe("spec.matchConditions[3].name", "must be 1 to 63 letters"),
+			}},
+		{name: "mc duplicate name", mutate: mc(`[{"name":"a","expression":"true"},{"name":"b","expression":"true"},{"name":"a","expression":"false"}]`),
+			want: []FieldError{fe("spec.matchConditions[2].name", `duplicate name "a" (also spec.matchConditions[0])`)}},
+		{name: "mc syntax error", mutate: mc(`[{"name":"a","expression":"true"},{"name":"b","expression":"request.x =="}]`),
+			want: []FieldError{fe("spec.matchConditions[1].expression", "compile error: 1:13: Syntax error")}},
+		{name: "mc undeclared variable", mutate: mc(`[{"name":"a","expression":"spec.x == 1"}]`),
+			want: []FieldError{fe("spec.matchConditions[0].expression", "compile error: 1:1: undeclared reference to 'spec'")}},
+		{name: "mc non-bool output", mutate: mc(`[{"name":"a","expression":"'a' + 'b'"}]`),
+			want: []FieldError{fe("spec.matchConditions[0].expression", "must evaluate to bool, got string")}},
+		{name: "mc expression 4097", mutate: mc(`[{"name":"a","expression":"true` + strings.Repeat(" ", 4093) + `"}]`),
+			want: []FieldError{fe("spec.matchConditions[0].expression", "must be at most 4096 characters, got 4097")}},
+		{name: "mc unknown field still checks the rest", mutate: mc(`[{"name":"a","expression":"nope","message":"m"}]`),
+			want: []FieldError{
+				fe("spec.matchConditions[0].message", "unknown field"),
+				fe("spec.matchConditions[0].expression", "compile error: 1:1: undeclared reference to 'nope'"),
+			}},
+		{name: "mc name wrong type", mutate: mc(`[{"name":1,"expression":"true"}]`),
+			want: []FieldError{fe("spec.matchConditions[0].name", "expected string, got number")}},
+		{name: "mc misspelt", mutate: vp(`{"matchCondition":[{"name":"a","expression":"true"}],"validations":[{"expression":"true","message":"m"}]}`),
+			want: []FieldError{fe("spec.matchCondition", "unknown field")}},
+		{name: "mc and validations both wrong, in field order", mutate: vp(`{"matchConditions":[{"name":"","expression":"1"}]}`),
+			want: []FieldError{
+				fe("spec.matchConditions[0].name", "required"),
+				fe("spec.matchConditions[0].expression", "must evaluate to bool, got int"),
+				fe("spec.validations", "required: 1 to 64 validations"),
+			}},
 		{name: "vp tool spec", mutate: vp(`{"tool_name":"Bash","action":"deny"}`),
 			want: []FieldError{fe("spec.tool_name", "unknown field"), fe("spec.action", "unknown field"), fe("spec.validations", "required")}},
 
