@@ -30,14 +30,14 @@ type validatingSpec struct {
 
 // check is one compiled validation.
 type check struct {
-	prog    cel.Program
+	prog    *program
 	message string
 	reason  string
 }
 
 // condition is one compiled match condition.
 type condition struct {
-	prog cel.Program
+	prog *program
 	name string
 }
 
@@ -121,7 +121,7 @@ func (cc *celCompiler) compile(p Policy) (*validator, error) {
 
 // program compiles one expression that must give a bool (or dyn, checked
 // when it runs).
-func (cc *celCompiler) program(expr string) (cel.Program, error) {
+func (cc *celCompiler) program(expr string) (*program, error) {
 	ast, iss := cc.env.Compile(expr)
 	if iss.Err() != nil {
 		return nil, fmt.Errorf("compile: %w", iss.Err())
@@ -129,7 +129,7 @@ func (cc *celCompiler) program(expr string) (cel.Program, error) {
 	if out := ast.OutputType(); !out.IsExactType(cel.BoolType) && !out.IsExactType(cel.DynType) {
 		return nil, fmt.Errorf("must evaluate to bool, got %s", out)
 	}
-	prog, err := cc.env.Program(ast, cel.CostLimit(cc.costLimit))
+	prog, err := newProgram(cc.env, ast, cc.costLimit)
 	if err != nil {
 		return nil, fmt.Errorf("program: %w", err)
 	}
@@ -209,13 +209,14 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 		c.evalErrors.Add(1)
 		return Decision{Message: "evaluation failed", Err: fmt.Errorf("CEL activation: %w", err)}
 	}
+	size := inputSize(&req)
 	for _, val := range v.validators {
 		if err := ctx.Err(); err != nil {
 			c.evalErrors.Add(1)
 			return Decision{Message: "evaluation cancelled", Err: err}
 		}
 		if len(val.conditions) > 0 {
-			applies, d := c.matches(val, vars)
+			applies, d := c.matches(val, size, vars)
 			if d != nil {
 				return *d
 			}
@@ -225,7 +226,7 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 		}
 		for i := range val.checks {
 			ch := &val.checks[i]
-			ok, err := evalBool(ch.prog, vars)
+			ok, err := evalBool(ch.prog, size, vars)
 			if ok {
 				continue
 			}
@@ -244,12 +245,12 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 // one skips the policy (applies false), whatever the others gave; else the
 // first that failed denies (d set, fail closed); else the policy applies.
 // Evaluating them all makes the answer independent of their order.
-func (c *Client) matches(val *validator, vars interpreter.Activation) (applies bool, d *Decision) {
+func (c *Client) matches(val *validator, size uint64, vars interpreter.Activation) (applies bool, d *Decision) {
 	var failed *condition
 	var failure error
 	for i := range val.conditions {
 		mc := &val.conditions[i]
-		ok, err := evalBool(mc.prog, vars)
+		ok, err := evalBool(mc.prog, size, vars)
 		switch {
 		case err == nil && !ok:
 			return false, nil
@@ -268,18 +269,8 @@ func (c *Client) matches(val *validator, vars interpreter.Activation) (applies b
 	}
 }
 
-// evalBool runs prog; a result that is not a bool is an error.
-func evalBool(prog cel.Program, vars interpreter.Activation) (bool, error) {
-	out, _, err := prog.Eval(vars)
-	if err != nil {
-		return false, err
-	}
-	ok, isBool := out.Value().(bool)
-	if !isBool {
-		return false, fmt.Errorf("expression gave %s, not a bool", out.Type().TypeName())
-	}
-	return ok, nil
-}
+// errNotBool is the error of an expression that gave a type other than bool.
+func errNotBool(typ string) error { return fmt.Errorf("expression gave %s, not a bool", typ) }
 
 // EvalErrors counts evaluations that Evaluate denied because an expression
 // failed (run-time error, cost limit, non-bool result, context ended).
