@@ -83,7 +83,7 @@ func TestAuthzProcess(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		<-done
+		_ = <-done
 		if t.Failed() {
 			t.Logf("authz output:\n%s", logs)
 		}

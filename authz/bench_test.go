@@ -2,7 +2,6 @@ package authz_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/authz"
+	"github.com/policyd/policyd/authz/benchset"
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/server/servertest"
@@ -32,94 +31,6 @@ import (
 // the same against the policyd binary, as a separate process.
 //
 //	go test ./authz -run '^$' -bench Check -benchtime 20000x
-
-// benchOrg is the org whose policies the SDK follows.
-const benchOrg = "bench-authz"
-
-// benchPolicies is the set every benchmark decides against: 20
-// ValidatingPolicies of 4 validations each over the request's method, path,
-// headers, host and principals, and 20 ToolPolicies (deny, with patterns).
-func benchPolicies() map[string][]byte {
-	type validation struct {
-		Expression string `json:"expression"`
-		Message    string `json:"message"`
-		Reason     string `json:"reason,omitempty"`
-	}
-	doc := func(name, kind string, spec any) []byte {
-		b, err := json.Marshal(map[string]any{"name": name, "kind": kind, "scope": map[string]string{"org": benchOrg}, "spec": spec})
-		if err != nil {
-			panic(err) // static shapes: a bug
-		}
-		return b
-	}
-	// One extra check per policy, in turn, so the set is not 20 copies.
-	extra := []validation{
-		{`!request.path.matches("[.][.]/|//")`, "path traversal", "BadPath"},
-		{`!("x-debug" in request.headers) || request.headers["x-debug"] == "0"`, "debug requests are not allowed", "Forbidden"},
-		{`request.size <= 1048576`, "request too large", "TooLarge"},
-		{`request.host in ["api.example.com", "api.internal"]`, "unknown host", "Forbidden"},
-	}
-	tools := []string{"Bash", "Write", "Edit", "WebFetch", "Read"}
-	out := map[string][]byte{}
-	for i := range 20 {
-		name := fmt.Sprintf("%s.http-%02d", benchOrg, i)
-		out[name] = doc(name, "ValidatingPolicy", map[string]any{"validations": []validation{
-			{`request.method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]`, "method not allowed", "MethodNotAllowed"},
-			{fmt.Sprintf(`!request.path.startsWith("/internal/%d/")`, i), "internal path", "Forbidden"},
-			{`"authorization" in request.headers && request.headers["authorization"].startsWith("Bearer ")`, "bearer token required", "Unauthorized"},
-			{fmt.Sprintf(`request.source.principal.startsWith("spiffe://cluster.local/ns/") && !request.source.principal.endsWith("/sa/blocked-%d")`, i), "caller not allowed", ""},
-			extra[i%len(extra)],
-		}})
-		name = fmt.Sprintf("%s.tool-%02d", benchOrg, i)
-		out[name] = doc(name, "ToolPolicy", map[string]any{
-			"tool_name": tools[i%len(tools)], "action": "deny", "reason": fmt.Sprintf("bench rule %d", i),
-			"conditions": map[string]any{"patterns": []string{fmt.Sprintf(`^rm -rf /%d`, i), fmt.Sprintf(`/etc/shadow%d\b`, i)}},
-		})
-	}
-	return out
-}
-
-// denyingPolicy is the policy benchRequest(true) is denied by: the last in
-// name order, so every policy is evaluated first.
-const denyingPolicy = benchOrg + ".http-19"
-
-// benchRequest is what Envoy sends for an API call between two meshed
-// services: 11 headers, principals, a context extension. denied asks for a
-// path the last ValidatingPolicy forbids.
-func benchRequest(denied bool) *authv3.CheckRequest {
-	path := "/api/v1/orders/12345?expand=items"
-	if denied {
-		path = "/internal/19/metrics"
-	}
-	sock := func(ip string, port uint32) *corev3.Address {
-		return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-			Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
-	}
-	return &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
-		Source: &authv3.AttributeContext_Peer{
-			Address: sock("10.0.3.17", 43122), Principal: "spiffe://cluster.local/ns/shop/sa/frontend"},
-		Destination: &authv3.AttributeContext_Peer{
-			Address: sock("10.0.5.4", 8080), Principal: "spiffe://cluster.local/ns/shop/sa/orders"},
-		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
-			Id: "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01", Method: "GET", Path: path,
-			Host: "api.example.com", Scheme: "https", Protocol: "HTTP/1.1", Size: 0,
-			Headers: map[string]string{
-				":authority":                     "api.example.com",
-				":method":                        "GET",
-				":path":                          path,
-				":scheme":                        "https",
-				"accept":                         "application/json",
-				"authorization":                  "Bearer eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl",
-				"user-agent":                     "shop-frontend/2.3.1",
-				"x-request-id":                   "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01",
-				"x-forwarded-for":                "203.0.113.7",
-				"x-forwarded-proto":              "https",
-				"x-envoy-expected-rq-timeout-ms": "15000",
-			},
-		}},
-		ContextExtensions: map[string]string{"virtual_host": "orders"},
-	}}
-}
 
 // startDecider starts a single policyd node, writes benchPolicies and
 // returns an SDK client that holds all of them, everything stopped when b
@@ -148,14 +59,14 @@ func startDecider(b *testing.B) *client.Client {
 	if err != nil {
 		b.Fatal(err)
 	}
-	set := benchPolicies()
+	set := benchset.Policies()
 	for name, doc := range set {
 		if _, err := api.PutPolicy(b.Context(), name, doc, adminclient.AnyRevision); err != nil {
 			b.Fatalf("PUT %s: %v", name, err)
 		}
 	}
 
-	c, err := client.New(client.Config{Servers: []string{n.GRPCAddr()}, Scope: client.Scope{Org: benchOrg}}, logger)
+	c, err := client.New(client.Config{Servers: []string{n.GRPCAddr()}, Scope: client.Scope{Org: benchset.Org}}, logger)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -204,7 +115,7 @@ var benchCases = []struct {
 func runCases(b *testing.B, check checkFunc) {
 	for _, tc := range benchCases {
 		b.Run(tc.name, func(b *testing.B) {
-			req := benchRequest(tc.denied)
+			req := benchset.Request(tc.denied)
 			if err := verify(b.Context(), check, req, tc.want); err != nil {
 				b.Fatal(err)
 			}
@@ -239,8 +150,8 @@ func verify(ctx context.Context, check checkFunc, req *authv3.CheckRequest, want
 	}
 	for _, h := range resp.GetDeniedResponse().GetHeaders() {
 		if h.GetHeader().GetKey() == authz.HeaderPolicy {
-			if got := h.GetHeader().GetValue(); got != denyingPolicy {
-				return fmt.Errorf("denied by %s, want %s", got, denyingPolicy)
+			if got := h.GetHeader().GetValue(); got != benchset.DenyingPolicy {
+				return fmt.Errorf("denied by %s, want %s", got, benchset.DenyingPolicy)
 			}
 			return nil
 		}
@@ -298,7 +209,7 @@ func BenchmarkCheckGRPC(b *testing.B) {
 	runCases(b, check)
 
 	b.Run("parallel", func(b *testing.B) {
-		req := benchRequest(false)
+		req := benchset.Request(false)
 		if err := verify(b.Context(), check, req, codes.OK); err != nil {
 			b.Fatal(err)
 		}

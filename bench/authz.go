@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,18 +25,12 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/authz"
+	"github.com/policyd/policyd/authz/benchset"
 	"github.com/policyd/policyd/loopback"
 )
 
 // Issue 31's target for a decision through ext_authz gRPC on loopback.
 const targetAuthzP99 = time.Millisecond
-
-// authzOrg is the org whose policies the authz sidecar follows.
-const authzOrg = "bench-authz"
-
-// authzDenyingPolicy denies authzRequest(true): the last ValidatingPolicy
-// in name order, so every policy is evaluated before it.
-const authzDenyingPolicy = authzOrg + ".http-19"
 
 // authzConfig holds the authz scenario's flags.
 type authzConfig struct {
@@ -110,109 +103,18 @@ func (c *authzConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// authzPolicies is the set the sidecar decides with, by name: 20
-// ValidatingPolicies of 5 validations over the request's method, path,
-// headers, host, size and principals, and 20 ToolPolicies that deny with
-// patterns. authz/bench_test.go holds the same set.
-func authzPolicies() map[string][]byte {
-	type validation struct {
-		Expression string `json:"expression"`
-		Message    string `json:"message"`
-		Reason     string `json:"reason,omitempty"`
-	}
-	doc := func(name, kind string, spec any) []byte {
-		b, err := json.Marshal(map[string]any{"name": name, "kind": kind, "scope": map[string]string{"org": authzOrg}, "spec": spec})
-		if err != nil {
-			panic(err) // static shapes: a bug
-		}
-		return b
-	}
-	// One extra check per policy, in turn, so the set is not 20 copies.
-	extra := []validation{
-		{`!request.path.matches("[.][.]/|//")`, "path traversal", "BadPath"},
-		{`!("x-debug" in request.headers) || request.headers["x-debug"] == "0"`, "debug requests are not allowed", "Forbidden"},
-		{`request.size <= 1048576`, "request too large", "TooLarge"},
-		{`request.host in ["api.example.com", "api.internal"]`, "unknown host", "Forbidden"},
-	}
-	tools := []string{"Bash", "Write", "Edit", "WebFetch", "Read"}
-	out := map[string][]byte{}
-	for i := range 20 {
-		name := fmt.Sprintf("%s.http-%02d", authzOrg, i)
-		out[name] = doc(name, "ValidatingPolicy", map[string]any{"validations": []validation{
-			{`request.method in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]`, "method not allowed", "MethodNotAllowed"},
-			{fmt.Sprintf(`!request.path.startsWith("/internal/%d/")`, i), "internal path", "Forbidden"},
-			{`"authorization" in request.headers && request.headers["authorization"].startsWith("Bearer ")`, "bearer token required", "Unauthorized"},
-			{fmt.Sprintf(`request.source.principal.startsWith("spiffe://cluster.local/ns/") && !request.source.principal.endsWith("/sa/blocked-%d")`, i), "caller not allowed", ""},
-			extra[i%len(extra)],
-		}})
-		name = fmt.Sprintf("%s.tool-%02d", authzOrg, i)
-		out[name] = doc(name, "ToolPolicy", map[string]any{
-			"tool_name": tools[i%len(tools)], "action": "deny", "reason": fmt.Sprintf("bench rule %d", i),
-			"conditions": map[string]any{"patterns": []string{fmt.Sprintf(`^rm -rf /%d`, i), fmt.Sprintf(`/etc/shadow%d\b`, i)}},
-		})
-	}
-	return out
-}
-
-// authzPath is the path of the request of a case.
-func authzPath(denied bool) string {
-	if denied {
-		return "/internal/19/metrics"
-	}
-	return "/api/v1/orders/12345?expand=items"
-}
-
-// authzHeaders are the 11 headers Envoy forwards for an API call.
-func authzHeaders(path string) map[string]string {
-	return map[string]string{
-		":authority":                     "api.example.com",
-		":method":                        "GET",
-		":path":                          path,
-		":scheme":                        "https",
-		"accept":                         "application/json",
-		"authorization":                  "Bearer eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl",
-		"user-agent":                     "shop-frontend/2.3.1",
-		"x-request-id":                   "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01",
-		"x-forwarded-for":                "203.0.113.7",
-		"x-forwarded-proto":              "https",
-		"x-envoy-expected-rq-timeout-ms": "15000",
-	}
-}
-
-// authzRequest is what Envoy sends for an API call between two meshed
-// services; denied asks for a path that authzDenyingPolicy forbids.
-func authzRequest(denied bool) *authv3.CheckRequest {
-	path := authzPath(denied)
-	sock := func(ip string, port uint32) *corev3.Address {
-		return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-			Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
-	}
-	return &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
-		Source: &authv3.AttributeContext_Peer{
-			Address: sock("10.0.3.17", 43122), Principal: "spiffe://cluster.local/ns/shop/sa/frontend"},
-		Destination: &authv3.AttributeContext_Peer{
-			Address: sock("10.0.5.4", 8080), Principal: "spiffe://cluster.local/ns/shop/sa/orders"},
-		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
-			Id: "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01", Method: "GET", Path: path,
-			Host: "api.example.com", Scheme: "https", Protocol: "HTTP/1.1",
-			Headers: authzHeaders(path),
-		}},
-		ContextExtensions: map[string]string{"virtual_host": "orders"},
-	}}
-}
-
 // authzHTTPBody is the POST /v1/check body of a case: the same request
 // attributes as authzRequest, plus a tool call that no ToolPolicy denies,
 // so that both kinds are evaluated.
 func authzHTTPBody(denied bool) []byte {
-	path := authzPath(denied)
+	path := benchset.Path(denied)
 	peer := func(addr, principal string) map[string]any {
 		return map[string]any{"address": addr, "principal": principal}
 	}
 	b, err := json.Marshal(authz.CheckRequest{
 		Request: map[string]any{
 			"method": "GET", "path": path, "host": "api.example.com", "scheme": "https", "protocol": "HTTP/1.1",
-			"headers": authzHeaders(path), "size": 0, "id": "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01",
+			"headers": benchset.Headers(path), "size": 0, "id": "7c1f5c2e-3b1a-4a43-9d0e-4f8a2d6b9e01",
 			"source":            peer("10.0.3.17:43122", "spiffe://cluster.local/ns/shop/sa/frontend"),
 			"destination":       peer("10.0.5.4:8080", "spiffe://cluster.local/ns/shop/sa/orders"),
 			"contextExtensions": map[string]string{"virtual_host": "orders"},
@@ -245,7 +147,7 @@ func (c *authzConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err != nil {
 		return err
 	}
-	set := authzPolicies()
+	set := benchset.Policies()
 	for name, doc := range set {
 		if _, err := api.PutPolicy(ctx, name, doc, adminclient.AnyRevision); err != nil {
 			return fmt.Errorf("PUT /v1/policies/%s: %w", name, err)
@@ -379,7 +281,7 @@ func caseName(denied bool) string {
 	return "allow"
 }
 
-// startAuthz starts `policyd authz` following authzOrg on the node at
+// startAuthz starts `policyd authz` following benchset.Org on the node at
 // grpcAddr, on free loopback ports, pinned to cpus unless it is empty. It
 // is a cluster of one for its stop and log handling.
 func startAuthz(env *runEnv, grpcAddr, cpus string) (*cluster, error) {
@@ -395,7 +297,7 @@ func startAuthz(env *runEnv, grpcAddr, cpus string) (*cluster, error) {
 		cpus:     cpus,
 	}
 	nd.logPath = filepath.Join(nd.dir, "authz.log")
-	nd.args = []string{"authz", "--servers", grpcAddr, "--org", authzOrg,
+	nd.args = []string{"authz", "--servers", grpcAddr, "--org", benchset.Org,
 		"--grpc-addr", nd.grpcAddr, "--http-addr", nd.httpAddr}
 	if err := os.MkdirAll(nd.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", nd.dir, err)
@@ -563,7 +465,7 @@ type checkOnce func(ctx context.Context) error
 // grpcChecker returns checks of a case through ext_authz gRPC.
 func grpcChecker(ac authv3.AuthorizationClient) func(denied bool) checkOnce {
 	return func(denied bool) checkOnce {
-		req := authzRequest(denied)
+		req := benchset.Request(denied)
 		return func(ctx context.Context) error {
 			resp, err := ac.Check(ctx, req)
 			if err != nil {
@@ -575,7 +477,7 @@ func grpcChecker(ac authv3.AuthorizationClient) func(denied bool) checkOnce {
 }
 
 // checkGRPCAnswer is nil when resp is the case's answer: OK, or 403 from
-// authzDenyingPolicy.
+// benchset.DenyingPolicy.
 func checkGRPCAnswer(resp *authv3.CheckResponse, denied bool) error {
 	code := codes.Code(resp.GetStatus().GetCode())
 	if !denied {
@@ -589,8 +491,8 @@ func checkGRPCAnswer(resp *authv3.CheckResponse, denied bool) error {
 	}
 	for _, h := range resp.GetDeniedResponse().GetHeaders() {
 		if h.GetHeader().GetKey() == authz.HeaderPolicy {
-			if got := h.GetHeader().GetValue(); got != authzDenyingPolicy {
-				return fmt.Errorf("denied by %s, want %s", got, authzDenyingPolicy)
+			if got := h.GetHeader().GetValue(); got != benchset.DenyingPolicy {
+				return fmt.Errorf("denied by %s, want %s", got, benchset.DenyingPolicy)
 			}
 			return nil
 		}
@@ -624,7 +526,7 @@ func httpChecker(client *http.Client, addr string) func(denied bool) checkOnce {
 }
 
 // checkHTTPAnswer is nil when the answer is the case's: 200 with allowed,
-// or denied by authzDenyingPolicy.
+// or denied by benchset.DenyingPolicy.
 func checkHTTPAnswer(status int, body []byte, denied bool) error {
 	if status != http.StatusOK {
 		return fmt.Errorf("status %d: %s", status, bytes.TrimSpace(body))
@@ -636,8 +538,8 @@ func checkHTTPAnswer(status int, body []byte, denied bool) error {
 	switch {
 	case a.Allowed == denied:
 		return fmt.Errorf("allowed %v, want %v (policy %q, message %q, error %q)", a.Allowed, !denied, a.Policy, a.Message, a.Error)
-	case denied && a.Policy != authzDenyingPolicy:
-		return fmt.Errorf("denied by %q, want %s", a.Policy, authzDenyingPolicy)
+	case denied && a.Policy != benchset.DenyingPolicy:
+		return fmt.Errorf("denied by %q, want %s", a.Policy, benchset.DenyingPolicy)
 	}
 	return nil
 }

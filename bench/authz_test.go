@@ -1,7 +1,6 @@
 package main
 
 import (
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,43 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/policyd/policyd/authz"
+	"github.com/policyd/policyd/authz/benchset"
 	"github.com/policyd/policyd/policy"
 )
-
-// The node would refuse a policy the validator refuses, and the scenario
-// would fail only after starting it.
-func TestAuthzPoliciesValid(t *testing.T) {
-	v, err := policy.NewValidator(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]int{}
-	var validating []string
-	for name, doc := range authzPolicies() {
-		p, err := policy.DecodePolicy(doc)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if err := v.Policy(p); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-		if p.Name != name || p.Scope.Org != authzOrg {
-			t.Errorf("%s: name %q, org %q", name, p.Name, p.Scope.Org)
-		}
-		kinds[p.Kind]++
-		if p.Kind == policy.KindValidatingPolicy {
-			validating = append(validating, name)
-		}
-	}
-	if kinds[policy.KindValidatingPolicy] != 20 || kinds[policy.KindToolPolicy] != 20 || len(kinds) != 2 {
-		t.Errorf("kinds = %v, want 20 ValidatingPolicies and 20 ToolPolicies", kinds)
-	}
-	// The deny case is meant to run every policy before the one denying.
-	slices.Sort(validating)
-	if got := validating[len(validating)-1]; got != authzDenyingPolicy {
-		t.Errorf("last ValidatingPolicy is %s, want %s", got, authzDenyingPolicy)
-	}
-}
 
 func TestCheckGRPCAnswer(t *testing.T) {
 	denial := func(code codes.Code, httpStatus int, headers ...string) *authv3.CheckResponse {
@@ -72,11 +37,11 @@ func TestCheckGRPCAnswer(t *testing.T) {
 	}{
 		{"allowed", ok, false, ""},
 		{"allowed, want denied", ok, true, "want PERMISSION_DENIED"},
-		{"denied, want allowed", denial(codes.PermissionDenied, 403, authz.HeaderPolicy, authzDenyingPolicy), false, "want OK"},
-		{"denied by the policy", denial(codes.PermissionDenied, 403, "content-type", "text/plain", authz.HeaderPolicy, authzDenyingPolicy), true, ""},
+		{"denied, want allowed", denial(codes.PermissionDenied, 403, authz.HeaderPolicy, benchset.DenyingPolicy), false, "want OK"},
+		{"denied by the policy", denial(codes.PermissionDenied, 403, "content-type", "text/plain", authz.HeaderPolicy, benchset.DenyingPolicy), true, ""},
 		{"denied by another policy", denial(codes.PermissionDenied, 403, authz.HeaderPolicy, "x"), true, "denied by x"},
 		{"denied by the state", denial(codes.PermissionDenied, 403, authz.HeaderState, "connecting"), true, "without x-policyd-policy"},
-		{"overloaded", denial(codes.Unavailable, 503, authz.HeaderPolicy, authzDenyingPolicy), true, "want PERMISSION_DENIED"},
+		{"overloaded", denial(codes.Unavailable, 503, authz.HeaderPolicy, benchset.DenyingPolicy), true, "want PERMISSION_DENIED"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,7 +59,7 @@ func TestCheckHTTPAnswer(t *testing.T) {
 		wantErr string
 	}{
 		{"allowed", 200, `{"allowed":true,"state":"ready"}`, false, ""},
-		{"denied by the policy", 200, `{"allowed":false,"policy":"` + authzDenyingPolicy + `","message":"internal path","state":"ready"}`, true, ""},
+		{"denied by the policy", 200, `{"allowed":false,"policy":"` + benchset.DenyingPolicy + `","message":"internal path","state":"ready"}`, true, ""},
 		{"allowed, want denied", 200, `{"allowed":true,"state":"ready"}`, true, "allowed true, want false"},
 		{"denied, want allowed", 200, `{"allowed":false,"policy":"p","error":"no such key","state":"ready"}`, false, `"no such key"`},
 		{"denied by another policy", 200, `{"allowed":false,"policy":"p","state":"ready"}`, true, `denied by "p"`},
@@ -127,14 +92,14 @@ func TestAuthzHTTPBody(t *testing.T) {
 		if err := policy.DecodeStrict(authzHTTPBody(denied), &req); err != nil {
 			t.Fatalf("denied=%v: %v", denied, err)
 		}
-		if req.Tool == "" || req.Request["path"] != authzPath(denied) {
+		if req.Tool == "" || req.Request["path"] != benchset.Path(denied) {
 			t.Errorf("denied=%v: tool %q, path %v", denied, req.Tool, req.Request["path"])
 		}
 	}
-	if got := authzRequest(true).GetAttributes().GetRequest().GetHttp().GetPath(); got != authzPath(true) {
+	if got := benchset.Request(true).GetAttributes().GetRequest().GetHttp().GetPath(); got != benchset.Path(true) {
 		t.Errorf("gRPC deny path = %q", got)
 	}
-	if n := len(authzRequest(false).GetAttributes().GetRequest().GetHttp().GetHeaders()); n < 10 {
+	if n := len(benchset.Request(false).GetAttributes().GetRequest().GetHttp().GetHeaders()); n < 10 {
 		t.Errorf("%d headers, want a realistic 10 or more", n)
 	}
 }
