@@ -83,9 +83,8 @@ func TestAuthzProcess(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = <-done
-		if t.Failed() {
-			t.Logf("authz output:\n%s", logs)
+		if err := <-done; t.Failed() {
+			t.Logf("authz exited with %v, output:\n%s", err, logs)
 		}
 	})
 
