@@ -277,10 +277,13 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 		}
 		c := tx.Bucket(bucketEvents).Cursor()
 		for k, v := c.Seek(u64(f.After + 1)); k != nil; k, v = c.Next() {
-			if f.Limit > 0 && len(page.Events) >= f.Limit {
+			id := binary.BigEndian.Uint64(k)
+			// A page ends between entries, never inside one (a rollout's
+			// completion records several events at its index): the next
+			// page starts after LastID.
+			if f.Limit > 0 && len(page.Events) >= f.Limit && id != page.LastID {
 				break
 			}
-			id := binary.BigEndian.Uint64(k)
 			page.LastID = id
 			var ev Event
 			if len(v) < 8 {
@@ -358,25 +361,30 @@ func (s *Store) History(typ EntityType, id string) ([]Event, uint64, error) {
 func (s *Store) Revision(typ EntityType, id string, rev uint64) (*Event, error) {
 	var ev *Event
 	err := s.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketEvents).Get(u64(rev))
-		if v == nil {
+		prefix := u64(rev)
+		c := tx.Bucket(bucketEvents).Cursor()
+		k, v := c.Seek(prefix)
+		if k == nil || !bytes.HasPrefix(k, prefix) {
 			if pruned := getUint(tx.Bucket(bucketMeta), keyPrunedThrough); rev <= pruned {
 				return fmt.Errorf("revision %d of %s %q: events through %d were removed: %w", rev, typ, id, pruned, ErrPruned)
 			}
 			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
 		}
-		if len(v) < 8 {
-			return fmt.Errorf("stored event %d is truncated", rev)
+		// One entry may have recorded several events (putEvent).
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(v) < 8 {
+				return fmt.Errorf("stored event %d is truncated", rev)
+			}
+			var e Event
+			if err := json.Unmarshal(v[8:], &e); err != nil {
+				return fmt.Errorf("decode stored event %d: %w", rev, err)
+			}
+			if e.EntityType == typ && e.EntityID == id && e.Action != ActionDelete {
+				ev = &e
+				return nil
+			}
 		}
-		var e Event
-		if err := json.Unmarshal(v[8:], &e); err != nil {
-			return fmt.Errorf("decode stored event %d: %w", rev, err)
-		}
-		if e.EntityType != typ || e.EntityID != id || e.Action == ActionDelete {
-			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
-		}
-		ev = &e
-		return nil
+		return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
 	})
 	return ev, err
 }
