@@ -204,6 +204,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 
 	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
 	a.route("GET /v1/rollout", auth.RoleRead, a.rollout)
+	a.routeRollouts()
 	a.route("GET /v1/reload", auth.RoleRead, a.reloadState)
 	a.route("GET /v1/drift", auth.RoleRead, a.listDrift)
 	a.routePprof()
