@@ -183,8 +183,11 @@ func (a *API) startRollout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// A delete of a policy this node does not hold is a 400 here; one
-	// deleted meanwhile is the FSM's conflict.
+	// A delete of a policy that does not exist is a 400 here, read after a
+	// consistent read; one deleted meanwhile is the FSM's conflict.
+	if err := a.b.ConsistentRead(r.Context()); err != nil {
+		return err
+	}
 	for i, c := range ro.GetChanges() {
 		if c.GetOp() != store.OpDelete {
 			continue
