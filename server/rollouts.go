@@ -43,9 +43,19 @@ type rolloutDriver struct {
 // setupRollouts registers the rollout driver as a leader task, and the
 // rollout metrics.
 func (n *Node) setupRollouts() {
-	d := &rolloutDriver{
-		logger: n.logger.With("component", "rollouts"), store: n.store,
-		clients: n.rn.Clients, propose: n.rn.ProposeLocal, now: time.Now, interval: rolloutInterval,
+	d := newRolloutDriver(n.logger.With("component", "rollouts"), n.store, n.rn.Clients, n.rn.ProposeLocal)
+	n.reg.MustRegister(d.transitions, d.halts, d.cohort, &rolloutStates{store: n.store})
+	n.AddLeaderTask(raftnode.LeaderTask{Name: "rollouts", Run: d.Run})
+}
+
+// newRolloutDriver builds the driver over st, counting cohorts with
+// clients and proposing with propose (the leader's own, never forwarded).
+func newRolloutDriver(logger *slog.Logger, st *store.Store,
+	clients func(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error),
+	propose func(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error),
+) *rolloutDriver {
+	return &rolloutDriver{
+		logger: logger, store: st, clients: clients, propose: propose, now: time.Now, interval: rolloutInterval,
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "policyd", Name: "rollout_stage_transitions_total",
 			Help: "Rollout transitions the leader's driver made, by target: next_stage, completed, halted or rolled_back.",
@@ -59,8 +69,6 @@ func (n *Node) setupRollouts() {
 			Help: "Sidecars holding a running rollout's candidate at its current stage, cluster-wide, by transport (grpc, ws); set by the leader.",
 		}, []string{"rollout", "transport"}),
 	}
-	n.reg.MustRegister(d.transitions, d.halts, d.cohort, &rolloutStates{store: n.store})
-	n.AddLeaderTask(raftnode.LeaderTask{Name: "rollouts", Run: d.Run})
 }
 
 // Run drives the rollouts until ctx ends (leadership lost).

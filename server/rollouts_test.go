@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/policyd/policyd/adminclient"
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	"github.com/policyd/policyd/store"
 )
 
@@ -301,5 +305,82 @@ func TestRolloutLeaderFailover(t *testing.T) {
 	}
 	if _, err := survivor.store.GetPolicy("acme.f"); err != nil {
 		t.Errorf("acme.f after completion: %v", err)
+	}
+}
+
+// TestRolloutDriver runs the leader's driver against sidecars it is told
+// of: a NACK ratio over the limit rolls the rollout back at once, a stage
+// whose cohort has ACKed passes once baked, and the metrics count both.
+func TestRolloutDriver(t *testing.T) {
+	n, a := singleNode(t, nil)
+	start := func(maxNack float64, onHalt, name string) adminclient.StagedRollout {
+		t.Helper()
+		ro, err := a.client.StartRollout(t.Context(), adminclient.StartRollout{
+			Changes:      []adminclient.StartChange{{Op: "put", Policy: toolPolicy(name, "acme", "x")}},
+			Stages:       []adminclient.StartStage{{Percent: 50, Bake: "1h"}, {Percent: 100, Bake: "1h"}},
+			MaxNackRatio: maxNack, OnHalt: onHalt,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *ro
+	}
+	bad, good := start(0.1, "rollback", "acme.bad"), start(0, "stay", "acme.good")
+	ci := func(state, tag string) *clusterv1.ClientInfo {
+		return &clusterv1.ClientInfo{Transport: "grpc", State: state, Rollouts: []string{tag}}
+	}
+	var sidecars []*clusterv1.ClientInfo
+	sidecars = append(sidecars, ci("acked", bad.ID+":0"), ci("acked", bad.ID+":0"), ci("acked", bad.ID+":0"), ci("nacked", bad.ID+":0"))
+	sidecars = append(sidecars, ci("acked", good.ID+":0"), ci("acked", good.ID+":0"),
+		&clusterv1.ClientInfo{Transport: "ws", Rollouts: []string{good.ID + ":0"}})
+	d := newRolloutDriver(testLogger(t), n.store,
+		func(context.Context) ([]*clusterv1.ClientInfo, []string, error) { return sidecars, nil, nil }, n.rn.ProposeLocal)
+	now := time.Now()
+	d.now = func() time.Time { return now }
+
+	d.tick(t.Context())
+	if got := testutil.ToFloat64(d.halts); got != 1 {
+		t.Errorf("halts = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(d.cohort.WithLabelValues(good.ID, "ws")); got != 1 {
+		t.Errorf("cohort ws of %s = %v, want 1", good.ID, got)
+	}
+	ro, err := n.store.Rollout(bad.ID)
+	if err != nil || ro.GetState() != store.RolloutRolledBack || !strings.Contains(ro.GetHaltReason(), "nack ratio 0.25 > 0.10 at stage 0 (50%)") {
+		t.Fatalf("%s after a NACK in four: %v %v", bad.ID, ro, err)
+	}
+	if ro, _ := n.store.Rollout(good.ID); ro.GetState() != store.RolloutRunning || ro.GetStage() != 0 {
+		t.Fatalf("%s moved while baking: %v", good.ID, ro)
+	}
+
+	now = now.Add(time.Hour)
+	d.tick(t.Context())
+	if ro, _ := n.store.Rollout(good.ID); ro.GetState() != store.RolloutRunning || ro.GetStage() != 1 || ro.GetStageStartedAtUnixMs() != now.UnixMilli() {
+		t.Fatalf("%s after its bake: %v", good.ID, ro)
+	}
+	for to, want := range map[string]float64{"rolled_back": 1, "next_stage": 1, "completed": 0} {
+		if got := testutil.ToFloat64(d.transitions.WithLabelValues(to)); got != want {
+			t.Errorf("transitions{to=%s} = %v, want %v", to, got, want)
+		}
+	}
+	// The sidecars still carry stage 0's tag: stage 1's cohort is empty,
+	// and it passes on its bake alone.
+	now = now.Add(time.Hour)
+	d.tick(t.Context())
+	if ro, _ := n.store.Rollout(good.ID); ro.GetState() != store.RolloutCompleted {
+		t.Fatalf("%s after its last bake: %v", good.ID, ro)
+	}
+	if p, err := n.store.GetPolicy("acme.good"); err != nil || p.Revision == 0 {
+		t.Fatalf("acme.good after completion: %v %v", p, err)
+	}
+	page, err := n.store.ListEvents(store.EventFilter{Type: store.EntityRollout, Actor: "task:rollout"})
+	if err != nil || len(page.Events) != 3 {
+		t.Fatalf("the driver's rollout events: %+v %v", page, err)
+	}
+	body := a.do(http.MethodGet, "/metrics", nil, nil).body
+	for _, m := range []string{`policyd_rollouts{state="completed"} 1`, `policyd_rollouts{state="rolled_back"} 1`, `policyd_rollouts{state="running"} 0`} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
 	}
 }
