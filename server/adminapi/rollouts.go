@@ -2,6 +2,7 @@ package adminapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -57,7 +58,8 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 	}
 	var errs policy.ValidationError
 	add := func(field string, err error) {
-		if ve, ok := err.(policy.ValidationError); ok {
+		var ve policy.ValidationError
+		if errors.As(err, &ve) {
 			for _, fe := range ve {
 				f := field
 				if fe.Field != "" {
