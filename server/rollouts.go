@@ -38,6 +38,7 @@ type rolloutDriver struct {
 	transitions *prometheus.CounterVec
 	halts       prometheus.Counter
 	cohort      *prometheus.GaugeVec
+	shown       map[string]bool // rollouts with cohort series; Run's goroutine only
 }
 
 // setupRollouts registers the rollout driver as a leader task, and the
@@ -73,7 +74,11 @@ func newRolloutDriver(logger *slog.Logger, st *store.Store,
 
 // Run drives the rollouts until ctx ends (leadership lost).
 func (d *rolloutDriver) Run(ctx context.Context) {
-	defer d.cohort.Reset()
+	defer func() {
+		// A follower shows no cohorts: the next leader does.
+		d.cohort.Reset()
+		d.shown = nil
+	}()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	for {
@@ -99,7 +104,19 @@ func (d *rolloutDriver) tick(ctx context.Context) {
 			running = append(running, r)
 		}
 	}
-	d.cohort.Reset()
+	// Series of rollouts no longer running go; the others are set below,
+	// so that a scrape never sees a running rollout without its series.
+	live := map[string]bool{}
+	for _, r := range running {
+		live[r.GetId()] = true
+	}
+	for id := range d.shown {
+		if !live[id] {
+			d.cohort.DeleteLabelValues(id, "grpc")
+			d.cohort.DeleteLabelValues(id, "ws")
+		}
+	}
+	d.shown = live
 	if len(running) == 0 {
 		return
 	}

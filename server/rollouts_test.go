@@ -358,6 +358,9 @@ func TestRolloutDriver(t *testing.T) {
 	if ro, _ := n.store.Rollout(good.ID); ro.GetState() != store.RolloutRunning || ro.GetStage() != 1 || ro.GetStageStartedAtUnixMs() != now.UnixMilli() {
 		t.Fatalf("%s after its bake: %v", good.ID, ro)
 	}
+	if got := testutil.CollectAndCount(d.cohort); got != 2 {
+		t.Errorf("%d cohort series, want 2: those of %s alone, rolled back %s's gone", got, good.ID, bad.ID)
+	}
 	for to, want := range map[string]float64{"rolled_back": 1, "next_stage": 1, "completed": 0} {
 		if got := testutil.ToFloat64(d.transitions.WithLabelValues(to)); got != want {
 			t.Errorf("transitions{to=%s} = %v, want %v", to, got, want)

@@ -438,7 +438,10 @@ func (s *Store) Member(id string) (Member, error) {
 }
 
 // Digest returns a SHA-256 over every replicated bucket (not the applied
-// index) and the applied index it was taken at, from one transaction.
+// index) and the applied index it was taken at, from one transaction. The
+// buckets of sparseBuckets count only once they hold something, so that a
+// replica of a release without them and an upgraded one agree until the
+// first such entry.
 // Replicas at the same index must have equal digests; tests and operators
 // compare them.
 func (s *Store) Digest() (digest string, index uint64, err error) {
@@ -458,8 +461,11 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 		}
 		writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
 		for _, name := range dataBuckets {
-			writeLen(name)
 			b := tx.Bucket(name)
+			if sparseBuckets[string(name)] && (b == nil || isEmpty(b)) {
+				continue
+			}
+			writeLen(name)
 			if b == nil {
 				// A file from a version without this bucket, read by
 				// Inspect (Open creates it): the same as an empty bucket.
@@ -481,4 +487,13 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 	}
 	s.digest, s.digestIndex = digest, index
 	return digest, index, nil
+}
+
+// sparseBuckets are the replicated buckets added after the digest's
+// format was set (the rollouts'): left out of the digest while empty.
+var sparseBuckets = map[string]bool{string(bucketRollouts): true, string(bucketRolloutLocks): true}
+
+func isEmpty(b *bolt.Bucket) bool {
+	k, _ := b.Cursor().First()
+	return k == nil
 }

@@ -1,9 +1,14 @@
 package store
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/policy"
@@ -56,4 +61,69 @@ func TestCandidatePolicy(t *testing.T) {
 			t.Errorf("RolloutActive(%s) = %v", st, !active)
 		}
 	}
+}
+
+// TestDigestWithoutRollouts: until a rollout is stored, the digest is the
+// one a release without the rollout buckets computes, so that replicas of
+// both agree during a rolling upgrade; a rollout then counts.
+func TestDigestWithoutRollouts(t *testing.T) {
+	s := openStore(t)
+	putPolicy(t, s, 2, pol("acme.a", policy.Scope{Org: "acme"}, "deny"))
+	legacy := func() string {
+		var out string
+		err := s.view(func(tx *bolt.Tx) error {
+			h := sha256.New()
+			var n [8]byte
+			writeLen := func(b []byte) {
+				binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+				h.Write(n[:])
+				h.Write(b)
+			}
+			writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
+			for _, name := range dataBuckets[:len(dataBuckets)-2] { // without rollouts, rollout_locks
+				writeLen(name)
+				if err := tx.Bucket(name).ForEach(func(k, v []byte) error { writeLen(k); writeLen(v); return nil }); err != nil {
+					return err
+				}
+			}
+			out = hex.EncodeToString(h.Sum(nil))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got, want := digest(t, s), legacy(); got != want {
+		t.Fatalf("digest with empty rollout buckets %s, want the earlier format's %s", got, want)
+	}
+	r := &commandv1.Rollout{OnHalt: OnHaltRollback, Changes: []*commandv1.RolloutChange{{Op: OpPut, Policy: &commandv1.Policy{
+		Name: "acme.b", Kind: policy.KindToolPolicy, Scope: &commandv1.Scope{Org: "acme"}, Spec: []byte(`{"action":"deny","tool_name":"Bash"}`)}}},
+		Stages: []*commandv1.RolloutStage{{Percent: 100, BakeMs: 1000}}}
+	if err := s.ApplyBatch(3, func(b *Batch) error {
+		_, _, err := b.StartRollout(Meta{Index: 3, ProcessedAt: time.Unix(3, 0)}, r)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if string(s.mustRollouts(t)) != "r3" {
+		t.Fatalf("rollouts: %s", s.mustRollouts(t))
+	}
+	// Over the same data, the rollout buckets now count.
+	if got, old := digest(t, s), legacy(); got == old {
+		t.Error("a stored rollout left the digest as the earlier format computes it")
+	}
+}
+
+func (s *Store) mustRollouts(t *testing.T) []byte {
+	t.Helper()
+	all, _, err := s.Rollouts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []byte
+	for _, r := range all {
+		ids = append(ids, r.GetId()...)
+	}
+	return ids
 }

@@ -1,6 +1,7 @@
 // Package store is policyd's replicated state in one bbolt file
 // (data_dir/state.db): policies, employees, the event log, entity-state
-// versions and cluster members, plus the index of the last applied Raft entry.
+// versions, cluster members, drift and reload state and staged rollouts
+// (rollout.go), plus the index of the last applied Raft entry.
 //
 // The store knows nothing of Raft. Its writer (raftfsm) hands it batches of
 // already-decided changes: the Raft index, the proposer's timestamps and the
