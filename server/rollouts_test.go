@@ -387,3 +387,37 @@ func TestRolloutDriver(t *testing.T) {
 		}
 	}
 }
+
+// TestRolloutSurvivesRestart: a full cluster restart keeps a paused
+// rollout where it was, with its policies locked, and it can go on.
+func TestRolloutSurvivesRestart(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	a := apiFor(t, c.leader())
+	ro, err := a.client.StartRollout(t.Context(), adminclient.StartRollout{
+		Changes: []adminclient.StartChange{{Op: "put", Policy: toolPolicy("acme.r", "acme", "x")}},
+		Stages:  []adminclient.StartStage{{Percent: 30, Bake: "1h"}, {Percent: 100, Bake: "1h"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.client.RolloutAction(t.Context(), ro.ID, adminclient.RolloutPause); err != nil {
+		t.Fatal(err)
+	}
+	c.waitConverged()
+	for i := range c.nodes {
+		c.stop(i)
+	}
+	for i := range c.nodes {
+		c.restart(i)
+	}
+	c.waitConverged()
+	b := apiFor(t, c.follower())
+	got, err := b.client.StagedRollout(t.Context(), ro.ID)
+	if err != nil || got.State != store.RolloutPaused || got.Stage != 0 || !got.StageStartedAt.Equal(ro.StageStartedAt) {
+		t.Fatalf("after a full restart: %+v %v", got, err)
+	}
+	wantStatus(t, "PUT under rollout after restart", b.do(http.MethodPut, "/v1/policies/acme.r", toolPolicy("acme.r", "acme", "y"), nil), http.StatusConflict, "under rollout "+ro.ID)
+	if got, err := b.client.RolloutAction(t.Context(), ro.ID, adminclient.RolloutPromote); err != nil || got.State != store.RolloutCompleted {
+		t.Fatalf("promote after restart: %+v %v", got, err)
+	}
+}
