@@ -245,16 +245,16 @@ func (b *Batch) putRollout(m Meta, r *commandv1.Rollout, action Action, scopes [
 	if err != nil {
 		return nil, err
 	}
-	ev := Event{
-		ID: m.Index, EntityType: EntityRollout, Action: action, EntityID: r.GetId(), Data: doc,
-		OriginatedAt: m.OriginatedAt, ProcessedAt: m.ProcessedAt, Actor: m.Actor, RequestID: m.RequestID,
+	if len(scopes) == 0 {
+		scopes = []policy.Scope{{}}
 	}
-	if err := b.putEvent(&ev); err != nil {
+	// The event (its org the first scope's), the entity-state versions of
+	// the orgs touched, and the notification, whose data is the stored
+	// protobuf rather than the event's JSON.
+	if err := b.record(m, EntityRollout, r.GetId(), action, doc, scopes); err != nil {
 		return nil, err
 	}
-	b.changes = append(b.changes, EntityChange{
-		Type: EntityRollout, ID: r.GetId(), Action: action, Index: m.Index, Scopes: scopes, Data: raw,
-	})
+	b.changes[len(b.changes)-1].Data = raw
 	return doc, nil
 }
 

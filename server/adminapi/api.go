@@ -1,7 +1,8 @@
 // Package adminapi is the admin REST API (DESIGN part 9): policies,
 // employees, the event log (list and Server-Sent Events), cluster status and
-// membership, health, readiness, metrics and, for the admin role, the Go
-// runtime profiles (/debug/pprof/).
+// membership, staged rollouts (rollouts.go, docs/rollouts.md), health,
+// readiness, metrics and, for the admin role, the Go runtime profiles
+// (/debug/pprof/).
 //
 // Every route declares the role it needs (read for GET, admin for writes);
 // /livez, /healthz and /readyz are open so probes need no credentials:
