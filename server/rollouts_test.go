@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/policyd/policyd/adminclient"
@@ -97,7 +99,8 @@ func TestRolloutLifecycle(t *testing.T) {
 	wantStatus(t, "unknown rollout", leader.do(http.MethodPost, "/v1/rollouts/r999999/pause", nil, nil), http.StatusNotFound)
 
 	var view adminclient.StagedRollout
-	follower.do(http.MethodGet, "/v1/rollouts/"+ro.ID, nil, nil).decode(t, &view)
+	roundTrip(t, follower.do(http.MethodGet, "/v1/rollouts/"+ro.ID, nil, nil).body, &view)
+	roundTrip(t, follower.do(http.MethodGet, "/v1/rollouts", nil, nil).body, &adminclient.StagedRolloutList{})
 	if view.Status == nil || len(view.Status.Stages) != 3 || view.Status.Stages[0].State != "current" || view.Status.Cohort.Size != 0 {
 		t.Fatalf("status = %+v", view.Status)
 	}
@@ -419,5 +422,26 @@ func TestRolloutSurvivesRestart(t *testing.T) {
 	wantStatus(t, "PUT under rollout after restart", b.do(http.MethodPut, "/v1/policies/acme.r", toolPolicy("acme.r", "acme", "y"), nil), http.StatusConflict, "under rollout "+ro.ID)
 	if got, err := b.client.RolloutAction(t.Context(), ro.ID, adminclient.RolloutPromote); err != nil || got.State != store.RolloutCompleted {
 		t.Fatalf("promote after restart: %+v %v", got, err)
+	}
+}
+
+// roundTrip decodes raw into v strictly (adminclient knows every field the
+// server sends) and fails unless v encodes back to the same JSON.
+func roundTrip(t *testing.T, raw []byte, v any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("decode %s: %v", raw, err)
+	}
+	back, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want, got any
+	_ = json.Unmarshal(raw, &want)
+	_ = json.Unmarshal(back, &got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("%T does not round-trip (-server +client):\n%s", v, diff)
 	}
 }
