@@ -1,6 +1,8 @@
 package raftfsm
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -171,6 +173,14 @@ func decodeRolloutStart(m store.Meta, payload []byte) (func(*store.Batch) *comma
 	if err := CheckRollout(c.GetRollout()); err != nil {
 		return nil, fmt.Errorf("rollout start: %w", err)
 	}
+	// The proposer validated the policies; a spec that is not a JSON
+	// object would still make the rollout's JSON, and so its apply, fail
+	// on every replica.
+	for i, ch := range c.GetRollout().GetChanges() {
+		if spec := ch.GetPolicy().GetSpec(); ch.GetOp() == store.OpPut && !specObject(spec) {
+			return nil, fmt.Errorf("rollout start: changes[%d].policy.spec is not a JSON object", i)
+		}
+	}
 	return func(b *store.Batch) *commandv1.Result {
 		_, doc, err := b.StartRollout(m, c.GetRollout())
 		if err != nil {
@@ -188,6 +198,14 @@ func decodeRolloutTransition(m store.Meta, payload []byte) (func(*store.Batch) *
 	if err := checkKeys("rollout transition", "id", c.GetId()); err != nil {
 		return nil, err
 	}
+	// Times beyond year 9999 do not encode as JSON, which the rollout's
+	// event is.
+	if at := c.GetAtUnixMs(); at < 0 || at > maxUnixMs {
+		return nil, fmt.Errorf("rollout transition: at_unix_ms %d is not within 0..%d", at, maxUnixMs)
+	}
+	if len(c.GetReason()) > MaxKeyLen {
+		return nil, fmt.Errorf("rollout transition: reason is %d bytes, more than %d", len(c.GetReason()), MaxKeyLen)
+	}
 	return func(b *store.Batch) *commandv1.Result {
 		_, doc, err := b.TransitionRollout(m, &c)
 		if err != nil {
@@ -195,6 +213,15 @@ func decodeRolloutTransition(m store.Meta, payload []byte) (func(*store.Batch) *
 		}
 		return storedResult(m.Index, m.Index, doc)
 	}, nil
+}
+
+// maxUnixMs is the last millisecond of year 9999, the last JSON encodes.
+const maxUnixMs = 253402300799999
+
+// specObject reports whether spec is one JSON object.
+func specObject(spec []byte) bool {
+	t := bytes.TrimSpace(spec)
+	return len(t) > 0 && t[0] == '{' && json.Valid(t)
 }
 
 // underRollout is the conflict of a plain write to a policy an active
