@@ -77,6 +77,8 @@ func TestRolloutLifecycle(t *testing.T) {
 	under := fmt.Sprintf("is under rollout %s", ro.ID)
 	wantStatus(t, "PUT under rollout", leader.do(http.MethodPut, "/v1/policies/acme.p1", toolPolicy("acme.p1", "acme", "v3"), nil), http.StatusConflict, `policy \"acme.p1\" `+under)
 	wantStatus(t, "DELETE under rollout", follower.do(http.MethodDelete, "/v1/policies/acme.p3", nil, nil), http.StatusConflict, under)
+	wantStatus(t, "invalid stages through a follower", follower.do(http.MethodPost, "/v1/rollouts", rolloutBody([][]byte{toolPolicy("acme.v", "acme", "x")}, nil, "1m", 50, 40), nil),
+		http.StatusBadRequest, "stages[1].percent: 40 does not exceed", "the last stage must be 100")
 	wantStatus(t, "overlapping rollout", leader.do(http.MethodPost, "/v1/rollouts", rolloutBody([][]byte{toolPolicy("acme.p2", "acme", "other")}, nil, "1m", 100), nil), http.StatusConflict, under)
 
 	act := func(a *api, action string, want int) adminclient.StagedRollout {

@@ -187,12 +187,16 @@ func (a *API) startRollout(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A delete of a policy that does not exist is a 400 here, read after a
 	// consistent read; one deleted meanwhile is the FSM's conflict.
-	if err := a.b.ConsistentRead(r.Context()); err != nil {
-		return err
-	}
+	read := false
 	for i, c := range ro.GetChanges() {
 		if c.GetOp() != store.OpDelete {
 			continue
+		}
+		if !read {
+			if err := a.b.ConsistentRead(r.Context()); err != nil {
+				return err
+			}
+			read = true
 		}
 		if _, err := a.b.Store().GetPolicy(c.GetName()); err != nil {
 			return policy.ValidationError{{Field: fmt.Sprintf("changes[%d].name", i), Reason: fmt.Sprintf("policy %q does not exist: %v", c.GetName(), err)}}
