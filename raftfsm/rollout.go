@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
@@ -122,18 +124,10 @@ func CheckRollout(r *commandv1.Rollout) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	sortFieldErrors(errs)
+	// By field, so that the same input gives the same message (the ratio
+	// checks walk a map).
+	slices.SortStableFunc(errs, func(a, b policy.FieldError) int { return strings.Compare(a.Field, b.Field) })
 	return errs
-}
-
-// sortFieldErrors orders errs by field, so the message is the same for the
-// same input (the ratio checks walk a map).
-func sortFieldErrors(errs policy.ValidationError) {
-	for i := 1; i < len(errs); i++ {
-		for j := i; j > 0 && errs[j].Field < errs[j-1].Field; j-- {
-			errs[j], errs[j-1] = errs[j-1], errs[j]
-		}
-	}
 }
 
 // RolloutStart builds the command that starts r (its changes validated and

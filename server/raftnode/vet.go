@@ -10,6 +10,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/store"
 )
 
 // vetCommand is the leader's check of a command that reached it through
@@ -117,7 +118,7 @@ func (n *Node) vetRollout(r *commandv1.Rollout) error {
 		return err
 	}
 	for i, c := range r.GetChanges() {
-		if c.GetOp() != "put" {
+		if c.GetOp() != store.OpPut {
 			continue
 		}
 		if !utf8.Valid(c.GetPolicy().GetSpec()) {
