@@ -224,6 +224,8 @@ func TestRolloutValidation(t *testing.T) {
 		{"ratio over 1", []byte(`{"changes":[` + put + `],"stages":[` + stage(100, "1m") + `],"max_nack_ratio":1.5}`), []string{"max_nack_ratio"}},
 		{"coverage below 0", []byte(`{"changes":[` + put + `],"stages":[` + stage(100, "1m") + `],"min_ack_coverage":-0.1}`), []string{"min_ack_coverage"}},
 		{"unknown on_halt", []byte(`{"changes":[` + put + `],"stages":[` + stage(100, "1m") + `],"on_halt":"panic"}`), []string{"on_halt"}},
+		{"every problem at once", []byte(`{"changes":[{"op":"put","policy":{"name":"acme.q","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"action":"maybe","tool_name":"Bash"}}}],"stages":[` + stage(0, "1m") + `,` + stage(60, "x") + `],"on_halt":"panic"}`),
+			[]string{"changes[0].policy.spec", "stages[0].percent: 0 is not within", `stages[1].bake: \"x\" is not a duration`, "stages[1].percent: the last stage must be 100", "on_halt"}},
 		{"unknown field", []byte(`{"changes":[` + put + `],"stages":[` + stage(100, "1m") + `],"speed":"fast"}`), []string{"speed"}},
 	}
 	many := make([]string, 101)

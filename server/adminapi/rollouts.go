@@ -83,7 +83,11 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 	for i, c := range req.Changes {
 		field := fmt.Sprintf("changes[%d]", i)
 		rc := &commandv1.RolloutChange{Op: c.Op, Name: c.Name}
+		r.Changes = append(r.Changes, rc)
 		if c.Op == store.OpPut && len(c.Policy) > 0 {
+			// A policy in error stands in as a unique name, so that the
+			// rollout's own checks still see the change.
+			rc.Policy = &commandv1.Policy{Name: fmt.Sprintf("\x00invalid %d", i)}
 			p, err := policy.DecodePolicy(c.Policy)
 			if err != nil {
 				add(field+".policy", err)
@@ -97,15 +101,16 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 				add(field+".policy", err)
 				continue
 			}
-			if rc.Policy, err = raftfsm.PolicyMessage(p); err != nil {
+			pb, err := raftfsm.PolicyMessage(p)
+			if err != nil {
 				add(field+".policy", err)
 				continue
 			}
+			rc.Policy = pb
 		} else if len(c.Policy) > 0 {
 			// CheckRollout names the misplaced field; any policy will do.
 			rc.Policy = &commandv1.Policy{}
 		}
-		r.Changes = append(r.Changes, rc)
 	}
 	for i, s := range req.Stages {
 		field := fmt.Sprintf("stages[%d]", i)
@@ -126,11 +131,25 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 		}
 		r.Stages = append(r.Stages, st)
 	}
-	if len(errs) > 0 {
-		return nil, errs
+	// The rollout's own checks, but for fields already reported (a stage
+	// whose percent or bake did not parse).
+	reported := map[string]bool{}
+	for _, fe := range errs {
+		reported[fe.Field] = true
 	}
 	if err := raftfsm.CheckRollout(r); err != nil {
-		return nil, err
+		var ve policy.ValidationError
+		if !errors.As(err, &ve) {
+			return nil, err
+		}
+		for _, fe := range ve {
+			if !reported[fe.Field] {
+				errs = append(errs, fe)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
 	}
 	return r, nil
 }
