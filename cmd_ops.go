@@ -104,7 +104,8 @@ func rolloutCommand(c *adminClient) *cobra.Command {
 		Short: "Show which discovery clients acknowledged each policy-set version",
 		Long: `rollout shows, per policy-set version, the discovery (gRPC) clients that
 ACKed it, NACKed it (with the error) or have not answered. --wait D (up to
-5m) waits until every client has answered.
+5m) waits until every client has answered. Its subcommands start and steer
+staged rollouts (docs/rollouts.md).
 
 Exit codes: 0 every client ACKed its version; 1 a NACK is pending or clients
 had not answered when the wait ran out; 2 usage.`,
@@ -152,6 +153,7 @@ had not answered when the wait ran out; 2 usage.`,
 		},
 	}
 	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long (at most 5m) for every client to answer")
+	cmd.AddCommand(stagedRolloutCommands(c)...)
 	return cmd
 }
 

@@ -305,3 +305,43 @@ func (c *Client) Snapshot(ctx context.Context, consistent bool) (*Snapshot, erro
 
 // IsNotFound reports whether err is a 404 answer.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// Staged rollout actions (POST /v1/rollouts/{id}/ACTION).
+const (
+	RolloutPause   = "pause"
+	RolloutResume  = "resume"
+	RolloutPromote = "promote"
+	RolloutAbort   = "abort"
+)
+
+// StartRollout starts a staged rollout.
+func (c *Client) StartRollout(ctx context.Context, req StartRollout) (*StagedRollout, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode rollout: %w", err)
+	}
+	var out StagedRollout
+	return &out, c.Do(ctx, http.MethodPost, "/v1/rollouts", nil, body, &out)
+}
+
+// StagedRollouts lists staged rollouts; state is "active", "all" (or "")
+// or one state.
+func (c *Client) StagedRollouts(ctx context.Context, state string) (*StagedRolloutList, error) {
+	q := url.Values{}
+	setNonEmpty(q, "state", state)
+	var out StagedRolloutList
+	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/rollouts", q), nil, nil, &out)
+}
+
+// StagedRollout reads one staged rollout with its status.
+func (c *Client) StagedRollout(ctx context.Context, id string) (*StagedRollout, error) {
+	var out StagedRollout
+	return &out, c.Do(ctx, http.MethodGet, "/v1/rollouts/"+url.PathEscape(id), nil, nil, &out)
+}
+
+// RolloutAction pauses, resumes, promotes or aborts a staged rollout
+// (RolloutPause and the others).
+func (c *Client) RolloutAction(ctx context.Context, id, action string) (*StagedRollout, error) {
+	var out StagedRollout
+	return &out, c.Do(ctx, http.MethodPost, "/v1/rollouts/"+url.PathEscape(id)+"/"+url.PathEscape(action), nil, nil, &out)
+}

@@ -330,3 +330,92 @@ type URLDelivery struct {
 	Error    string    `json:"error,omitempty"`
 	At       time.Time `json:"at"`
 }
+
+// StagedRollout is a staged rollout (docs/rollouts.md), as POST
+// /v1/rollouts and the actions answer; GET /v1/rollouts/{id} adds Status.
+type StagedRollout struct {
+	ID             string               `json:"id"`
+	Changes        []StagedChange       `json:"changes"`
+	Stages         []StagedRolloutStage `json:"stages"`
+	MaxNackRatio   float64              `json:"max_nack_ratio"`
+	MinAckCoverage float64              `json:"min_ack_coverage"`
+	OnHalt         string               `json:"on_halt"`
+	State          string               `json:"state"`
+	Stage          uint32               `json:"stage"`
+	StageStartedAt time.Time            `json:"stage_started_at"`
+	HaltReason     string               `json:"halt_reason,omitempty"`
+	Actor          string               `json:"actor,omitempty"`
+	RequestID      string               `json:"request_id,omitempty"`
+	CreatedAt      time.Time            `json:"created_at"`
+	UpdatedAt      time.Time            `json:"updated_at"`
+	Status         *StagedRolloutStatus `json:"status,omitempty"`
+}
+
+// StagedChange is a put (Policy, the candidate) or a delete (Name).
+type StagedChange struct {
+	Op     string  `json:"op"`
+	Policy *Policy `json:"policy,omitempty"`
+	Name   string  `json:"name,omitempty"`
+}
+
+// StagedRolloutStage is one stage; Bake is a Go duration.
+type StagedRolloutStage struct {
+	Percent uint32 `json:"percent"`
+	Bake    string `json:"bake"`
+}
+
+// StagedRolloutStatus is what the sidecars report of a rollout.
+type StagedRolloutStatus struct {
+	Cohort      RolloutCohort        `json:"cohort"`
+	Stages      []RolloutStageStatus `json:"stages"`
+	Shadow      []json.RawMessage    `json:"shadow"`
+	Unreachable []string             `json:"unreachable_nodes,omitempty"`
+}
+
+// RolloutCohort counts the sidecars holding the current stage's candidate:
+// discovery clients by answer, feed clients in SizeWS.
+type RolloutCohort struct {
+	Size    int `json:"size"`
+	SizeWS  int `json:"size_ws"`
+	Acked   int `json:"acked"`
+	Nacked  int `json:"nacked"`
+	Pending int `json:"pending"`
+}
+
+// RolloutStageStatus is one stage: passed, current or pending.
+type RolloutStageStatus struct {
+	Percent uint32 `json:"percent"`
+	Bake    string `json:"bake"`
+	State   string `json:"state"`
+}
+
+// StagedRolloutList is GET /v1/rollouts.
+type StagedRolloutList struct {
+	Rollouts     []StagedRollout `json:"rollouts"`
+	AppliedIndex uint64          `json:"applied_index"`
+}
+
+// StartRollout is the body of POST /v1/rollouts.
+type StartRollout struct {
+	Changes      []StartChange `json:"changes"`
+	Stages       []StartStage  `json:"stages"`
+	MaxNackRatio float64       `json:"max_nack_ratio"`
+	// MinAckCoverage: nil means the server's default, 1.
+	MinAckCoverage *float64 `json:"min_ack_coverage,omitempty"`
+	// OnHalt: "rollback" (the default) or "stay".
+	OnHalt string `json:"on_halt,omitempty"`
+}
+
+// StartChange is a put (Op "put", Policy the whole policy document) or a
+// delete (Op "delete", Name).
+type StartChange struct {
+	Op     string          `json:"op"`
+	Policy json.RawMessage `json:"policy,omitempty"`
+	Name   string          `json:"name,omitempty"`
+}
+
+// StartStage is one stage: Percent 1..100, Bake a duration ("2m").
+type StartStage struct {
+	Percent int    `json:"percent"`
+	Bake    string `json:"bake"`
+}

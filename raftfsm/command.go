@@ -58,6 +58,12 @@ const (
 	// TypeSetClusterID is ignorable: the ID only guards peer handshakes,
 	// which an older node does not make.
 	TypeSetClusterID = IgnoreUnknown | 15
+
+	// Staged rollouts (docs/rollouts.md), command version 4. Not
+	// ignorable: a node that skipped them would serve other sets and accept
+	// writes the others refuse.
+	TypeRolloutStart      Type = 16
+	TypeRolloutTransition Type = 17
 )
 
 // ErrInvalidCommand is returned by ResultErr for a command the FSM rejected
@@ -83,8 +89,9 @@ func NewCommand(t Type, payload proto.Message) (*commandv1.Command, error) {
 // Version 3 adds the audit fields of the envelope (actor, request_id,
 // reverted_to): a node of version 2 drops them unread, so its events would
 // lack what the others' hold, and they are written only once every member
-// reads them.
-const CommandVersion = 3
+// reads them. Version 4 adds the rollout commands (RolloutVersion), which
+// are refused until every member reads them.
+const CommandVersion = 4
 
 // Actors of the leader's own tasks: the "task:" prefix is reserved for
 // them (an admin token's actor is "token:NAME", a client certificate's

@@ -71,6 +71,10 @@ var decoders = map[Type]decodeFunc{
 	TypePruneEvents:    decodePruneEvents,
 	TypeSetClusterID:   decodeSetClusterID,
 
+	// Staged rollouts (docs/rollouts.md).
+	TypeRolloutStart:      decodeRolloutStart,
+	TypeRolloutTransition: decodeRolloutTransition,
+
 	// Drift (DESIGN part 7).
 	TypeObserveDrift:        decodeObserveDrift,
 	TypeRecordDriftDelivery: decodeRecordDriftDelivery,
@@ -225,6 +229,9 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
+		if err := underRollout(b, p.Name); err != nil {
+			return result(m.Index, 0, err)
+		}
 		stored, raw, err := b.PutPolicy(m, p, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
@@ -267,6 +274,9 @@ func decodeDeletePolicy(m store.Meta, payload []byte) (func(*store.Batch) *comma
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
+		if err := underRollout(b, c.GetName()); err != nil {
+			return result(m.Index, 0, err)
+		}
 		return result(m.Index, m.Index, b.DeletePolicy(m, c.GetName(), fromPrecondition(c.GetIfMatch())))
 	}, nil
 }

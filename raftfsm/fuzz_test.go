@@ -28,7 +28,16 @@ func fuzzBase(t testing.TB) []*commandv1.Command {
 		m(PutPolicy(pol("p", "acme", "deny"), nil)),
 		m(PutEmployee(emp("alice", "acme"), nil)),
 		m(RegisterMember(store.Member{ID: "n1", RaftAddr: "r1"})),
+		// r4, staging "staged".
+		m(RolloutStart(&commandv1.Rollout{OnHalt: store.OnHaltStay,
+			Changes: []*commandv1.RolloutChange{{Op: store.OpPut, Policy: &commandv1.Policy{Name: "staged", Kind: policy.KindToolPolicy, Spec: []byte(`{"action":"deny","tool_name":"Bash"}`)}}},
+			Stages:  []*commandv1.RolloutStage{{Percent: 10, BakeMs: 1000}, {Percent: 100, BakeMs: 1000}}})),
 	}
+}
+
+// fuzzMove is a transition of the base state's rollout r4.
+func fuzzMove(t testing.TB, fromState string, fromStage uint32, to string, stage uint32, at int64) *commandv1.Command {
+	return mustCmd(t)(RolloutTransition(&commandv1.RolloutTransition{Id: "r4", ExpectState: fromState, ExpectStage: fromStage, State: to, Stage: stage, AtUnixMs: at, Reason: "r"}))
 }
 
 // fuzzSeeds are encoded entries: one valid command of every type (several
@@ -57,6 +66,16 @@ func fuzzSeeds(t testing.TB) [][]byte {
 		{Type: uint32(TypePutEmployee), Payload: []byte{0x0a, 0x02, '{', '}'}},
 		{Type: uint32(TypeDeletePolicy), Payload: []byte{0x0a, 0x01, 0xff}},
 		m(RegisterMember(store.Member{RaftAddr: "r"})), // empty id: was accepted, then panicked in Apply
+		m(RolloutStart(&commandv1.Rollout{OnHalt: store.OnHaltRollback,
+			Changes: []*commandv1.RolloutChange{{Op: store.OpPut, Policy: &commandv1.Policy{Name: "staged", Spec: []byte(`{}`)}}, {Op: store.OpDelete, Name: "p"}},
+			Stages:  []*commandv1.RolloutStage{{Percent: 100, BakeMs: 1000}}})),
+		m(PutPolicy(pol("staged", "acme", "deny"), nil)),
+		fuzzMove(t, store.RolloutRunning, 0, store.RolloutRunning, 1, 1),
+		fuzzMove(t, store.RolloutRunning, 0, store.RolloutCompleted, 0, 0),
+		fuzzMove(t, store.RolloutRunning, 0, store.RolloutPaused, 0, 253402300799999),
+		fuzzMove(t, store.RolloutRunning, 0, store.RolloutRunning, 1, 1<<62), // past year 9999: refused
+		{Type: uint32(TypeRolloutStart), Payload: []byte{0x0a, 0x00}},
+		{Type: uint32(TypeRolloutTransition), Payload: []byte{0x0a, 0x01, 'x'}},
 	}
 	var out [][]byte
 	for i, c := range cmds {
@@ -165,6 +184,11 @@ func TestDecodedEntriesApply(t *testing.T) {
 		{"oversize employee id", m(PutEmployee(emp(big, "acme"), nil))},
 		{"oversize employee org", m(PutEmployee(emp("e2", big), nil))},
 		{"oversize member id", m(RegisterMember(store.Member{ID: big}))},
+		{"rollout put with a spec that is not JSON", m(NewCommand(TypeRolloutStart, &commandv1.RolloutStart{Rollout: &commandv1.Rollout{OnHalt: store.OnHaltStay,
+			Changes: []*commandv1.RolloutChange{{Op: store.OpPut, Policy: &commandv1.Policy{Name: "n", Spec: []byte(`{"a":`)}}},
+			Stages:  []*commandv1.RolloutStage{{Percent: 100, BakeMs: 1000}}}}))},
+		{"rollout transition past year 9999", fuzzMove(t, store.RolloutRunning, 0, store.RolloutRunning, 1, 253402300800000)},
+		{"rollout transition with an oversize id", m(RolloutTransition(&commandv1.RolloutTransition{Id: big}))},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -102,8 +102,8 @@ func TestRegisterAfreshResetsVersions(t *testing.T) {
 // others record), its type and payload otherwise as version 2 writes them;
 // version 3 gets it unchanged, and the caller's command is never modified.
 func TestForVersionStripsAudit(t *testing.T) {
-	if CommandVersion != 3 {
-		t.Fatalf("CommandVersion = %d, want 3 (the audit fields' version)", CommandVersion)
+	if auditVersion != 3 || CommandVersion < auditVersion {
+		t.Fatalf("auditVersion = %d, CommandVersion = %d: want 3 and at least 3", auditVersion, CommandVersion)
 	}
 	for typ := range decoders {
 		t.Run(fmt.Sprintf("type 0x%02x", uint8(typ)), func(t *testing.T) {

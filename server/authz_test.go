@@ -76,6 +76,16 @@ var authzSamples = map[string]authzSample{
 	"GET /v1/clients": {path: "/v1/clients", want: 200},
 	"GET /v1/rollout": {path: "/v1/rollout", want: 200},
 
+	"POST /v1/rollouts": {path: "/v1/rollouts", want: 201,
+		body: `{"changes":[{"op":"put","policy":` + string(toolPolicy("authz-rollout", "acme", "x")) + `}],"stages":[{"percent":100,"bake":"1h"}]}`},
+	"GET /v1/rollouts":      {path: "/v1/rollouts?state=all", want: 200},
+	"GET /v1/rollouts/{id}": {path: "/v1/rollouts/r0", want: 404},
+	// No such rollout: a 404 proves the role check passed.
+	"POST /v1/rollouts/{id}/pause":   {path: "/v1/rollouts/r0/pause", want: 404},
+	"POST /v1/rollouts/{id}/resume":  {path: "/v1/rollouts/r0/resume", want: 404},
+	"POST /v1/rollouts/{id}/promote": {path: "/v1/rollouts/r0/promote", want: 404},
+	"POST /v1/rollouts/{id}/abort":   {path: "/v1/rollouts/r0/abort", want: 404},
+
 	"GET /v1/reload":   {path: "/v1/reload", planned: true},
 	"GET /v1/drift":    {path: "/v1/drift", planned: true},
 	"GET /v1/snapshot": {path: "/v1/snapshot", want: 200, adminOnly: true},

@@ -2,7 +2,7 @@
 // the one owner of hashicorp/raft) to the listeners (admin REST in
 // server/adminapi, gRPC discovery, the WebSocket feed, metrics), the
 // in-memory policy index, the settings SIGHUP may change, and the leader
-// tasks of the reload controller and drift detection.
+// tasks of the reload controller, drift detection and staged rollouts.
 //
 // Shutdown runs in a fixed order: stop accepting (listeners), end long-lived
 // streams, stop leader tasks and background loops, hand leadership over if
@@ -274,6 +274,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if err = n.setupDrift(); err != nil {
 		return nil, err
 	}
+	n.setupRollouts()
 	n.registerMetrics()
 	return n, nil
 }

@@ -31,11 +31,13 @@ type EntityChange struct {
 	// Index is the Raft index of the command (the event ID and revision).
 	Index uint64
 	// Scopes the change touches: for a policy its new scope and, if it
-	// moved, its old one; for an employee its identity before and after.
+	// moved, its old one; for an employee its identity before and after;
+	// for a rollout the scopes of its changes' policies, new and stored.
 	Scopes []policy.Scope
-	// Data is a policy's stored JSON after this change (nil for a delete,
-	// for other entity types, and on subscriptions made with Subscribe
-	// rather than SubscribeWithData). A subscriber that keeps a copy takes
+	// Data is a policy's stored JSON after this change, or a rollout's
+	// stored protobuf (commandv1.Rollout; see rollout.go); nil for a
+	// delete, for other entity types, and on subscriptions made with
+	// Subscribe rather than SubscribeWithData. A subscriber that keeps a copy takes
 	// the change's own state from it: re-reading the store could return a
 	// later state, and the copy would mix states of different indexes.
 	// Shared and read-only.

@@ -277,10 +277,13 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 		}
 		c := tx.Bucket(bucketEvents).Cursor()
 		for k, v := c.Seek(u64(f.After + 1)); k != nil; k, v = c.Next() {
-			if f.Limit > 0 && len(page.Events) >= f.Limit {
+			id := binary.BigEndian.Uint64(k)
+			// A page ends between entries, never inside one (a rollout's
+			// completion records several events at its index): the next
+			// page starts after LastID.
+			if f.Limit > 0 && len(page.Events) >= f.Limit && id != page.LastID {
 				break
 			}
-			id := binary.BigEndian.Uint64(k)
 			page.LastID = id
 			var ev Event
 			if len(v) < 8 {
@@ -358,25 +361,30 @@ func (s *Store) History(typ EntityType, id string) ([]Event, uint64, error) {
 func (s *Store) Revision(typ EntityType, id string, rev uint64) (*Event, error) {
 	var ev *Event
 	err := s.view(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketEvents).Get(u64(rev))
-		if v == nil {
+		prefix := u64(rev)
+		c := tx.Bucket(bucketEvents).Cursor()
+		k, v := c.Seek(prefix)
+		if k == nil || !bytes.HasPrefix(k, prefix) {
 			if pruned := getUint(tx.Bucket(bucketMeta), keyPrunedThrough); rev <= pruned {
 				return fmt.Errorf("revision %d of %s %q: events through %d were removed: %w", rev, typ, id, pruned, ErrPruned)
 			}
 			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
 		}
-		if len(v) < 8 {
-			return fmt.Errorf("stored event %d is truncated", rev)
+		// One entry may have recorded several events (putEvent).
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(v) < 8 {
+				return fmt.Errorf("stored event %d is truncated", rev)
+			}
+			var e Event
+			if err := json.Unmarshal(v[8:], &e); err != nil {
+				return fmt.Errorf("decode stored event %d: %w", rev, err)
+			}
+			if e.EntityType == typ && e.EntityID == id && e.Action != ActionDelete {
+				ev = &e
+				return nil
+			}
 		}
-		var e Event
-		if err := json.Unmarshal(v[8:], &e); err != nil {
-			return fmt.Errorf("decode stored event %d: %w", rev, err)
-		}
-		if e.EntityType != typ || e.EntityID != id || e.Action == ActionDelete {
-			return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
-		}
-		ev = &e
-		return nil
+		return fmt.Errorf("%s %q has no revision %d: %w", typ, id, rev, ErrNotFound)
 	})
 	return ev, err
 }
@@ -430,7 +438,10 @@ func (s *Store) Member(id string) (Member, error) {
 }
 
 // Digest returns a SHA-256 over every replicated bucket (not the applied
-// index) and the applied index it was taken at, from one transaction.
+// index) and the applied index it was taken at, from one transaction. The
+// buckets of sparseBuckets count only once they hold something, so that a
+// replica of a release without them and an upgraded one agree until the
+// first such entry.
 // Replicas at the same index must have equal digests; tests and operators
 // compare them.
 func (s *Store) Digest() (digest string, index uint64, err error) {
@@ -450,8 +461,11 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 		}
 		writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
 		for _, name := range dataBuckets {
-			writeLen(name)
 			b := tx.Bucket(name)
+			if sparseBuckets[string(name)] && (b == nil || isEmpty(b)) {
+				continue
+			}
+			writeLen(name)
 			if b == nil {
 				// A file from a version without this bucket, read by
 				// Inspect (Open creates it): the same as an empty bucket.
@@ -473,4 +487,13 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 	}
 	s.digest, s.digestIndex = digest, index
 	return digest, index, nil
+}
+
+// sparseBuckets are the replicated buckets added after the digest's
+// format was set (the rollouts'): left out of the digest while empty.
+var sparseBuckets = map[string]bool{string(bucketRollouts): true, string(bucketRolloutLocks): true}
+
+func isEmpty(b *bolt.Bucket) bool {
+	k, _ := b.Cursor().First()
+	return k == nil
 }

@@ -1,6 +1,7 @@
 // Package store is policyd's replicated state in one bbolt file
 // (data_dir/state.db): policies, employees, the event log, entity-state
-// versions and cluster members, plus the index of the last applied Raft entry.
+// versions, cluster members, drift and reload state and staged rollouts
+// (rollout.go), plus the index of the last applied Raft entry.
 //
 // The store knows nothing of Raft. Its writer (raftfsm) hands it batches of
 // already-decided changes: the Raft index, the proposer's timestamps and the
@@ -78,7 +79,7 @@ var (
 	bucketMembers  = []byte("members")
 
 	// dataBuckets is every bucket that holds replicated state, in digest order.
-	dataBuckets = [][]byte{bucketPolicies, bucketEmploy, bucketEvents, bucketStates, bucketMembers, bucketDriftReports, bucketDriftTasks, bucketDriftOpen, bucketReloadHashes, bucketReloadPending, bucketReloadRestarts, bucketReloadErrors}
+	dataBuckets = [][]byte{bucketPolicies, bucketEmploy, bucketEvents, bucketStates, bucketMembers, bucketDriftReports, bucketDriftTasks, bucketDriftOpen, bucketReloadHashes, bucketReloadPending, bucketReloadRestarts, bucketReloadErrors, bucketRollouts, bucketRolloutLocks}
 
 	keyMagic         = []byte("magic")
 	keyAppliedIndex  = []byte("applied_index")

@@ -71,6 +71,13 @@ type Member struct {
 type Batch struct {
 	tx      *bolt.Tx
 	changes []EntityChange
+	// seqEvents, evIndex and evSeq number the events of one entry: a
+	// rollout's completion records several at its index (see putEvent).
+	// Other commands keep one key per entry (a second event at the same
+	// index replaces the first), as releases before rollouts wrote them.
+	seqEvents bool
+	evIndex   uint64
+	evSeq     uint16
 }
 
 // ApplyBatch runs fn in one write transaction and records lastIndex as the
@@ -390,14 +397,20 @@ func (b *Batch) pruneEvents(cutoff time.Time) (n, records int, err error) {
 	bk := b.tx.Bucket(bucketEvents)
 	c := bk.Cursor()
 	var last uint64
-	// Re-seek past the deleted key after each delete: a bbolt cursor may
-	// skip an item after Delete, and re-seeking from First would walk the
-	// emptied pages again (quadratic in the events pruned).
-	for k, v := c.First(); k != nil && n < MaxPrunePerBatch; k, v = c.Seek(u64(last + 1)) {
+	var lastKey []byte
+	// Re-seek to the deleted key after each delete, which finds the next
+	// one: a bbolt cursor may skip an item after Delete, and re-seeking
+	// from First would walk the emptied pages again (quadratic in the
+	// events pruned). The events of one entry (putEvent) go together.
+	for k, v := c.First(); k != nil; k, v = c.Seek(lastKey) {
+		id := binary.BigEndian.Uint64(k)
+		if n >= MaxPrunePerBatch && id != last {
+			break
+		}
 		if len(v) < 8 || int64(binary.BigEndian.Uint64(v[:8])) >= cutoff.UnixNano() {
 			break
 		}
-		last = binary.BigEndian.Uint64(k)
+		last, lastKey = id, bytes.Clone(k)
 		if bytes.Contains(v[8:], retentionMark) {
 			records++
 		}
@@ -446,7 +459,7 @@ func (b *Batch) recordPrune(m Meta, cutoff time.Time, n int) error {
 		OriginatedAt: m.OriginatedAt, ProcessedAt: m.ProcessedAt,
 		Actor: m.Actor, RequestID: m.RequestID,
 	}
-	return putEvent(b.tx.Bucket(bucketEvents), &ev)
+	return b.putEvent(&ev)
 }
 
 // record writes the event and the entity-state versions of one change and
@@ -466,7 +479,7 @@ func (b *Batch) record(m Meta, typ EntityType, id string, action Action, data []
 		RequestID:    m.RequestID,
 		RevertedTo:   m.RevertedTo,
 	}
-	if err := putEvent(b.tx.Bucket(bucketEvents), &ev); err != nil {
+	if err := b.putEvent(&ev); err != nil {
 		return err
 	}
 	// A change that moves an entity between orgs changes both orgs' versions.
@@ -498,15 +511,28 @@ func stateKey(typ EntityType, org string) []byte {
 }
 
 // putEvent stores an event under its big-endian ID, prefixed with its
-// processed time so pruning needs no JSON decoding.
-func putEvent(bk *bolt.Bucket, ev *Event) error {
+// processed time so pruning needs no JSON decoding. The first event of an
+// entry is keyed by the ID alone; further events of the same entry (a
+// rollout's completion writes its policies and itself) by the ID and a
+// big-endian sequence number, so that they sort after it and every reader
+// taking the first 8 bytes as the ID sees them as events of that entry.
+func (b *Batch) putEvent(ev *Event) error {
 	v := make([]byte, 8, 8+len(ev.Data)+256)
 	binary.BigEndian.PutUint64(v, uint64(ev.ProcessedAt.UnixNano()))
 	v, err := ev.appendJSON(v)
 	if err != nil {
 		return fmt.Errorf("encode event %d: %w", ev.ID, err)
 	}
-	return bk.Put(u64(ev.ID), v)
+	key := u64(ev.ID)
+	if b.seqEvents {
+		if b.evIndex == ev.ID {
+			b.evSeq++
+			key = binary.BigEndian.AppendUint16(key, b.evSeq)
+		} else {
+			b.evIndex, b.evSeq = ev.ID, 0
+		}
+	}
+	return b.tx.Bucket(bucketEvents).Put(key, v)
 }
 
 // eventHead is Event's fields before Data, in order, with the same tags.

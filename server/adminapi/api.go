@@ -1,7 +1,8 @@
 // Package adminapi is the admin REST API (DESIGN part 9): policies,
 // employees, the event log (list and Server-Sent Events), cluster status and
-// membership, health, readiness, metrics and, for the admin role, the Go
-// runtime profiles (/debug/pprof/).
+// membership, staged rollouts (rollouts.go, docs/rollouts.md), health,
+// readiness, metrics and, for the admin role, the Go runtime profiles
+// (/debug/pprof/).
 //
 // Every route declares the role it needs (read for GET, admin for writes);
 // /livez, /healthz and /readyz are open so probes need no credentials:
@@ -204,6 +205,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 
 	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
 	a.route("GET /v1/rollout", auth.RoleRead, a.rollout)
+	a.routeRollouts()
 	a.route("GET /v1/reload", auth.RoleRead, a.reloadState)
 	a.route("GET /v1/drift", auth.RoleRead, a.listDrift)
 	a.routePprof()

@@ -19,7 +19,7 @@ const (
 
 var knownEntityTypes = map[store.EntityType]bool{
 	store.EntityPolicy: true, store.EntityEmployee: true, store.EntityDrift: true, store.EntityReload: true,
-	store.EntityRetention: true,
+	store.EntityRetention: true, store.EntityRollout: true,
 }
 
 // eventFilter reads type, org, actor and after. `org=` (present but empty) selects
@@ -28,7 +28,7 @@ func eventFilter(r *http.Request) (store.EventFilter, error) {
 	q := r.URL.Query()
 	f := store.EventFilter{Type: store.EntityType(q.Get("type")), Org: q.Get("org"), OrgSet: q.Has("org"), Actor: q.Get("actor")}
 	if f.Type != "" && !knownEntityTypes[f.Type] {
-		return f, badRequest(fmt.Sprintf("type: unknown entity type %q (policy, employee, drift, reload, retention)", f.Type))
+		return f, badRequest(fmt.Sprintf("type: unknown entity type %q (policy, employee, drift, reload, retention, rollout)", f.Type))
 	}
 	after, err := queryUint(r, "after")
 	if err != nil {

@@ -70,6 +70,10 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 			res, err = n.applyLocal(ctx, cmd) // which writes it for the members
 			return err
 		}
+		if refused, err := n.rolloutGate(cmd); refused != nil || err != nil {
+			res = refused
+			return err
+		}
 		// The leader may run an older release: write cmd as it reads.
 		fwd, err := n.forMembers(cmd)
 		if err != nil {
@@ -153,6 +157,9 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 	if err := raftfsm.CheckEnvelope(cmd); err != nil {
 		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
+	if refused, err := n.rolloutGate(cmd); refused != nil || err != nil {
+		return refused, err
+	}
 	cmd, err := n.forMembers(cmd)
 	if err != nil {
 		return nil, err
@@ -228,6 +235,24 @@ func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
 		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
 	return out, nil
+}
+
+// rolloutGate refuses a rollout command, as a conflict result, while some
+// member reads a command version below raftfsm.RolloutVersion: such a node
+// would stop on the entry. The leader checks again, since a follower's view
+// of the members may lag.
+func (n *Node) rolloutGate(cmd *commandv1.Command) (*commandv1.Result, error) {
+	if !raftfsm.IsRolloutType(raftfsm.Type(cmd.GetType())) {
+		return nil, nil
+	}
+	members, err := n.store.Members()
+	if err != nil {
+		return nil, fmt.Errorf("read member command versions: %w", err)
+	}
+	if v := commandVersion(members); v < raftfsm.RolloutVersion {
+		return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: rollouts need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
+	}
+	return nil, nil
 }
 
 // commandVersion is the newest command encoding every member reads. A

@@ -10,6 +10,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
+	"github.com/policyd/policyd/store"
 )
 
 // vetCommand is the leader's check of a command that reached it through
@@ -50,6 +51,11 @@ func (n *Node) vetCommand(cmd *commandv1.Command) error {
 		var c commandv1.RemoveMember
 		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !config.ValidNodeID(c.GetId()) {
 			err = fmt.Errorf("id %q is not a valid node id", c.GetId())
+		}
+	case raftfsm.TypeRolloutStart:
+		var c commandv1.RolloutStart
+		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
+			err = n.vetRollout(c.GetRollout())
 		}
 	case raftfsm.TypeSetClusterID:
 		// Only the leader names the cluster, from its own leader task.
@@ -100,4 +106,27 @@ func (n *Node) vetEmployee(c *commandv1.PutEmployee) error {
 		return err
 	}
 	return n.validator.Employee(e)
+}
+
+// vetRollout checks a forwarded rollout as the REST edge does, each put's
+// policy as vetPolicy checks a typed one.
+func (n *Node) vetRollout(r *commandv1.Rollout) error {
+	if r == nil {
+		return fmt.Errorf("rollout start: no rollout")
+	}
+	if err := raftfsm.CheckRollout(r); err != nil {
+		return err
+	}
+	for i, c := range r.GetChanges() {
+		if c.GetOp() != store.OpPut {
+			continue
+		}
+		if !utf8.Valid(c.GetPolicy().GetSpec()) {
+			return fmt.Errorf("changes[%d].policy.spec: not valid UTF-8", i)
+		}
+		if err := n.validator.Shape(raftfsm.PolicyOf(c.GetPolicy())); err != nil {
+			return fmt.Errorf("changes[%d].policy: %w", i, err)
+		}
+	}
+	return nil
 }
