@@ -21,6 +21,7 @@ package policyset
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/policyd/policyd/policy"
@@ -50,6 +51,17 @@ type Set struct {
 	// as "<rollout id>:<stage>", in the order they began; nil for a stable
 	// set.
 	Rollouts []string
+}
+
+// Lookup returns the policy named name if the set holds it.
+func (s *Set) Lookup(name string) (store.RawPolicy, bool) {
+	i, ok := slices.BinarySearchFunc(s.Policies, name, func(rp store.RawPolicy, n string) int {
+		return strings.Compare(rp.Policy.Name, n)
+	})
+	if !ok {
+		return store.RawPolicy{}, false
+	}
+	return s.Policies[i], true
 }
 
 // Index is the in-memory copy. Safe for concurrent use.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
 )
@@ -37,8 +38,8 @@ const (
 // Capabilities a client may declare, on the discovery stream
 // (PolicyDiscoveryRequest.capabilities) and the feed (?capabilities=).
 const (
-	CapRollouts = "rollouts"
-	CapShadow   = "shadow"
+	CapRollouts = feedv1.CapabilityRollouts
+	CapShadow   = feedv1.CapabilityShadow
 )
 
 // maxEnded bounds how many ended rollouts the index remembers for ChangedSince.
