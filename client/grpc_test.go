@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -661,5 +662,19 @@ func TestGRPCNoFlowControlPings(t *testing.T) {
 	}
 	if got := rec.Pings(t); got != 0 {
 		t.Fatalf("the client sent %d PING frames for 4 responses, want 0", got)
+	}
+}
+
+// TestGRPCDeclaresCapabilities: every stream's first request declares
+// "rollouts", so that the server may serve a rollout's candidate; not
+// "shadow", which Evaluate does not keep apart.
+func TestGRPCDeclaresCapabilities(t *testing.T) {
+	f := newFakeDiscovery("v1", tp("a", "Bash", "deny", "x"))
+	n := serveDiscovery(t, f, "")
+	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1"})
+	c.waitState(t, StateReady)
+	reqs := f.reqs()
+	if got, want := reqs[0].GetCapabilities(), []string{"rollouts"}; !slices.Equal(got, want) {
+		t.Errorf("first request capabilities %v, want %v", got, want)
 	}
 }
