@@ -451,6 +451,14 @@ func (x *Index) SetTagged(id policy.Identity, tags []string) (*Set, bool) {
 	if len(tags) == 0 {
 		return x.Set(id), true
 	}
+	// A cached set was computed for exactly these tags, which the cache
+	// drops whenever a rollout changes, so it is current.
+	x.mu.RLock()
+	s, ok := x.candCache[candKey{x.candKeyLocked(id), strings.Join(tags, ",")}]
+	x.mu.RUnlock()
+	if ok {
+		return s, true
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	in := make([]*rolloutEntry, 0, len(tags))
