@@ -1,17 +1,21 @@
 package policyset
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
-	"github.com/google/go-cmp/cmp"
+	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
@@ -310,7 +314,7 @@ func TestSetFor(t *testing.T) {
 			t.Errorf("candidate version %.8s is not its content's hash (stable %.8s)", first.Version, stable.Version)
 		}
 		cand, _ := x.Get("keep")
-		if !cmp.Equal(first.Policies[2].Stored, cand.Stored) {
+		if !gocmp.Equal(first.Policies[2].Stored, cand.Stored) {
 			t.Errorf("an unchanged policy is not served as stored")
 		}
 		for _, m := range in5[1:] {
@@ -506,5 +510,185 @@ func TestCandidateSetForEmployeeScope(t *testing.T) {
 	}
 	if s2 != x.SetFor(policy.Identity{Org: "a", Team: "t", Employee: "e3"}, "m3", on) {
 		t.Errorf("teammates the rollout does not name do not share a candidate set")
+	}
+}
+
+// TestSetForMatchesModel is a property test: after random policy writes and
+// rollout starts, stage changes, pauses, halts, rollbacks, aborts and
+// completions, SetFor for every identity and member equals the stable set
+// the store reads with the changes of every active rollout the member is in
+// (and that touches the identity) applied, and its version is that
+// content's hash. A stale candidate or a missed invalidation shows up here.
+func TestSetForMatchesModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed))
+	env := newRolloutEnv(t)
+	x := env.x
+	scopes := []policy.Scope{{}, {Org: "a"}, {Org: "b"}, {Org: "a", Team: "t"}, {Org: "a", Team: "u"},
+		{Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Employee: "e2"}}
+	identities := []policy.Identity{{Org: "a", Team: "t", Employee: "e1"}, {Org: "a", Team: "u", Employee: "e2"},
+		{Org: "a", Team: "t", Employee: "e5"}, {Org: "b", Team: "t", Employee: "e3"}, {Org: "c"}}
+	membersList := []string{"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"}
+	on := Caps{Rollouts: true}
+
+	active := map[string]*commandv1.Rollout{}
+	candidates, ended := 0, 0
+	locked := func(name string) bool {
+		for _, r := range active {
+			for _, ch := range r.GetChanges() {
+				if ch.GetName() == name || ch.GetPolicy().GetName() == name {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for round := range 150 {
+		switch op := rng.IntN(10); {
+		case op < 4: // a plain write to a policy no rollout stages
+			name := fmt.Sprintf("p%d", rng.IntN(6))
+			if locked(name) {
+				continue
+			}
+			if _, ok := x.Get(name); ok && rng.IntN(3) == 0 {
+				env.apply(raftfsm.DeletePolicy(name, nil))
+			} else {
+				env.put(name, scopes[rng.IntN(len(scopes))], fmt.Sprint(rng.IntN(3)))
+			}
+		case op < 6 && len(active) < 3: // a new rollout
+			var changes []*commandv1.RolloutChange
+			for range 1 + rng.IntN(2) {
+				name := fmt.Sprintf("p%d", rng.IntN(6))
+				if locked(name) || slices.ContainsFunc(changes, func(c *commandv1.RolloutChange) bool {
+					return c.GetName() == name || c.GetPolicy().GetName() == name
+				}) {
+					continue
+				}
+				if _, ok := x.Get(name); ok && rng.IntN(3) == 0 {
+					changes = append(changes, &commandv1.RolloutChange{Op: "delete", Name: name})
+				} else {
+					changes = append(changes, putChange(testPolicy(name, scopes[rng.IntN(len(scopes))], "cand"+fmt.Sprint(round))))
+				}
+			}
+			if len(changes) == 0 {
+				continue
+			}
+			r := newRollout("r"+strconv.FormatUint(env.next, 10), StateRunning, 0, changes...)
+			r.Stages = []*commandv1.RolloutStage{{Percent: 30}, {Percent: 60}, {Percent: 100}}
+			r.CreatedAtUnixMs = int64(1_800_000_000_000 + round)
+			active[r.GetId()] = r
+			env.update(env.rolloutChange(r))
+		case len(active) > 0: // move one
+			ids := slices.Sorted(maps.Keys(active))
+			r := active[ids[rng.IntN(len(ids))]]
+			switch rng.IntN(6) {
+			case 0:
+				if int(r.Stage)+1 < len(r.Stages) {
+					r.Stage++
+				}
+				r.State = StateRunning
+			case 1:
+				r.State = StatePaused
+			case 2:
+				r.State, r.OnHalt = StateHalted, OnHaltStay
+			case 3:
+				r.State = []string{StateRolledBack, StateAborted}[rng.IntN(2)]
+			case 4, 5:
+				// Completion: the changes become ordinary writes, then the
+				// rollout ends.
+				for _, ch := range r.GetChanges() {
+					if ch.GetOp() == "delete" {
+						if _, ok := x.Get(ch.GetName()); ok {
+							env.apply(raftfsm.DeletePolicy(ch.GetName(), nil))
+						}
+						continue
+					}
+					env.apply(raftfsm.PutPolicy(raftfsm.PolicyOf(ch.GetPolicy()), nil))
+				}
+				r.State = StateCompleted
+			}
+			if !Active(r) {
+				delete(active, r.GetId())
+				ended++
+			}
+			env.update(env.rolloutChange(r))
+		}
+
+		for _, id := range identities {
+			stable, err := env.st.PolicySet(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range membersList {
+				want := map[string][]byte{}
+				for _, p := range stable.Policies {
+					rp, _ := x.Get(p.Name)
+					want[p.Name] = rp.Stored
+				}
+				var tags []string
+				for _, rid := range slices.SortedFunc(maps.Keys(active), func(a, b string) int { return cmp.Compare(rolloutStart(a), rolloutStart(b)) }) {
+					r := active[rid]
+					if !InCohort(rid, m, r.Stages[r.Stage].GetPercent()) {
+						continue
+					}
+					touches := false
+					for _, ch := range r.GetChanges() {
+						name := ch.GetName()
+						if p := ch.GetPolicy(); p != nil {
+							name = p.GetName()
+							touches = touches || raftfsm.PolicyOf(p).Scope.AppliesTo(id)
+						}
+						if rp, ok := x.Get(name); ok {
+							touches = touches || rp.Policy.Scope.AppliesTo(id)
+						}
+					}
+					if !touches {
+						continue
+					}
+					tags = append(tags, rid+":"+strconv.FormatUint(uint64(r.Stage), 10))
+					for _, ch := range r.GetChanges() {
+						if ch.GetOp() == "delete" {
+							delete(want, ch.GetName())
+							continue
+						}
+						cand, err := Candidate(r, ch.GetPolicy())
+						if err != nil {
+							t.Fatal(err)
+						}
+						if cand.Policy.Scope.AppliesTo(id) {
+							want[cand.Policy.Name] = cand.Stored
+						} else {
+							delete(want, cand.Policy.Name)
+						}
+					}
+				}
+				h := store.NewSetHash()
+				var wantNames []string
+				for _, n := range slices.Sorted(maps.Keys(want)) {
+					h.Add(n, want[n])
+					wantNames = append(wantNames, n)
+				}
+				got := x.SetFor(id, m, on)
+				var gotNames []string
+				for _, p := range got.Policies {
+					gotNames = append(gotNames, p.Policy.Name)
+				}
+				if got.Version != h.Sum() || !slices.Equal(gotNames, wantNames) || !slices.Equal(got.Rollouts, tags) {
+					t.Fatalf("round %d, %s member %s: index has %v %v (%.8s), want %v %v (%.8s)",
+						round, id, m, gotNames, got.Rollouts, got.Version, wantNames, tags, h.Sum())
+				}
+				if len(tags) > 0 {
+					candidates++
+				}
+				if len(tags) == 0 && got != x.Set(id) {
+					t.Fatalf("round %d, %s member %s: stable content but not the stable *Set", round, id, m)
+				}
+			}
+		}
+	}
+	t.Logf("%d candidate sets checked, %d rollouts ended", candidates, ended)
+	if candidates < 100 || ended < 5 {
+		t.Fatalf("the model exercised too little: %d candidate sets, %d rollouts ended", candidates, ended)
 	}
 }
