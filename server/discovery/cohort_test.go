@@ -97,7 +97,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 
 	const id = "r2"
 	var at5, at50, out []string // in at 5%; in at 50% only; in at neither
-	for i := 0; len(at5) < 2 || len(at50) < 1 || len(out) < 1; i++ {
+	for i := 0; len(at5) < 2 || len(at50) < 2 || len(out) < 1; i++ {
 		a := "sidecar-" + strconv.Itoa(i)
 		switch {
 		case policyset.InCohort(id, a, 5):
@@ -163,10 +163,15 @@ func TestRolloutCohortStreams(t *testing.T) {
 	r := cohortRollout(id)
 	r.Stage = 1
 	h.dispatchRollout(t, 3, r)
-	if got := recv(later); got.GetVersionInfo() != cand.GetVersionInfo() {
-		t.Errorf("stage 1: later got %.8s, want the candidate %.8s", got.GetVersionInfo(), cand.GetVersionInfo())
+	laterGot := recv(later)
+	if laterGot.GetVersionInfo() != cand.GetVersionInfo() {
+		t.Errorf("stage 1: later got %.8s, want the candidate %.8s", laterGot.GetVersionInfo(), cand.GetVersionInfo())
 	}
 	ack(later)
+	// A cohort member that opens now is served the group's snapshot.
+	if _, first := h.openWith(ctx, t, at50[1], "rollouts"); first.GetNonce() != laterGot.GetNonce() {
+		t.Errorf("a member opening at stage 1 got nonce %q (version %.8s), want the group's %q", first.GetNonce(), first.GetVersionInfo(), laterGot.GetNonce())
+	}
 	if !servertest.Poll(5*time.Second, func() bool {
 		c := h.clientInfo(member)
 		return slices.Equal(c.GetRollouts(), []string{"r2:1"})

@@ -253,3 +253,58 @@ func TestRolloutCohortFeed(t *testing.T) {
 		}
 	})
 }
+
+// TestRolloutCompletionFeed: a completion's batch carries the rollout's end
+// and its changes as ordinary policy writes. A cohort connection gets each
+// written policy once, in its new revision, with the stable digest; so
+// does everyone else.
+func TestRolloutCompletionFeed(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	seedData(f)
+	caps := feedv1.QueryCapabilities + "=rollouts"
+	cohort := f.dial(t, dialOpts{token: f.token("alice", "acme", "red"), query: caps})
+	cohort.nextOf(feedv1.TypeInit)
+	v1, _ := f.connect(t, alice, "")
+	red := scopeTeam("acme", "red")
+	r := &commandv1.Rollout{
+		Id: "r" + strconv.FormatUint(f.next, 10), State: policyset.StateRunning, Stage: 1, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
+		Stages:  []*commandv1.RolloutStage{{Percent: 5, BakeMs: 1000}, {Percent: 100, BakeMs: 1000}},
+		Changes: []*commandv1.RolloutChange{rolloutPut(toolPolicy("t-acme-red", red, "candidate"))},
+	}
+	f.dispatchRollout(r, red)
+	if m := cohort.next(); m.Type != feedv1.TypeUpsert || m.Policy.Name != "t-acme-red" || m.Policy.Revision != 0 {
+		t.Fatalf("at 100%%: %s %+v, want the candidate's upsert", m.Type, m.Policy)
+	}
+
+	// The completion batch, as the control side commits it: the write,
+	// then the rollout's end.
+	idx := f.next
+	f.next++
+	done := toolPolicy("t-acme-red", red, "candidate")
+	done.Revision, done.CreatedAt, done.UpdatedAt = idx, time.Unix(1, 0).UTC(), time.Unix(2, 0).UTC()
+	stored, err := done.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.State = policyset.StateCompleted
+	data, err := proto.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
+		{Type: store.EntityPolicy, ID: "t-acme-red", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: []policy.Scope{red}},
+		{Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: []policy.Scope{red}},
+	}}
+	if err := f.idx.Update(c); err != nil {
+		t.Fatal(err)
+	}
+	f.hub.OnChange(c)
+	stable := f.idx.Set(alice).Version
+	f.apply(f.putPolicy("marker", policy.Scope{}, "m"))
+	for name, cl := range map[string]*client{"cohort": cohort, "v1": v1} {
+		got := cl.until("marker")
+		if len(got) != 1 || got[0].Type != feedv1.TypeUpsert || got[0].Policy.Revision != idx || got[0].Digest != stable {
+			t.Errorf("%s after the completion: %v, want one upsert of t-acme-red at revision %d with digest %.8s (got %+v)", name, summary(got), idx, stable, got)
+		}
+	}
+}
