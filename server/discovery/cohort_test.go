@@ -226,3 +226,65 @@ func TestRolloutCohortStreams(t *testing.T) {
 		t.Fatalf("%d streams still registered after the clients left", h.registered())
 	}
 }
+
+// TestRolloutCompletionStreams: a completion's batch carries the rollout's
+// end and its changes as ordinary writes; every stream, cohort or not, is
+// pushed the new stable set once.
+func TestRolloutCompletionStreams(t *testing.T) {
+	h := newRegisterHarness(t)
+	close(h.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	member, v1 := "sidecar-m", "sidecar-v1"
+	gm, _ := h.openWith(ctx, t, member, "rollouts")
+	gv, _ := h.openWith(ctx, t, v1)
+	r := cohortRollout("r2")
+	r.Stage = 2 // 100%
+	h.dispatchRollout(t, 2, r)
+	if got := recvFrom(t, member, gm); reason(got, "p-t1") != `{"action":"deny","reason":"candidate","tool_name":"Bash"}` {
+		t.Fatalf("at 100%%: member got p-t1 %s, want the candidate", reason(got, "p-t1"))
+	}
+
+	// The completion batch, as the control side commits it: the write,
+	// then the rollout's end.
+	const idx = 3
+	done := &policy.Policy{Name: "p-t1", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "o1", Team: "t1"},
+		Spec: []byte(`{"action":"deny","reason":"candidate","tool_name":"Bash"}`), Revision: idx,
+		CreatedAt: time.Unix(1, 0).UTC(), UpdatedAt: time.Unix(3, 0).UTC()}
+	stored, err := done.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.State = policyset.StateCompleted
+	data, err := proto.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	team := []policy.Scope{{Org: "o1", Team: "t1"}}
+	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
+		{Type: store.EntityPolicy, ID: "p-t1", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: team},
+		{Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: team},
+	}}
+	if err := h.index.Update(c); err != nil {
+		t.Fatal(err)
+	}
+	h.svc.OnChange(c)
+	stable := h.index.Set(policy.Identity{Org: "o1", Team: "t1", Employee: "e1"}).Version
+	for a, gs := range map[string]discoveryv1.PolicyDiscoveryService_StreamPoliciesClient{member: gm, v1: gv} {
+		got := recvFrom(t, a, gs)
+		if got.GetVersionInfo() != stable || got.GetPolicies()[0].GetRevision() != idx {
+			t.Errorf("%s after the completion: version %.8s p-t1 revision %d, want %.8s at %d", a, got.GetVersionInfo(),
+				got.GetPolicies()[0].GetRevision(), stable, idx)
+		}
+	}
+	// Nothing else was queued: the next message is the next write's.
+	h.apply(t, 4, putTeamPolicy("p-next", "t1", "x"))
+	for a, gs := range map[string]discoveryv1.PolicyDiscoveryService_StreamPoliciesClient{member: gm, v1: gv} {
+		if got := recvFrom(t, a, gs); !slices.Contains(policyNames(got), "p-next") {
+			t.Errorf("%s: got %v, want the set with p-next", a, policyNames(got))
+		}
+	}
+	if got := h.clientInfo(member).GetRollouts(); len(got) != 0 {
+		t.Errorf("member's tags after the completion: %v", got)
+	}
+}

@@ -306,16 +306,18 @@ func (s *Service) OnChange(c store.Change) {
 	if s.deps.Verifier != nil && (c.Resync || len(employees) > 0) {
 		s.recheckEmployees(c, employees)
 	}
+	if c.Resync || len(scopes) > 0 {
+		s.push(c, scopes)
+	}
 	// Then cohorts: a rollout change moves the streams whose set it
-	// changed to their new group, before the batch's policy changes are
-	// pushed to the groups.
+	// changed to their new group. After the push, so that a group they
+	// join holds the batch's policy changes already (a completion's
+	// writes): joined before, a member would be offered the stable set as
+	// of before the batch, then the new one.
 	if c.Resync || rollouts {
 		s.recohort(c.At, func(st *stream) bool {
 			return c.Resync || anyScope || policyset.Affects(rolloutScopes, st.scope)
 		})
-	}
-	if c.Resync || len(scopes) > 0 {
-		s.push(c, scopes)
 	}
 }
 
@@ -402,8 +404,9 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	for _, g := range affected {
 		set, ok := s.groupSet(g)
 		if !ok {
-			// Its rollouts moved on and recohort has not seen its streams
-			// (they joined meanwhile): move them now.
+			// Its rollouts no longer give it a candidate (a completion's
+			// batch, or streams that joined while a rollout moved on):
+			// move its streams once every group holds the batch.
 			s.mu.Lock()
 			for st := range g.streams {
 				stale = append(stale, st)
