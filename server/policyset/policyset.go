@@ -16,6 +16,15 @@
 // one per employee, a change is hashed and encoded once per team rather than
 // once per employee, and the cache holds one entry per team instead of one
 // per connected employee.
+//
+// Staged rollouts (docs/rollouts.md, rollouts.go): the index also keeps the
+// active rollouts, from Update (a rollout change carries the whole rollout)
+// and, with WithRollouts, from the store at load. SetFor serves a client
+// that declared the rollouts capability and whose member id hashes into an
+// active rollout's cohort the candidate set: the stable set with that
+// rollout's changes applied, versioned by its content like any set, and
+// shared by every cohort member of the identity (cached per identity and
+// rollout tags).
 package policyset
 
 import (
