@@ -157,6 +157,24 @@ func TestRolloutCohortStreams(t *testing.T) {
 	if got := h.clientInfo(v1); len(got.GetRollouts()) != 0 || len(got.GetCapabilities()) != 0 {
 		t.Errorf("v1 ClientInfo rollouts %v capabilities %v, want none", got.GetRollouts(), got.GetCapabilities())
 	}
+	// A cohort member failing over from another node, holding the
+	// candidate: the version is the content's hash, so it is unchanged.
+	ctx2, cancel2 := context.WithCancel(ctx)
+	gs2, err := h.client.StreamPolicies(metadata.AppendToOutgoingContext(ctx2, "authorization", "Bearer "+h.token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gs2.Send(&discoveryv1.PolicyDiscoveryRequest{ClientAddress: member, VersionInfo: cand.GetVersionInfo(),
+		Capabilities: []string{"rollouts"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvFrom(t, member, gs2); !got.GetUnchanged() || got.GetVersionInfo() != cand.GetVersionInfo() {
+		t.Errorf("failover with the candidate's version: unchanged %v version %.8s, want unchanged", got.GetUnchanged(), got.GetVersionInfo())
+	}
+	cancel2()
+	if !servertest.Poll(5*time.Second, func() bool { return h.registered() == len(streams) }) {
+		t.Fatalf("the failed-over stream is still registered")
+	}
 
 	// Stage 1 (50%): later joins; member keeps its version (nothing sent)
 	// under the new tag, its ACK standing.
