@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
 // State is the client's connection state (see the package doc).
@@ -508,3 +510,10 @@ func backoff(n int, lo, hi time.Duration) time.Duration {
 	}
 	return rand.N(ceil + 1)
 }
+
+// capabilities is what the SDK declares to servers on both transports
+// (docs/rollouts.md): "rollouts", so that it may be put in a staged
+// rollout's cohort, whose candidate set it applies, ACKs and NACKs like any
+// other. Not "shadow": Evaluate does not keep shadow policies apart yet, and
+// a server would send them to a client that declares it, to be enforced.
+func capabilities() []string { return []string{feedv1.CapabilityRollouts} }

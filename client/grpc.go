@@ -67,7 +67,10 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 	}
 	scope := &discoveryv1.Scope{Org: c.cfg.Scope.Org, Team: c.cfg.Scope.Team, Employee: c.cfg.Scope.Employee}
 	_, version, _, _ := c.snapshot()
-	first := &discoveryv1.PolicyDiscoveryRequest{ClientAddress: c.cfg.ClientAddress, VersionInfo: version, Scope: scope}
+	// The server keeps the first request's capabilities for the stream;
+	// one that predates them skips the unknown field.
+	first := &discoveryv1.PolicyDiscoveryRequest{ClientAddress: c.cfg.ClientAddress, VersionInfo: version, Scope: scope,
+		Capabilities: capabilities()}
 	if err := stream.Send(first); err != nil {
 		return false, classifyGRPC(sctx, sendErr(stream, err))
 	}

@@ -55,6 +55,8 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 	} else if c.cfg.Employee != "" {
 		q.Set(feedv1.QueryEmployee, c.cfg.Employee)
 	}
+	// A server that predates the parameter ignores it (see capabilities).
+	q.Set(feedv1.QueryCapabilities, strings.Join(capabilities(), ","))
 	resume := has && since > 0
 	if resume {
 		q.Set(feedv1.QuerySince, strconv.FormatUint(since, 10))

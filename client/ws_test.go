@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -451,5 +452,25 @@ func TestReadMessageBuffer(t *testing.T) {
 				kept = &buf.Bytes()[:1][0]
 			}
 		})
+	}
+}
+
+// TestWSDeclaresCapabilities: the handshake declares "rollouts" with
+// ?capabilities=, on the first connect and on a resume.
+func TestWSDeclaresCapabilities(t *testing.T) {
+	ff := newFeed(t)
+	r := runClient(t, Config{Servers: []string{ff.addr()}, Transport: TransportWS, Token: "jwt-1"})
+	fc := ff.next(t)
+	fc.send(t, map[string]any{"type": "init", "version": 10, "digest": "d10", "policies": []any{feedPolicy("a", "Bash", "deny", "a")}})
+	r.waitState(t, StateReady)
+	_ = fc.c.Close(websocket.StatusGoingAway, "bye")
+	fc2 := ff.next(t)
+	if got := fc2.query.Get("since"); got != "10" {
+		t.Fatalf("since = %q, want 10", got)
+	}
+	for i, req := range ff.reqs() {
+		if got := req.query[feedv1.QueryCapabilities]; !slices.Equal(got, []string{"rollouts"}) {
+			t.Errorf("handshake %d: capabilities %q, want [rollouts]", i, got)
+		}
 	}
 }

@@ -73,6 +73,19 @@
 //     are offered under the service's lock, which a move holds, and pushes
 //     run on the dispatcher, which makes the moves, so the old team's
 //     snapshot is never offered after the new one's.
+//   - Staged rollouts (docs/rollouts.md). A stream's capabilities are read
+//     from its first request and kept for its life. A stream that declared
+//     "rollouts" and whose client_address hashes into the cohort of an
+//     active rollout that changes its scope's set is served the candidate
+//     set (policyset.SetFor); every other stream, and every stream of a
+//     client that declared nothing, the stable set. Streams are grouped by
+//     scope and set (the rollout tags), so a team's cohort shares one
+//     snapshot. A rollout change moves the streams it affects to their new
+//     group before the batch's policy changes are pushed: a member that
+//     leaves the cohort (rollback, abort) is pushed the stable set as any
+//     write would be; one whose content did not change (a later stage) is
+//     sent nothing, its ACK standing under the new tag. ClientInfo carries
+//     the tags of the newest version sent and the capabilities.
 //
 // Errors become gRPC codes in one place, statusOf.
 package discovery
@@ -149,8 +162,11 @@ type Service struct {
 	mu      sync.Mutex
 	closing bool
 	streams map[*stream]struct{}
-	groups  map[policy.Identity]*group
-	byAddr  map[string]map[*stream]struct{}
+	groups  map[groupKey]*group
+	// scopeStreams counts the streams per scope, which may be in several
+	// groups (stable and candidate sets), for the streams gauge.
+	scopeStreams map[policy.Identity]int
+	byAddr       map[string]map[*stream]struct{}
 	// bySet is the snapshot of every set that a group holds, and how many
 	// groups hold it. Every employee of a team that no policy names has
 	// the team's set; without this, each such employee's first stream
@@ -160,10 +176,24 @@ type Service struct {
 	bySet map[*policyset.Set]*setSnapshot
 }
 
-// group is every stream serving one scope, and that scope's current
-// snapshot.
+// groupKey names a group: a scope, and the staged rollouts whose
+// candidates its set holds (policyset.Set.Rollouts joined; "" for the
+// stable set). Every stream of a group is sent the same responses.
+type groupKey struct {
+	id   policy.Identity
+	tags string
+}
+
+func keyOf(id policy.Identity, set *policyset.Set) groupKey {
+	return groupKey{id, strings.Join(set.Rollouts, ",")}
+}
+
+// group is every stream serving one scope with one set (stable, or one
+// combination of rollout candidates), and that set's current snapshot.
 type group struct {
 	id      policy.Identity
+	key     groupKey
+	tags    []string       // the set's Rollouts
 	set     *policyset.Set // the set snap was encoded from
 	snap    *snapshot
 	streams map[*stream]struct{}
@@ -183,15 +213,16 @@ func New(cfg config.Discovery, logger *slog.Logger, deps Deps) (*Service, error)
 		return nil, fmt.Errorf("nonce prefix: %w", err)
 	}
 	s := &Service{
-		cfg:         cfg,
-		logger:      logger,
-		deps:        deps,
-		noncePrefix: deps.NodeID + "." + hex.EncodeToString(b[:]),
-		now:         time.Now,
-		streams:     map[*stream]struct{}{},
-		groups:      map[policy.Identity]*group{},
-		byAddr:      map[string]map[*stream]struct{}{},
-		bySet:       map[*policyset.Set]*setSnapshot{},
+		cfg:          cfg,
+		logger:       logger,
+		deps:         deps,
+		noncePrefix:  deps.NodeID + "." + hex.EncodeToString(b[:]),
+		now:          time.Now,
+		streams:      map[*stream]struct{}{},
+		groups:       map[groupKey]*group{},
+		scopeStreams: map[policy.Identity]int{},
+		byAddr:       map[string]map[*stream]struct{}{},
+		bySet:        map[*policyset.Set]*setSnapshot{},
 	}
 	s.closed, s.markClose = context.WithCancel(context.Background())
 	m, err := newMetrics(deps.NodeID, deps.Registry)
@@ -253,14 +284,19 @@ func (s *Service) flush() {
 // is called in commit order by the node's change dispatcher, never
 // concurrently with itself.
 func (s *Service) OnChange(c store.Change) {
-	var scopes []policy.Scope
+	var scopes, rolloutScopes []policy.Scope
 	var employees []string
+	rollouts, anyScope := false, false
 	for _, e := range c.Entities {
 		switch e.Type {
 		case store.EntityPolicy:
 			scopes = append(scopes, e.Scopes...)
 		case store.EntityEmployee:
 			employees = append(employees, e.ID)
+		case policyset.EntityRollout:
+			rollouts = true
+			rolloutScopes = append(rolloutScopes, e.Scopes...)
+			anyScope = anyScope || len(e.Scopes) == 0
 		}
 	}
 	// Employees first: a stream whose employee left its team in this batch
@@ -273,13 +309,88 @@ func (s *Service) OnChange(c store.Change) {
 	if c.Resync || len(scopes) > 0 {
 		s.push(c, scopes)
 	}
+	// Then cohorts: a rollout change moves the streams whose set it
+	// changed to their new group. After the push, so that a group they
+	// join holds the batch's policy changes already (a completion's
+	// writes): joined before, a member would be offered the stable set as
+	// of before the batch, then the new one.
+	if c.Resync || rollouts {
+		s.recohort(c.At, func(st *stream) bool {
+			return c.Resync || anyScope || policyset.Affects(rolloutScopes, st.scope)
+		})
+	}
+}
+
+// recohort moves every stream that declared rollouts and that check
+// selects (or that is served a candidate now) to the group of the set it
+// is to be served, and offers it that set's snapshot unless it was sent
+// that version already (a stage change that only adds members leaves a
+// member's content as it was): a cohort member of a rollout that is
+// rolled back gets the stable set on the same path as any push.
+func (s *Service) recohort(at time.Time, check func(*stream) bool) {
+	type cand struct {
+		st  *stream
+		key groupKey
+	}
+	s.mu.Lock()
+	var cands []cand
+	for st := range s.streams {
+		if st.caps.Rollouts && (st.key.tags != "" || check(st)) {
+			cands = append(cands, cand{st, st.key})
+		}
+	}
+	s.mu.Unlock()
+	for _, c := range cands {
+		set := s.setFor(c.st, c.key.id)
+		if keyOf(c.key.id, set) != c.key {
+			s.move(c.st, at)
+		}
+	}
+}
+
+// move puts st in the group of the set it is to be served now (a rollout
+// change moved it into or out of a cohort).
+func (s *Service) move(st *stream, at time.Time) {
+	start, err := s.join(st, st.currentScope(), func(snap *snapshot, tags []string) *response {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if st.pending == nil && st.versionSent == snap.version {
+			// The same content under other tags (a later stage): the
+			// client holds it, and its ACK stands.
+			st.rollouts = tags
+			return nil
+		}
+		return &response{snap: snap, push: true, at: at, rollouts: tags}
+	})
+	switch {
+	case err == nil:
+		if start {
+			go st.drain()
+		}
+	case status.Code(err) == codes.PermissionDenied:
+		st.kill(err)
+	case status.Code(err) != codes.Canceled && status.Code(err) != codes.Unavailable:
+		s.logger.Error("move stream to its rollout cohort's set", "client", st.clientAddr, "err", err)
+		st.kill(statusOf(err))
+	}
+}
+
+// setFor is the set st is to be served as a stream of scope id.
+func (s *Service) setFor(st *stream, id policy.Identity) *policyset.Set {
+	return s.deps.Policies.SetFor(id, st.clientAddr, st.caps)
+}
+
+// groupSet is the current set of g's scope and rollouts, or false when
+// those rollouts no longer give g's scope a candidate at those stages.
+func (s *Service) groupSet(g *group) (*policyset.Set, bool) {
+	return s.deps.Policies.SetTagged(g.id, g.tags)
 }
 
 func (s *Service) push(c store.Change, scopes []policy.Scope) {
 	s.mu.Lock()
 	var affected []*group
-	for id, g := range s.groups {
-		if c.Resync || policyset.Affects(scopes, id) {
+	for _, g := range s.groups {
+		if c.Resync || policyset.Affects(scopes, g.id) {
 			affected = append(affected, g)
 		}
 	}
@@ -289,10 +400,22 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 		r  *response
 	}
 	var offers []offer
+	var stale []*stream
 	for _, g := range affected {
-		set := s.deps.Policies.Set(g.id)
+		set, ok := s.groupSet(g)
+		if !ok {
+			// Its rollouts no longer give it a candidate (a completion's
+			// batch, or streams that joined while a rollout moved on):
+			// move its streams once every group holds the batch.
+			s.mu.Lock()
+			for st := range g.streams {
+				stale = append(stale, st)
+			}
+			s.mu.Unlock()
+			continue
+		}
 		s.mu.Lock()
-		unchanged := s.groups[g.id] != g || g.snap.version == set.Version
+		unchanged := s.groups[g.key] != g || g.snap.version == set.Version
 		// Scopes with the same set (every employee of a team that no
 		// policy names has its team's) share one snapshot, encoded once:
 		// the set's is held already if this push has reached another of
@@ -318,9 +441,9 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 			}
 		}
 		// Immutable, so every stream of the group is offered the same.
-		r := &response{snap: snap, push: true, at: c.At}
+		r := &response{snap: snap, push: true, at: c.At, rollouts: g.tags}
 		s.mu.Lock()
-		if s.groups[g.id] != g {
+		if s.groups[g.key] != g {
 			s.mu.Unlock()
 			continue
 		}
@@ -366,6 +489,9 @@ func (s *Service) push(c store.Change, scopes []policy.Scope) {
 			go drainConn(claimed)
 		}
 	}
+	for _, st := range stale {
+		s.move(st, c.At)
+	}
 }
 
 // recheckEmployees brings the streams of the employees changed by c (every
@@ -408,8 +534,8 @@ func (s *Service) recheckEmployees(c store.Change, ids []string) {
 // sidecar.
 func (s *Service) rescope(st *stream, id policy.Identity, at time.Time) {
 	from := st.currentScope()
-	start, err := s.join(st, id, func(snap *snapshot) *response {
-		return &response{snap: snap, push: true, at: at}
+	start, err := s.join(st, id, func(snap *snapshot, tags []string) *response {
+		return &response{snap: snap, push: true, at: at, rollouts: tags}
 	})
 	switch {
 	case err == nil:
@@ -518,20 +644,20 @@ var errNoSnapshot = errors.New("no snapshot of the set")
 // caller must start st's writer (drain). The offer is made under s.mu,
 // which every move takes, so that a response for a scope st has left is
 // never offered after one for the scope it joined.
-func (s *Service) join(st *stream, id policy.Identity, respond func(*snapshot) *response) (bool, error) {
+func (s *Service) join(st *stream, id policy.Identity, respond func(*snapshot, []string) *response) (bool, error) {
 	// A scope's first stream needs that scope's snapshot: another scope's
 	// of the same set if there is one, else one encoded before taking the
 	// lock, so that a storm of reconnecting sidecars, each with its own
 	// scope, does not serialise on encoding; see joinLocked for why a
 	// snapshot encoded outside the lock is still current. The set too is
 	// computed outside the lock; joinLocked finds it cached.
-	set := s.deps.Policies.Set(id)
+	set := s.setFor(st, id)
 	var fresh *snapshot
 	for {
 		want, start, err := s.joinLocked(st, id, set, fresh, respond)
 		switch {
 		case errors.Is(err, errNoSnapshot):
-			if cur := s.deps.Policies.Set(id); cur != set {
+			if cur := s.setFor(st, id); cur != set {
 				set, fresh = cur, nil // changed meanwhile: look for a shared one again
 				continue
 			}
@@ -541,7 +667,7 @@ func (s *Service) join(st *stream, id policy.Identity, respond func(*snapshot) *
 		case err != nil:
 			return false, err
 		case want != id: // the employee moved team meanwhile
-			id, set, fresh = want, s.deps.Policies.Set(want), nil
+			id, set, fresh = want, s.setFor(st, want), nil
 		default:
 			return start, nil
 		}
@@ -557,7 +683,7 @@ func (s *Service) join(st *stream, id policy.Identity, respond func(*snapshot) *
 // from set. Otherwise it returns errNoSnapshot and the caller encodes.
 // When st's employee record names another scope than id, it returns that
 // scope and does nothing.
-func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot, respond func(*snapshot) *response) (policy.Identity, bool, error) {
+func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set, fresh *snapshot, respond func(*snapshot, []string) *response) (policy.Identity, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -568,12 +694,13 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 		// handled; registering now would leak the stream.
 		return id, false, status.Error(codes.Canceled, "stream ended")
 	}
-	if st.registered && st.scope == id {
+	key := keyOf(id, set)
+	if st.registered && st.key == key {
 		return id, false, nil
 	}
-	g := s.groups[id]
+	g := s.groups[key]
 	if g == nil {
-		if s.deps.Policies.Set(id) != set {
+		if s.setFor(st, id) != set {
 			return id, false, errNoSnapshot
 		}
 		if e := s.bySet[set]; e != nil {
@@ -589,9 +716,9 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 		return want, false, err
 	}
 	if g == nil {
-		g = &group{id: id, streams: map[*stream]struct{}{}}
+		g = &group{id: id, key: key, tags: set.Rollouts, streams: map[*stream]struct{}{}}
 		s.holdLocked(g, set, fresh)
-		s.groups[id] = g
+		s.groups[key] = g
 	}
 	if st.registered {
 		s.leaveGroupLocked(st)
@@ -604,11 +731,17 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 		st.registered = true
 	}
 	g.streams[st] = struct{}{}
+	st.key = key
 	st.mu.Lock()
 	st.scope = id
 	st.mu.Unlock()
+	s.scopeStreams[id]++
 	s.metrics.streams.WithLabelValues(id.String()).Inc()
-	return id, st.claim(respond(g.snap)), nil
+	r := respond(g.snap, g.tags)
+	if r == nil {
+		return id, false, nil
+	}
+	return id, st.claim(r), nil
 }
 
 // scopeLocked is the scope st is to be served instead of id: id itself with
@@ -652,17 +785,20 @@ func (s *Service) unregister(st *stream) {
 	s.leaveGroupLocked(st)
 }
 
-// leaveGroupLocked removes st from the group of its scope, and the group
-// with its last stream.
+// leaveGroupLocked removes st from its group, and the group with its last
+// stream.
 func (s *Service) leaveGroupLocked(st *stream) {
-	if g := s.groups[st.scope]; g != nil {
+	if g := s.groups[st.key]; g != nil {
 		delete(g.streams, st)
 		if len(g.streams) == 0 {
 			s.releaseLocked(g)
-			delete(s.groups, st.scope)
-			s.metrics.streams.DeleteLabelValues(st.scope.String())
-			return
+			delete(s.groups, st.key)
 		}
+	}
+	if s.scopeStreams[st.scope]--; s.scopeStreams[st.scope] <= 0 {
+		delete(s.scopeStreams, st.scope)
+		s.metrics.streams.DeleteLabelValues(st.scope.String())
+		return
 	}
 	s.metrics.streams.WithLabelValues(st.scope.String()).Dec()
 }
@@ -697,12 +833,12 @@ func (s *Service) releaseLocked(g *group) {
 // followed by the old team's snapshot.
 func (s *Service) resend(st *stream, version string) error {
 	s.mu.Lock()
-	g := s.groups[st.scope]
+	g := s.groups[st.key]
 	if g == nil {
 		s.mu.Unlock()
 		return status.Error(codes.Unavailable, "server shutting down")
 	}
-	start := st.claim(&response{snap: g.snap, unchanged: version == g.snap.version})
+	start := st.claim(&response{snap: g.snap, unchanged: version == g.snap.version, rollouts: g.tags})
 	s.mu.Unlock()
 	if start {
 		go st.drain()

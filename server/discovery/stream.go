@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/server/rollout"
 )
 
@@ -47,6 +49,11 @@ type response struct {
 	// measured from it. On the response, not the snapshot: a push may
 	// send a snapshot that a new scope's stream had encoded before it.
 	at time.Time
+	// rollouts tags the snapshot's candidates (policyset.Set.Rollouts),
+	// recorded for ClientInfo when it is sent. On the response: a
+	// snapshot is shared by groups whose sets have one content, and a
+	// stage change keeps the content under new tags.
+	rollouts []string
 }
 
 // caller is who opened a stream: the employee (jwt mode) and its identity.
@@ -73,6 +80,11 @@ type stream struct {
 	// either lock reads it.
 	clientAddr string
 	scope      policy.Identity
+	// caps: what the client declared in its first request, kept for the
+	// stream's life.
+	caps policyset.Caps
+	// key is the stream's group; written and read under svc.mu only.
+	key        groupKey
 	registered bool
 	ended      bool // the handler has returned; never register again
 	// opened: the first request registered the stream. Only the receive
@@ -100,6 +112,7 @@ type stream struct {
 	sent            []string // nonces sent, oldest first
 	latestNonce     string
 	versionSent     string
+	rollouts        []string // the tags of versionSent's candidates
 	state           string
 	versionAcked    string
 	nackMessage     string
@@ -304,6 +317,7 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 		}
 	}
 	st.latestNonce = r.snap.nonce
+	st.rollouts = r.rollouts
 	if st.versionSent != r.snap.version || st.state == "" {
 		st.versionSent = r.snap.version
 		st.state = rollout.Pending
@@ -374,9 +388,10 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 
 	if !st.opened {
 		st.clientAddr = req.GetClientAddress()
+		st.caps = policyset.ParseCaps(req.GetCapabilities())
 		version := req.GetVersionInfo()
-		start, err := s.join(st, scope, func(snap *snapshot) *response {
-			return &response{snap: snap, unchanged: version == snap.version}
+		start, err := s.join(st, scope, func(snap *snapshot, tags []string) *response {
+			return &response{snap: snap, unchanged: version == snap.version, rollouts: tags}
 		})
 		if err != nil {
 			return err
@@ -531,6 +546,8 @@ func (st *stream) info(node string) *clusterv1.ClientInfo {
 		ConnectedAtUnixNano: st.connectedAt.UnixNano(),
 		LastActiveUnixNano:  st.lastActive.Load(),
 		PeerAddr:            st.peerAddr,
+		Rollouts:            slices.Clone(st.rollouts),
+		Capabilities:        st.caps.List(),
 	}
 }
 

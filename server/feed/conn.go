@@ -14,6 +14,7 @@ import (
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/utf8field"
 )
 
@@ -33,8 +34,14 @@ type conn struct {
 	peer        string
 	connectedAt time.Time
 
+	// caps is what the client declared at the handshake.
+	caps policyset.Caps
+
 	// Guarded by h.mu.
-	ident   policy.Identity
+	ident policy.Identity
+	// set is the set the messages queued so far bring the client to:
+	// its stable set or a rollout's candidate (policyset.SetFor).
+	set     *policyset.Set
 	base    uint64 // changes at or below it are in what was sent
 	indexed bool
 
@@ -64,7 +71,7 @@ type conn struct {
 	polled      *poller // the poller that watches the socket, or nil
 }
 
-func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Identity) *conn {
+func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Identity, caps policyset.Caps) *conn {
 	now := time.Now()
 	id := h.seq.Add(1)
 	c := &conn{
@@ -76,6 +83,7 @@ func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Iden
 		peer:        peer,
 		connectedAt: now,
 		ident:       ident,
+		caps:        caps,
 	}
 	c.lastPong.Store(now.UnixNano())
 	ws.SetReadLimit(h.cfg.MaxMessageBytes)

@@ -104,6 +104,35 @@
 // the set the replay ends at. A replay with nothing to send sends nothing:
 // the client keeps its set.
 //
+// # Staged rollouts and capabilities
+//
+// A client declares what it handles beyond version 1 of the feed with the
+// query parameter ?capabilities=rollouts,shadow (comma-separated; values
+// the server does not know are ignored, and a server older than the
+// parameter ignores it, since unknown query parameters are never refused).
+// A connection that declared "rollouts" and whose employee id hashes into
+// the cohort of an active staged rollout that changes its identity's set
+// (docs/rollouts.md, policyset.SetFor) is served the candidate set: its
+// init holds it, and every message's digest is the candidate's version.
+// Everyone else, and every connection that declared nothing, is served the
+// stable set. Upserts and deletes carry the state of the set the
+// connection is served, so a write to a policy outside the rollout reaches
+// both kinds with their own digests.
+//
+// A rollout change (a new stage, a rollback, an abort, a completion) sends
+// each connection it moves between sets the upserts and deletes that take
+// it from the set it holds to the one it is now to be served, in name order,
+// with the rollout change's index as their version; a connection whose
+// content does not change (a member at a later stage) is sent nothing.
+//
+// A resume with ?since= cannot be exact for an identity that an active
+// rollout touches (the client may hold the candidate or be due it, and the
+// event log describes neither), nor for one a rollout touched that ended
+// without completing after since (the client may still hold its
+// candidate): those get init. A completed rollout's writes are ordinary
+// events, replayed as any other. ClientInfo's rollouts carries the tags
+// ("<id>:<stage>") of the candidates a connection was sent.
+//
 // # Employees
 //
 // An employee who is deactivated or deleted is revoked on every node, from

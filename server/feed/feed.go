@@ -1,6 +1,8 @@
 package feed
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -266,6 +268,10 @@ func (h *Hub) Clients() []*clusterv1.ClientInfo {
 	out := make([]*clusterv1.ClientInfo, 0, len(h.all))
 	for c := range h.all {
 		sent := c.sentDigest()
+		var tags []string
+		if c.set != nil {
+			tags = slices.Clone(c.set.Rollouts)
+		}
 		out = append(out, &clusterv1.ClientInfo{
 			NodeId:        h.deps.NodeID,
 			ClientAddress: c.addr,
@@ -282,6 +288,8 @@ func (h *Hub) Clients() []*clusterv1.ClientInfo {
 			ConnectedAtUnixNano: c.connectedAt.UnixNano(),
 			LastActiveUnixNano:  c.lastPong.Load(),
 			PeerAddr:            c.peer,
+			Rollouts:            tags,
+			Capabilities:        c.caps.List(),
 		})
 	}
 	h.mu.RUnlock()
@@ -315,41 +323,85 @@ func (h *Hub) OnChange(c store.Change) {
 }
 
 // policiesChangedLocked sends upsert or delete to every connection a policy
-// change touches.
+// change touches, and to every connection a rollout change moves into or
+// out of a cohort the upserts and deletes that take it from the set it
+// holds to the one it is to be served (policyset.SetFor).
 func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 	type item struct {
 		name  string
 		index uint64
 	}
 	var pending map[*conn][]item
-	for _, e := range c.Entities {
-		if e.Type != store.EntityPolicy {
-			continue
+	add := func(t *conn, name string, index uint64) {
+		if pending == nil {
+			pending = map[*conn][]item{}
 		}
-		targets := h.targetsLocked(e.Scopes)
-		h.logger.Debug("policy broadcast", "action", e.Action, "policy", e.ID, "index", e.Index,
-			"scopes", scopeStrings(e.Scopes), "connections", len(targets))
-		for t := range targets {
-			if e.Index <= t.base {
-				continue // already in the state the connection was sent
+		// A policy changed more than once in a batch is sent once, in
+		// its current state, at its first change's place and index:
+		// versions stay in order, and a client whose last message had
+		// version v holds, for every policy changed up to v, a state at
+		// least as new as v's (what ?since= resumes from).
+		if !slices.ContainsFunc(pending[t], func(it item) bool { return it.name == name }) {
+			pending[t] = append(pending[t], item{name, index})
+		}
+	}
+	// moved: the connections a rollout change may move, with the index of
+	// the first such change.
+	var moved map[*conn]uint64
+	for _, e := range c.Entities {
+		switch e.Type {
+		case store.EntityPolicy:
+			targets := h.targetsLocked(e.Scopes)
+			h.logger.Debug("policy broadcast", "action", e.Action, "policy", e.ID, "index", e.Index,
+				"scopes", scopeStrings(e.Scopes), "connections", len(targets))
+			for t := range targets {
+				if e.Index > t.base { // else already in the state the connection was sent
+					add(t, e.ID, e.Index)
+				}
 			}
-			if pending == nil {
-				pending = map[*conn][]item{}
-			}
-			// A policy changed more than once in a batch is sent once, in
-			// its current state, at its first change's place and index:
-			// versions stay in order, and a client whose last message had
-			// version v holds, for every policy changed up to v, a state
-			// at least as new as v's (what ?since= resumes from).
-			if !slices.ContainsFunc(pending[t], func(it item) bool { return it.name == e.ID }) {
-				pending[t] = append(pending[t], item{e.ID, e.Index})
+		case policyset.EntityRollout:
+			for t := range h.all {
+				if !t.caps.Rollouts || e.Index <= t.base {
+					continue
+				}
+				if len(e.Scopes) > 0 && (t.set == nil || len(t.set.Rollouts) == 0) && !policyset.Affects(e.Scopes, t.ident) {
+					continue
+				}
+				if moved == nil {
+					moved = map[*conn]uint64{}
+				}
+				if pending == nil {
+					pending = map[*conn][]item{}
+				}
+				if _, ok := moved[t]; !ok {
+					moved[t] = e.Index
+					if _, ok := pending[t]; !ok {
+						pending[t] = nil // visited below, for the difference
+					}
+				}
 			}
 		}
 	}
 	for t, items := range pending {
+		set := h.setLocked(t)
+		if index, ok := moved[t]; ok {
+			if t.set == nil {
+				h.sendInitLocked(t, b.at)
+				continue
+			}
+			for _, name := range diffNames(t.set, set) {
+				add(t, name, index)
+			}
+			items = pending[t]
+			slices.SortStableFunc(items, func(a, b item) int { return cmp.Compare(a.index, b.index) })
+		}
+		t.set = set
+		if len(items) == 0 {
+			continue // a new stage's tags on the content the client holds
+		}
 		msgs := make([]outMsg, 0, len(items))
 		for _, it := range items {
-			m, err := b.policyMessage(t.ident, it.name, it.index)
+			m, err := b.policyMessage(set, it.name, it.index)
 			if err != nil {
 				h.failLocked(t, err)
 				msgs = nil
@@ -361,6 +413,35 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 			h.sendLocked(t, b, msgs)
 		}
 	}
+}
+
+// setLocked is the set c is to be served now.
+func (h *Hub) setLocked(c *conn) *policyset.Set {
+	return h.deps.Policies.SetFor(c.ident, c.ident.Employee, c.caps)
+}
+
+// diffNames is the policies whose state differs between two sets, in name
+// order: held by one only, or held by both with other bytes.
+func diffNames(from, to *policyset.Set) []string {
+	var out []string
+	i, j := 0, 0
+	for i < len(from.Policies) || j < len(to.Policies) {
+		switch {
+		case j == len(to.Policies) || (i < len(from.Policies) && from.Policies[i].Policy.Name < to.Policies[j].Policy.Name):
+			out = append(out, from.Policies[i].Policy.Name)
+			i++
+		case i == len(from.Policies) || to.Policies[j].Policy.Name < from.Policies[i].Policy.Name:
+			out = append(out, to.Policies[j].Policy.Name)
+			j++
+		default:
+			if !bytes.Equal(from.Policies[i].Stored, to.Policies[j].Stored) {
+				out = append(out, to.Policies[j].Policy.Name)
+			}
+			i++
+			j++
+		}
+	}
+	return out
 }
 
 // employeeChangedLocked revokes or re-initialises the connections of a
@@ -504,34 +585,34 @@ func (h *Hub) enqueueLocked(c *conn, m outMsg) bool {
 	return false
 }
 
-// sendInitLocked queues a fresh init for c's identity.
+// sendInitLocked queues a fresh init of the set c is to be served.
 func (h *Hub) sendInitLocked(c *conn, at time.Time) {
-	m, base, err := h.initLocked(c.ident, at)
+	set := h.setLocked(c)
+	m, err := h.initLocked(set, at)
 	if err != nil {
 		h.failLocked(c, err)
 		return
 	}
 	if h.enqueueLocked(c, m) {
-		c.base = max(c.base, base)
+		c.base = max(c.base, set.Index)
+		c.set = set
 	}
 }
 
-// initLocked builds the init message for ident and the index it is
-// complete up to.
-func (h *Hub) initLocked(ident policy.Identity, at time.Time) (outMsg, uint64, error) {
-	set := h.deps.Policies.Set(ident)
+// initLocked builds the init message of set.
+func (h *Hub) initLocked(set *policyset.Set, at time.Time) (outMsg, error) {
 	data, ok := h.initCache[set]
 	if !ok {
 		var err error
 		if data, err = encodeInit(set); err != nil {
-			return outMsg{}, 0, err
+			return outMsg{}, err
 		}
 		if len(h.initCache) >= initCacheSize {
 			clear(h.initCache)
 		}
 		h.initCache[set] = data
 	}
-	return outMsg{data: data, digest: set.Version, at: at, policy: true}, set.Index, nil
+	return outMsg{data: data, digest: set.Version, at: at, policy: true}, nil
 }
 
 // revokeLocked sends revoke to c and closes it with 4403.

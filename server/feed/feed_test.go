@@ -142,6 +142,9 @@ func TestHandshakeAccepts(t *testing.T) {
 		// The record decides the team: a token minted before a move is
 		// served the record's team.
 		{name: "token of another team", opts: dialOpts{token: f.token("alice", "acme", "blue")}},
+		// Parameters of later versions are ignored, never refused, so a
+		// newer client keeps working with this server.
+		{name: "capabilities and an unknown parameter", opts: dialOpts{token: tok, query: "capabilities=rollouts,shadow,teleport&later-param=1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

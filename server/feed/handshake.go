@@ -17,6 +17,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/apierror"
+	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/utf8field"
 )
 
@@ -78,6 +79,7 @@ func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
 type handshake struct {
 	ident policy.Identity
 	since uint64
+	caps  policyset.Caps
 	// viaSubprotocol: the token came as bearer.<jwt>.
 	viaSubprotocol bool
 }
@@ -104,7 +106,7 @@ func (h *Hub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.logger.Debug("feed upgrade failed", "peer", r.RemoteAddr, "err", err)
 		return
 	}
-	h.serve(newConn(h, ws, hj.wire, r.RemoteAddr, hs.ident), hs.since)
+	h.serve(newConn(h, ws, hj.wire, r.RemoteAddr, hs.ident, hs.caps), hs.since)
 }
 
 // admit checks a handshake request and resolves its identity.
@@ -117,7 +119,7 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 	if err != nil {
 		return hs, err
 	}
-	hs.since, hs.viaSubprotocol = req.since, req.viaSubprotocol
+	hs.since, hs.viaSubprotocol, hs.caps = req.since, req.viaSubprotocol, req.caps
 	if h.deps.Verifier == nil {
 		hs.ident, err = h.identifyByQuery(req.employee)
 	} else {
@@ -178,8 +180,9 @@ func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
 // request is what a handshake asks for, read from the request alone.
 type request struct {
 	since    uint64
-	employee string // ?employee= (auth.mode none)
-	token    string // the JWT (auth.mode jwt)
+	caps     policyset.Caps // ?capabilities=
+	employee string         // ?employee= (auth.mode none)
+	token    string         // the JWT (auth.mode jwt)
 	// viaSubprotocol: the token came as bearer.<jwt>.
 	viaSubprotocol bool
 }
@@ -208,6 +211,8 @@ func parseRequest(r *http.Request, withToken bool) (request, error) {
 		}
 		req.since = v
 	}
+	// Unknown values are ignored: a newer client may declare more.
+	req.caps = policyset.ParseCaps(strings.Split(q.Get(feedv1.QueryCapabilities), ","))
 	if !withToken {
 		req.employee = q.Get(feedv1.QueryEmployee)
 		return req, nil

@@ -34,43 +34,27 @@ type msgKey struct {
 	digest  string
 }
 
-// batch carries the per-batch caches of OnChange: policies read once, and
-// each distinct message encoded once and shared by every connection that
-// gets it.
+// batch carries the per-batch cache of OnChange: each distinct message
+// encoded once and shared by every connection that gets it.
 type batch struct {
-	h        *Hub
-	index    uint64
-	at       time.Time
-	policies map[string]*feedv1.Policy // nil value: the policy does not exist
-	encoded  map[msgKey][]byte
+	h       *Hub
+	index   uint64
+	at      time.Time
+	encoded map[msgKey][]byte
 }
 
 func newBatch(h *Hub, c store.Change) *batch {
-	return &batch{h: h, index: c.Index, at: c.At, policies: map[string]*feedv1.Policy{}, encoded: map[msgKey][]byte{}}
+	return &batch{h: h, index: c.Index, at: c.At, encoded: map[msgKey][]byte{}}
 }
 
-// policy returns the current state of a policy, read from the policy index
-// once per batch, and the decoded policy for the applicability check.
-func (b *batch) policy(name string) (*feedv1.Policy, bool) {
-	if p, ok := b.policies[name]; ok {
-		return p, p != nil
-	}
-	rp, ok := b.h.deps.Policies.Get(name)
-	if !ok {
-		b.policies[name] = nil
-		return nil, false
-	}
-	p := wirePolicy(rp.Policy)
-	b.policies[name] = p
-	return p, true
-}
-
-// policyMessage is the message that tells identity id about the change of
-// policy name at index: upsert if it applies now, delete otherwise.
-func (b *batch) policyMessage(id policy.Identity, name string, index uint64) (outMsg, error) {
-	digest := b.h.deps.Policies.Set(id).Version
-	p, ok := b.policy(name)
-	applies := ok && wireScope(p.Scope).AppliesTo(id)
+// policyMessage is the message that brings a connection to set for policy
+// name, changed at index: upsert of the set's policy if the set holds it,
+// delete otherwise. The set decides rather than the policy's scope, so that
+// a rollout's cohort is sent the candidate and everyone else the stable
+// policy; the digest, a hash of the set's content, keys the cache.
+func (b *batch) policyMessage(set *policyset.Set, name string, index uint64) (outMsg, error) {
+	digest := set.Version
+	rp, applies := set.Lookup(name)
 	key := msgKey{typ: feedv1.TypeDelete, name: name, version: index, digest: digest}
 	if applies {
 		key.typ = feedv1.TypeUpsert
@@ -79,7 +63,7 @@ func (b *batch) policyMessage(id policy.Identity, name string, index uint64) (ou
 	if !ok {
 		var err error
 		if applies {
-			data, err = encode(feedv1.Upsert{Type: feedv1.TypeUpsert, Policy: *p, Version: index, Digest: digest})
+			data, err = encode(feedv1.Upsert{Type: feedv1.TypeUpsert, Policy: *wirePolicy(rp.Policy), Version: index, Digest: digest})
 		} else {
 			data, err = encode(feedv1.Delete{Type: feedv1.TypeDelete, PolicyName: name, Version: index, Digest: digest})
 		}

@@ -57,6 +57,11 @@ func (h *Hub) attach(c *conn, since uint64) (string, policy.Identity, bool) {
 				h.logger.Warn("feed replay failed, sending init", "conn", c.addr, "since", since, "err", err)
 				ok = false
 			}
+			if ok && h.deps.Policies.ChangedSince(c.ident, since) {
+				// The client may hold a rollout's candidate, or be due
+				// one: the event log describes neither.
+				ok = false
+			}
 			if ok && len(items) > max(1, h.cfg.SendBuffer/2) {
 				ok = false // a long replay: init is one message
 			}
@@ -133,8 +138,16 @@ func (h *Hub) attachLocked(c *conn, since uint64, sync func()) string {
 
 // sendReplayLocked queues a replay computed up to index upto.
 func (h *Hub) sendReplayLocked(c *conn, items []replayItem, upto uint64) {
+	set := h.setLocked(c)
+	if len(set.Rollouts) > 0 {
+		// A rollout reached the index after attach checked ChangedSince:
+		// the replay holds stable states only.
+		h.sendInitLocked(c, time.Time{})
+		return
+	}
 	c.base = max(c.base, upto)
-	digest := h.deps.Policies.Set(c.ident).Version
+	c.set = set
+	digest := set.Version
 	if len(items) == 0 {
 		c.sent.Store(&digest) // the client holds the current set already
 		return

@@ -16,11 +16,21 @@
 // one per employee, a change is hashed and encoded once per team rather than
 // once per employee, and the cache holds one entry per team instead of one
 // per connected employee.
+//
+// Staged rollouts (docs/rollouts.md, rollouts.go): the index also keeps the
+// active rollouts, from Update (a rollout change carries the whole rollout)
+// and, with WithRollouts, from the store at load. SetFor serves a client
+// that declared the rollouts capability and whose member id hashes into an
+// active rollout's cohort the candidate set: the stable set with that
+// rollout's changes applied, versioned by its content like any set, and
+// shared by every cohort member of the identity (cached per identity and
+// rollout tags).
 package policyset
 
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/policyd/policyd/policy"
@@ -46,6 +56,21 @@ type Set struct {
 	Index uint64
 	// Policies apply to Identity, sorted by name.
 	Policies []store.RawPolicy
+	// Rollouts names the staged rollouts whose candidates the set holds,
+	// as "<rollout id>:<stage>", in the order they began; nil for a stable
+	// set.
+	Rollouts []string
+}
+
+// Lookup returns the policy named name if the set holds it.
+func (s *Set) Lookup(name string) (store.RawPolicy, bool) {
+	i, ok := slices.BinarySearchFunc(s.Policies, name, func(rp store.RawPolicy, n string) int {
+		return strings.Compare(rp.Policy.Name, n)
+	})
+	if !ok {
+		return store.RawPolicy{}, false
+	}
+	return s.Policies[i], true
 }
 
 // Index is the in-memory copy. Safe for concurrent use.
@@ -60,11 +85,29 @@ type Index struct {
 	named map[string]int
 	index uint64
 	cache map[policy.Identity]*Set
+
+	// Staged rollouts (rollouts.go).
+	listRollouts RolloutsFunc
+	candidate    CandidateFunc
+	rollouts     map[string]*rolloutEntry // active ones
+	rolloutIDs   []string                 // rollouts' keys, in start order
+	rolloutIndex uint64                   // rollout changes at or below it are held
+	// rolloutNamed counts, per employee, the active rollouts' puts scoped
+	// to that employee, as named does for stable policies.
+	rolloutNamed map[string]int
+	candCache    map[candKey]*Set
+	// ended holds the rollouts that ended without completing, for
+	// ChangedSince; a resume from before endedFloor is not covered by it.
+	ended      map[string]endedRollout
+	endedFloor uint64
 }
 
-// New loads every policy from st.
-func New(st *store.Store) (*Index, error) {
-	x := &Index{st: st}
+// New loads every policy from st, and the rollouts if WithRollouts is given.
+func New(st *store.Store, opts ...Option) (*Index, error) {
+	x := &Index{st: st, candidate: Candidate, ended: map[string]endedRollout{}}
+	for _, o := range opts {
+		o(x)
+	}
 	if err := x.reload(); err != nil {
 		return nil, err
 	}
@@ -89,7 +132,9 @@ func (x *Index) reload() error {
 		x.countNamed(rp, 1)
 	}
 	x.cache = map[policy.Identity]*Set{}
-	return nil
+	// After the policies: rollout changes read are applied again by
+	// Update (each carries the whole rollout), policy changes are not.
+	return x.loadRolloutsLocked()
 }
 
 // countNamed adds delta to the count of rp's employee, if rp is scoped to
@@ -111,13 +156,14 @@ func (x *Index) countNamed(rp store.RawPolicy, delta int) {
 // re-reading the store while later batches are committed would give). A
 // batch the index already holds, because a reload read the store past it,
 // is skipped.
-func (x *Index) Update(c store.Change) error {
+func (x *Index) Update(c store.Change) (err error) {
 	if c.Resync {
 		if err := x.reload(); err != nil {
 			return err
 		}
 		x.mu.Lock()
 		x.index = max(x.index, c.Index)
+		x.rolloutIndex = max(x.rolloutIndex, c.Index)
 		x.mu.Unlock()
 		return nil
 	}
@@ -128,7 +174,16 @@ func (x *Index) Update(c store.Change) error {
 	}
 	var changes []change
 	var scopes []policy.Scope
+	var rollouts []rolloutChange
 	for _, e := range c.Entities {
+		if e.Type == EntityRollout {
+			rc, err := decodeRollout(e)
+			if err != nil {
+				return err
+			}
+			rollouts = append(rollouts, rc)
+			continue
+		}
 		if e.Type != store.EntityPolicy {
 			continue
 		}
@@ -152,6 +207,16 @@ func (x *Index) Update(c store.Change) error {
 
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if len(rollouts) > 0 && c.Index > x.rolloutIndex {
+		// After the policies, which a completed rollout's batch also
+		// changes; deferred so that it runs after them.
+		defer func() {
+			x.rolloutIndex = c.Index
+			if err == nil {
+				err = x.applyRolloutsLocked(c.Index, rollouts)
+			}
+		}()
+	}
 	if c.Index <= x.index {
 		return nil // a reload holds this batch already
 	}
@@ -187,6 +252,11 @@ func (x *Index) Update(c store.Change) error {
 			delete(x.cache, id)
 		}
 	}
+	for k := range x.candCache {
+		if Affects(scopes, k.id) {
+			delete(x.candCache, k)
+		}
+	}
 	return nil
 }
 
@@ -214,11 +284,16 @@ func (x *Index) Set(id policy.Identity) *Set {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	return x.setLocked(id)
+}
+
+// setLocked is Set under the write lock.
+func (x *Index) setLocked(id policy.Identity) *Set {
 	id = x.keyLocked(id)
 	if s, ok := x.cache[id]; ok {
 		return s
 	}
-	s = &Set{Identity: id, Index: x.index}
+	s := &Set{Identity: id, Index: x.index}
 	h := store.NewSetHash()
 	for _, n := range x.names {
 		rp := x.byName[n]

@@ -41,6 +41,22 @@ const (
 	// QueryEmployee names the employee when the server runs with
 	// auth.mode: none (local development), where there is no token.
 	QueryEmployee = "employee"
+	// QueryCapabilities declares what the client handles beyond version 1,
+	// comma-separated: capabilities=rollouts,shadow (docs/rollouts.md).
+	// Servers ignore values they do not know, and a server that predates
+	// the parameter ignores it, so a client may always send it.
+	QueryCapabilities = "capabilities"
+)
+
+// Capabilities a client may declare, on the feed (QueryCapabilities) and on
+// the discovery stream (PolicyDiscoveryRequest.capabilities).
+const (
+	// CapabilityRollouts: the client may be put in a staged rollout's
+	// cohort and served its candidate set.
+	CapabilityRollouts = "rollouts"
+	// CapabilityShadow: the client evaluates shadow policies without
+	// enforcing them.
+	CapabilityShadow = "shadow"
 )
 
 // Close codes beyond RFC 6455's. Of RFC 6455's, a client also sees 1001
