@@ -37,7 +37,7 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 	writer, reader := apiFor(t, c.nodes[(on+1)%3]), apiFor(t, c.nodes[(on+2)%3])
 	put := func(name, expr string, rev int64) {
 		t.Helper()
-		if _, err := writer.client.PutPolicy(t.Context(), name, validatingPolicy(name, "acme", expr, name+" says no"), rev); err != nil {
+		if _, err := writer.client.PutPolicy(t.Context(), name, nackPolicy(name, "acme", expr, name+" says no"), rev); err != nil {
 			t.Fatalf("PUT %s (%q): %v", name, expr, err)
 		}
 	}
@@ -137,7 +137,7 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 }
 
 // validatingPolicy is a ValidatingPolicy document with one validation.
-func validatingPolicy(name, org, expr, message string) []byte {
+func nackPolicy(name, org, expr, message string) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"name": name, "kind": "ValidatingPolicy",
 		"scope": map[string]string{"org": org},

@@ -24,7 +24,7 @@ import (
 // 5%, 50%, 100%.
 func cohortRollout(id string) *commandv1.Rollout {
 	return &commandv1.Rollout{
-		Id: id, State: policyset.StateRunning, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
+		Id: id, State: store.RolloutRunning, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
 		Stages: []*commandv1.RolloutStage{{Percent: 5, BakeMs: 1000}, {Percent: 50, BakeMs: 1000}, {Percent: 100, BakeMs: 1000}},
 		Changes: []*commandv1.RolloutChange{{Op: "put", Policy: &commandv1.Policy{
 			Name: "p-t1", Kind: policy.KindToolPolicy, Scope: &commandv1.Scope{Org: "o1", Team: "t1"},
@@ -43,7 +43,7 @@ func (h *registerHarness) dispatchRollout(t *testing.T, index uint64, r *command
 		t.Fatal(err)
 	}
 	c := store.Change{Index: index, At: time.Now(), Entities: []store.EntityChange{{
-		Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: index, Data: data,
+		Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: index, Data: data,
 		Scopes: []policy.Scope{{Org: "o1", Team: "t1"}},
 	}}}
 	if err := h.index.Update(c); err != nil {
@@ -223,7 +223,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 	stableExtra := streams[never].last.GetVersionInfo()
 
 	// Rollback: the cohort gets the stable set back.
-	r.State = policyset.StateRolledBack
+	r.State = store.RolloutRolledBack
 	h.dispatchRollout(t, 5, r)
 	for _, a := range []string{member, later} {
 		if got := recv(a); got.GetVersionInfo() != stableExtra {
@@ -273,7 +273,7 @@ func TestRolloutCompletionStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.State = policyset.StateCompleted
+	r.State = store.RolloutCompleted
 	data, err := proto.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +281,7 @@ func TestRolloutCompletionStreams(t *testing.T) {
 	team := []policy.Scope{{Org: "o1", Team: "t1"}}
 	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
 		{Type: store.EntityPolicy, ID: "p-t1", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: team},
-		{Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: team},
+		{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: team},
 	}}
 	if err := h.index.Update(c); err != nil {
 		t.Fatal(err)

@@ -293,7 +293,7 @@ func (s *Service) OnChange(c store.Change) {
 			scopes = append(scopes, e.Scopes...)
 		case store.EntityEmployee:
 			employees = append(employees, e.ID)
-		case policyset.EntityRollout:
+		case store.EntityRollout:
 			rollouts = true
 			rolloutScopes = append(rolloutScopes, e.Scopes...)
 			anyScope = anyScope || len(e.Scopes) == 0

@@ -31,7 +31,7 @@ func (f *fixture) dispatchRollout(r *commandv1.Rollout, scopes ...policy.Scope) 
 	idx := f.next
 	f.next++
 	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{{
-		Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: scopes,
+		Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: scopes,
 	}}}
 	if err := f.idx.Update(c); err != nil {
 		f.t.Fatal(err)
@@ -161,7 +161,7 @@ func TestRolloutCohortFeed(t *testing.T) {
 	}
 	on := policyset.Caps{Rollouts: true, Shadow: true}
 	r := &commandv1.Rollout{
-		Id: id, State: policyset.StateRunning, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
+		Id: id, State: store.RolloutRunning, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
 		Stages: []*commandv1.RolloutStage{{Percent: 5, BakeMs: 1000}, {Percent: 50, BakeMs: 1000}, {Percent: 100, BakeMs: 1000}},
 		Changes: []*commandv1.RolloutChange{
 			rolloutPut(toolPolicy("t-acme-red", scopeTeam("acme", "red"), "candidate")),
@@ -231,7 +231,7 @@ func TestRolloutCohortFeed(t *testing.T) {
 
 	// Rollback: both cohort members move back.
 	beforeRollback := f.next - 1
-	r.State = policyset.StateRolledBack
+	r.State = store.RolloutRolledBack
 	f.dispatchRollout(r, red)
 	got = read()
 	if want := []string{"delete:new-red", "upsert:t-acme-red", "upsert:t-red-old"}; !slices.Equal(got["member"], want) || !slices.Equal(got["later"], want) {
@@ -267,7 +267,7 @@ func TestRolloutCompletionFeed(t *testing.T) {
 	v1, _ := f.connect(t, alice, "")
 	red := scopeTeam("acme", "red")
 	r := &commandv1.Rollout{
-		Id: "r" + strconv.FormatUint(f.next, 10), State: policyset.StateRunning, Stage: 1, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
+		Id: "r" + strconv.FormatUint(f.next, 10), State: store.RolloutRunning, Stage: 1, OnHalt: "rollback", CreatedAtUnixMs: 1_800_000_000_000,
 		Stages:  []*commandv1.RolloutStage{{Percent: 5, BakeMs: 1000}, {Percent: 100, BakeMs: 1000}},
 		Changes: []*commandv1.RolloutChange{rolloutPut(toolPolicy("t-acme-red", red, "candidate"))},
 	}
@@ -286,14 +286,14 @@ func TestRolloutCompletionFeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.State = policyset.StateCompleted
+	r.State = store.RolloutCompleted
 	data, err := proto.Marshal(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
 		{Type: store.EntityPolicy, ID: "t-acme-red", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: []policy.Scope{red}},
-		{Type: policyset.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: []policy.Scope{red}},
+		{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: []policy.Scope{red}},
 	}}
 	if err := f.idx.Update(c); err != nil {
 		t.Fatal(err)

@@ -359,7 +359,7 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 					add(t, e.ID, e.Index)
 				}
 			}
-		case policyset.EntityRollout:
+		case store.EntityRollout:
 			for t := range h.all {
 				if !t.caps.Rollouts || e.Index <= t.base {
 					continue

@@ -19,7 +19,7 @@
 //
 // Staged rollouts (docs/rollouts.md, rollouts.go): the index also keeps the
 // active rollouts, from Update (a rollout change carries the whole rollout)
-// and, with WithRollouts, from the store at load. SetFor serves a client
+// and from the store at load. SetFor serves a client
 // that declared the rollouts capability and whose member id hashes into an
 // active rollout's cohort the candidate set: the stable set with that
 // rollout's changes applied, versioned by its content like any set, and
@@ -33,6 +33,7 @@ import (
 	"strings"
 	"sync"
 
+	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
 )
@@ -86,9 +87,9 @@ type Index struct {
 	index uint64
 	cache map[policy.Identity]*Set
 
-	// Staged rollouts (rollouts.go).
-	listRollouts RolloutsFunc
-	candidate    CandidateFunc
+	// Staged rollouts (rollouts.go). listRollouts is st.Rollouts; a test
+	// may stand in for it.
+	listRollouts func() ([]*commandv1.Rollout, uint64, error)
 	rollouts     map[string]*rolloutEntry // active ones
 	rolloutIDs   []string                 // rollouts' keys, in start order
 	rolloutIndex uint64                   // rollout changes at or below it are held
@@ -102,12 +103,13 @@ type Index struct {
 	endedFloor uint64
 }
 
-// New loads every policy from st, and the rollouts if WithRollouts is given.
-func New(st *store.Store, opts ...Option) (*Index, error) {
-	x := &Index{st: st, candidate: Candidate, ended: map[string]endedRollout{}}
-	for _, o := range opts {
-		o(x)
-	}
+// New loads every policy and every active rollout from st.
+func New(st *store.Store) (*Index, error) {
+	return newIndex(st, st.Rollouts)
+}
+
+func newIndex(st *store.Store, listRollouts func() ([]*commandv1.Rollout, uint64, error)) (*Index, error) {
+	x := &Index{st: st, listRollouts: listRollouts, ended: map[string]endedRollout{}}
 	if err := x.reload(); err != nil {
 		return nil, err
 	}
@@ -176,7 +178,7 @@ func (x *Index) Update(c store.Change) (err error) {
 	var scopes []policy.Scope
 	var rollouts []rolloutChange
 	for _, e := range c.Entities {
-		if e.Type == EntityRollout {
+		if e.Type == store.EntityRollout {
 			rc, err := decodeRollout(e)
 			if err != nil {
 				return err

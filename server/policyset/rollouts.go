@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -15,24 +14,6 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
-)
-
-// EntityRollout is the change notifications' entity type of a staged
-// rollout. TODO(lead): store.EntityRollout once the control side lands; the
-// value is the contract's.
-const EntityRollout store.EntityType = "rollout"
-
-// Rollout states (docs/rollouts.md).
-const (
-	StateRunning    = "running"
-	StatePaused     = "paused"
-	StateHalted     = "halted"
-	StateRolledBack = "rolled_back"
-	StateCompleted  = "completed"
-	StateAborted    = "aborted"
-
-	// OnHaltStay keeps a halted rollout's cohort on the candidate.
-	OnHaltStay = "stay"
 )
 
 // Capabilities a client may declare, on the discovery stream
@@ -92,55 +73,10 @@ func InCohort(id, member string, percent uint32) bool {
 	return h.Sum64()%10000 < uint64(min(percent, 100))*100
 }
 
-// Active reports whether a rollout in this state delivers its candidate.
-func Active(r *commandv1.Rollout) bool {
-	switch r.GetState() {
-	case StateRunning, StatePaused:
-		return true
-	case StateHalted:
-		return r.GetOnHalt() == OnHaltStay
-	}
-	return false
-}
-
-// CandidateFunc turns a rollout's put into the policy as its cohort is
-// served it (revision 0, created and updated at the rollout's creation).
-type CandidateFunc func(r *commandv1.Rollout, p *commandv1.Policy) (store.RawPolicy, error)
-
-// RolloutsFunc lists the stored rollouts with the applied index they were
-// read at (store.Rollouts).
-type RolloutsFunc func() ([]*commandv1.Rollout, uint64, error)
-
-// Option configures an Index.
-type Option func(*Index)
-
-// WithRollouts makes the index load the stored rollouts at start and on a
-// resync. Without it the index starts with none and learns them from
-// Update.
-func WithRollouts(list RolloutsFunc) Option { return func(x *Index) { x.listRollouts = list } }
-
-// WithCandidate sets how a rollout's put becomes the policy its cohort is
-// served; the default is Candidate. Every node must use the same one: the
-// set's version hashes its bytes.
-func WithCandidate(fn CandidateFunc) Option { return func(x *Index) { x.candidate = fn } }
-
-// Candidate is the default CandidateFunc: the put as the store would keep
-// it, with revision 0 and the rollout's creation time as created_at and
-// updated_at, so that it is the same bytes on every node.
-// TODO(lead): replace with store.CandidatePolicy when it lands.
-func Candidate(r *commandv1.Rollout, pb *commandv1.Policy) (store.RawPolicy, error) {
-	sc := pb.GetScope()
-	at := time.UnixMilli(r.GetCreatedAtUnixMs()).UTC()
-	p := &policy.Policy{
-		Name: pb.GetName(), Kind: pb.GetKind(), Labels: pb.GetLabels(), Spec: pb.GetSpec(),
-		Scope:     policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
-		CreatedAt: at, UpdatedAt: at,
-	}
-	stored, err := p.AppendJSON(nil)
-	if err != nil {
-		return store.RawPolicy{}, fmt.Errorf("candidate of policy %q in rollout %s: %w", p.Name, r.GetId(), err)
-	}
-	return store.RawPolicy{Policy: p, Stored: stored}, nil
+// delivers reports whether a rollout delivers its candidate: a halted one
+// only while it stays (one that rolls back is rolled_back, not halted).
+func delivers(r *commandv1.Rollout) bool {
+	return store.RolloutActive(r.GetState()) && (r.GetState() != store.RolloutHalted || r.GetOnHalt() == store.OnHaltStay)
 }
 
 // rolloutEntry is an active rollout as the index serves it.
@@ -181,7 +117,7 @@ func (x *Index) newEntry(r *commandv1.Rollout) (*rolloutEntry, error) {
 	for _, ch := range r.GetChanges() {
 		switch ch.GetOp() {
 		case "put":
-			rp, err := x.candidate(r, ch.GetPolicy())
+			rp, err := store.CandidatePolicy(r, ch.GetPolicy())
 			if err != nil {
 				return nil, err
 			}
@@ -231,22 +167,19 @@ func (x *Index) loadRolloutsLocked() error {
 	x.rollouts = map[string]*rolloutEntry{}
 	x.rolloutNamed = map[string]int{}
 	x.candCache = map[candKey]*Set{}
-	if x.listRollouts == nil {
-		return nil
-	}
 	list, index, err := x.listRollouts()
 	if err != nil {
 		return fmt.Errorf("load rollouts: %w", err)
 	}
 	x.rolloutIndex = index
 	for _, r := range list {
-		if Active(r) {
+		if delivers(r) {
 			if err := x.putRolloutLocked(r); err != nil {
 				return err
 			}
 			continue
 		}
-		if r.GetState() != StateCompleted {
+		if r.GetState() != store.RolloutCompleted {
 			// When it ended is not stored; the load is as late as it can
 			// have been, which only makes ChangedSince resync more.
 			x.addEndedLocked(r.GetId(), index, x.scopesOf(r))
@@ -369,14 +302,14 @@ func (x *Index) applyRolloutsLocked(index uint64, changes []rolloutChange) error
 		if old != nil {
 			oldScopes = x.scopesLocked(old)
 		}
-		if rc.r != nil && Active(rc.r) {
+		if rc.r != nil && delivers(rc.r) {
 			if err := x.putRolloutLocked(rc.r); err != nil {
 				return err
 			}
 			continue
 		}
 		x.dropRolloutLocked(rc.id)
-		if old != nil && (rc.r == nil || rc.r.GetState() != StateCompleted) {
+		if old != nil && (rc.r == nil || rc.r.GetState() != store.RolloutCompleted) {
 			x.addEndedLocked(rc.id, index, append(oldScopes, rc.scopes...))
 		}
 	}

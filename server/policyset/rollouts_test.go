@@ -198,7 +198,7 @@ func (e *rolloutEnv) rolloutChange(r *commandv1.Rollout, extra ...store.EntityCh
 			scopes = append(scopes, rp.Policy.Scope)
 		}
 	}
-	ents := []store.EntityChange{{Type: EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: scopes}}
+	ents := []store.EntityChange{{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: scopes}}
 	for _, x := range extra {
 		x.Index = idx
 		ents = append(ents, x)
@@ -275,7 +275,7 @@ func TestSetFor(t *testing.T) {
 
 	// The id is the start's index, as the FSM assigns it.
 	id := "r" + strconv.FormatUint(env.next, 10)
-	rollout := newRollout(id, StateRunning, 0,
+	rollout := newRollout(id, store.RolloutRunning, 0,
 		putChange(testPolicy("change", policy.Scope{Org: "a"}, "new")),
 		putChange(testPolicy("added", policy.Scope{Org: "a", Team: "t"}, "n")),
 		&commandv1.RolloutChange{Op: "delete", Name: "remove"})
@@ -372,7 +372,7 @@ func TestSetFor(t *testing.T) {
 	})
 
 	t.Run("paused and halted-stay still deliver", func(t *testing.T) {
-		for _, tc := range []struct{ state, onHalt string }{{StatePaused, "rollback"}, {StateHalted, OnHaltStay}} {
+		for _, tc := range []struct{ state, onHalt string }{{store.RolloutPaused, "rollback"}, {store.RolloutHalted, store.OnHaltStay}} {
 			rollout.State, rollout.OnHalt = tc.state, tc.onHalt
 			env.update(env.rolloutChange(rollout))
 			if got := x.SetFor(e1, in5[0], on); len(got.Rollouts) != 1 {
@@ -383,7 +383,7 @@ func TestSetFor(t *testing.T) {
 
 	t.Run("rollback returns everyone to the stable set", func(t *testing.T) {
 		since := env.next - 1
-		rollout.State = StateRolledBack
+		rollout.State = store.RolloutRolledBack
 		env.update(env.rolloutChange(rollout))
 		for _, m := range in5 {
 			if got := x.SetFor(e1, m, on); got != x.Set(e1) {
@@ -412,7 +412,7 @@ func TestSetForCompletion(t *testing.T) {
 	x := env.x
 	e1 := policy.Identity{Org: "a", Team: "t", Employee: "e1"}
 	env.put("p", policy.Scope{Org: "a"}, "old")
-	r := newRollout("r5", StateRunning, 2, putChange(testPolicy("p", policy.Scope{Org: "a"}, "new")))
+	r := newRollout("r5", store.RolloutRunning, 2, putChange(testPolicy("p", policy.Scope{Org: "a"}, "new")))
 	env.update(env.rolloutChange(r))
 	on := Caps{Rollouts: true}
 	if got := x.SetFor(e1, "anyone", on); !slices.Equal(got.Rollouts, []string{"r5:2"}) {
@@ -424,7 +424,7 @@ func TestSetForCompletion(t *testing.T) {
 	since := env.next - 1
 
 	// The completion: the rollout change and the policy write in one batch.
-	r.State = StateCompleted
+	r.State = store.RolloutCompleted
 	done := policy.Policy{Name: "p", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "a"},
 		Spec: json.RawMessage(`{"action":"deny","reason":"new","tool_name":"Bash"}`), Revision: env.next}
 	stored, err := done.AppendJSON(nil)
@@ -448,10 +448,10 @@ func TestRolloutsReload(t *testing.T) {
 	env := newRolloutEnv(t)
 	env.put("p", policy.Scope{Org: "a"}, "old")
 	e1 := policy.Identity{Org: "a", Team: "t", Employee: "e1"}
-	r := newRollout("r2", StateRunning, 2, putChange(testPolicy("p", policy.Scope{Org: "a"}, "new")))
-	stored := []*commandv1.Rollout{r, newRollout("r1", StateAborted, 0, putChange(testPolicy("p", policy.Scope{Org: "a"}, "x")))}
+	r := newRollout("r2", store.RolloutRunning, 2, putChange(testPolicy("p", policy.Scope{Org: "a"}, "new")))
+	stored := []*commandv1.Rollout{r, newRollout("r1", store.RolloutAborted, 0, putChange(testPolicy("p", policy.Scope{Org: "a"}, "x")))}
 	list := func() ([]*commandv1.Rollout, uint64, error) { return stored, 3, nil }
-	x, err := New(env.st, WithRollouts(list))
+	x, err := newIndex(env.st, list)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,16 +461,16 @@ func TestRolloutsReload(t *testing.T) {
 	}
 	// A batch the load already holds is not taken in again...
 	old := proto.CloneOf(r)
-	old.State = StateRolledBack
+	old.State = store.RolloutRolledBack
 	data, _ := proto.Marshal(old)
-	if err := x.Update(store.Change{Index: 3, Entities: []store.EntityChange{{Type: EntityRollout, ID: "r2", Data: data}}}); err != nil {
+	if err := x.Update(store.Change{Index: 3, Entities: []store.EntityChange{{Type: store.EntityRollout, ID: "r2", Data: data}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := x.SetFor(e1, "m", on); len(got.Rollouts) == 0 {
 		t.Errorf("a batch at the load's index was taken in again")
 	}
 	// ...a later one is.
-	if err := x.Update(store.Change{Index: 4, Entities: []store.EntityChange{{Type: EntityRollout, ID: "r2", Data: data}}}); err != nil {
+	if err := x.Update(store.Change{Index: 4, Entities: []store.EntityChange{{Type: store.EntityRollout, ID: "r2", Data: data}}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := x.SetFor(e1, "m", on); len(got.Rollouts) != 0 {
@@ -497,7 +497,7 @@ func TestCandidateSetForEmployeeScope(t *testing.T) {
 	env.put("team", policy.Scope{Org: "a", Team: "t"}, "t")
 	e1 := policy.Identity{Org: "a", Team: "t", Employee: "e1"}
 	e2 := policy.Identity{Org: "a", Team: "t", Employee: "e2"}
-	env.update(env.rolloutChange(newRollout("r9", StateRunning, 2,
+	env.update(env.rolloutChange(newRollout("r9", store.RolloutRunning, 2,
 		putChange(testPolicy("mine", policy.Scope{Org: "a", Employee: "e1"}, "m")),
 		putChange(testPolicy("team", policy.Scope{Org: "a", Team: "t"}, "t2")))))
 	on := Caps{Rollouts: true}
@@ -574,7 +574,7 @@ func TestSetForMatchesModel(t *testing.T) {
 			if len(changes) == 0 {
 				continue
 			}
-			r := newRollout("r"+strconv.FormatUint(env.next, 10), StateRunning, 0, changes...)
+			r := newRollout("r"+strconv.FormatUint(env.next, 10), store.RolloutRunning, 0, changes...)
 			r.Stages = []*commandv1.RolloutStage{{Percent: 30}, {Percent: 60}, {Percent: 100}}
 			r.CreatedAtUnixMs = int64(1_800_000_000_000 + round)
 			active[r.GetId()] = r
@@ -587,13 +587,13 @@ func TestSetForMatchesModel(t *testing.T) {
 				if int(r.Stage)+1 < len(r.Stages) {
 					r.Stage++
 				}
-				r.State = StateRunning
+				r.State = store.RolloutRunning
 			case 1:
-				r.State = StatePaused
+				r.State = store.RolloutPaused
 			case 2:
-				r.State, r.OnHalt = StateHalted, OnHaltStay
+				r.State, r.OnHalt = store.RolloutHalted, store.OnHaltStay
 			case 3:
-				r.State = []string{StateRolledBack, StateAborted}[rng.IntN(2)]
+				r.State = []string{store.RolloutRolledBack, store.RolloutAborted}[rng.IntN(2)]
 			case 4, 5:
 				// Completion: the changes become ordinary writes, then the
 				// rollout ends.
@@ -606,9 +606,9 @@ func TestSetForMatchesModel(t *testing.T) {
 					}
 					env.apply(raftfsm.PutPolicy(raftfsm.PolicyOf(ch.GetPolicy()), nil))
 				}
-				r.State = StateCompleted
+				r.State = store.RolloutCompleted
 			}
-			if !Active(r) {
+			if !delivers(r) {
 				delete(active, r.GetId())
 				ended++
 			}
@@ -652,7 +652,7 @@ func TestSetForMatchesModel(t *testing.T) {
 							delete(want, ch.GetName())
 							continue
 						}
-						cand, err := Candidate(r, ch.GetPolicy())
+						cand, err := store.CandidatePolicy(r, ch.GetPolicy())
 						if err != nil {
 							t.Fatal(err)
 						}
