@@ -175,6 +175,10 @@ type carProbe struct {
 	syncs atomic.Uint64
 	// stableAt is when it held the stable set again after rejecting.
 	stableAt atomic.Int64
+	// rejections counts its refusals in the round: a second one means the
+	// candidate came again, and a gRPC sidecar's next response after its
+	// first was not necessarily the rollback.
+	rejections atomic.Int64
 }
 
 // rollbackProbe follows every sidecar of the fleet through the rounds.
@@ -196,6 +200,7 @@ func (p *rollbackProbe) reset() {
 		p.cars[i].rejectedAt.Store(notHeld)
 		p.cars[i].stableAt.Store(notHeld)
 		p.cars[i].syncs.Store(0)
+		p.cars[i].rejections.Store(0)
 	}
 }
 
@@ -211,6 +216,7 @@ func (p *rollbackProbe) apply(c *sidecar, set []client.Policy) error {
 	}
 	at := f.since()
 	cp := &p.cars[c.idx]
+	cp.rejections.Add(1)
 	if cp.rejectedAt.Load() == notHeld {
 		// syncs first: the poller reads it once rejectedAt is set.
 		if c.kind == kindGRPC {
@@ -274,12 +280,18 @@ type roundResult struct {
 	Rejected [2]int `json:"rejected"`
 	Stable   [2]int `json:"stable_again"`
 	// OutsideRejections counts sidecars outside the cohort that were sent
-	// the candidate (want 0).
+	// the candidate, RepeatRejections cohort sidecars that were sent it
+	// more than once (want 0 of both).
 	OutsideRejections int `json:"outside_rejections"`
+	RepeatRejections  int `json:"repeat_rejections"`
 	// From the POST being sent to the first NACK, and from the first NACK
 	// to the leader's halt decision (the rollout's updated_at).
 	PostToNackMs float64 `json:"post_to_first_nack_ms"`
 	NackToHaltMs float64 `json:"first_nack_to_halt_ms"`
+	// From the first NACK to the last one of the cohort: how far the
+	// first one is from the moment the ratio actually exceeded the limit
+	// (at most this).
+	NackSpreadMs float64 `json:"first_to_last_nack_ms"`
 
 	fromNack [2][]time.Duration
 	fromHalt [2][]time.Duration
@@ -432,11 +444,12 @@ func (c *rolloutConfig) round(ctx context.Context, env *runEnv, api *adminclient
 	}
 	halt := ro.UpdatedAt.Sub(sf.base) // the leader's wall clock, the same machine's
 	r.measure(sf, probe, c.percents[0], sent, halt)
-	env.logf("round %d: %s %s (%s): cohort %d gRPC + %d ws, rejected %d + %d, stable again %d + %d; first NACK %.1f ms after the POST, halt %.1f ms after it",
+	env.logf("round %d: %s %s (%s): cohort %d gRPC + %d ws, rejected %d + %d, stable again %d + %d; first NACK %.1f ms after the POST, last %.1f ms after the first, halt %.1f ms after the first",
 		n, r.ID, r.State, r.HaltReason, r.Cohort[kindGRPC], r.Cohort[kindWS], r.Rejected[kindGRPC], r.Rejected[kindWS],
-		r.Stable[kindGRPC], r.Stable[kindWS], r.PostToNackMs, r.NackToHaltMs)
-	if r.OutsideRejections > 0 {
-		return nil, fmt.Errorf("%d sidecars outside rollout %s's cohort were sent its candidate", r.OutsideRejections, r.ID)
+		r.Stable[kindGRPC], r.Stable[kindWS], r.PostToNackMs, r.NackSpreadMs, r.NackToHaltMs)
+	if r.OutsideRejections > 0 || r.RepeatRejections > 0 {
+		return nil, fmt.Errorf("rollout %s: %d sidecars outside the cohort were sent its candidate, %d in it more than once",
+			r.ID, r.OutsideRejections, r.RepeatRejections)
 	}
 	// Every sidecar, in the cohort or not, holds the stable set now.
 	for i, sdk := range sf.clients {
@@ -450,7 +463,7 @@ func (c *rolloutConfig) round(ctx context.Context, env *runEnv, api *adminclient
 // measure fills r from the probe: cohort of the first stage at percent,
 // the round's POST sent at sent and the halt decided at halt (fleet clock).
 func (r *roundResult) measure(sf *sdkFleet, probe *rollbackProbe, percent int, sent, halt time.Duration) {
-	firstNack := time.Duration(notHeld)
+	firstNack, lastNack := time.Duration(notHeld), time.Duration(0)
 	for i, c := range sf.cars {
 		cp := &probe.cars[i]
 		rej := cp.rejectedAt.Load()
@@ -465,14 +478,20 @@ func (r *roundResult) measure(sf *sdkFleet, probe *rollbackProbe, percent int, s
 			continue
 		}
 		r.Rejected[c.kind]++
-		if c.kind == kindGRPC && (firstNack == time.Duration(notHeld) || time.Duration(rej) < firstNack) {
-			firstNack = time.Duration(rej)
+		if cp.rejections.Load() > 1 {
+			r.RepeatRejections++
+		}
+		if c.kind == kindGRPC {
+			if firstNack == time.Duration(notHeld) || time.Duration(rej) < firstNack {
+				firstNack = time.Duration(rej)
+			}
+			lastNack = max(lastNack, time.Duration(rej))
 		}
 	}
 	if firstNack == time.Duration(notHeld) {
 		return
 	}
-	r.PostToNackMs, r.NackToHaltMs = ms(firstNack-sent), ms(halt-firstNack)
+	r.PostToNackMs, r.NackToHaltMs, r.NackSpreadMs = ms(firstNack-sent), ms(halt-firstNack), ms(lastNack-firstNack)
 	for i, c := range sf.cars {
 		cp := &probe.cars[i]
 		at := cp.stableAt.Load()
@@ -502,14 +521,14 @@ func newRolloutRoundFigure(r *roundResult) *rolloutRoundFigure {
 
 func (f *rolloutRoundFigure) columns() []string {
 	return []string{"scenario", "round", "id", "cohort grpc/ws", "rejected grpc/ws", "stable again grpc/ws",
-		"POST→1st NACK ms", "1st NACK→halt ms", "max 1st NACK→stable ms", "halt reason"}
+		"POST→1st NACK ms", "1st→last NACK ms", "1st NACK→halt ms", "max 1st NACK→stable ms", "halt reason"}
 }
 
 func (f *rolloutRoundFigure) row() []string {
 	pair := func(a [2]int) string { return strconv.Itoa(a[0]) + "/" + strconv.Itoa(a[1]) }
 	num := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
 	return []string{f.Scenario, strconv.Itoa(f.Round), f.ID, pair(f.Cohort), pair(f.Rejected), pair(f.Stable),
-		num(f.PostToNackMs), num(f.NackToHaltMs), num(f.FromNackMaxMs), f.HaltReason}
+		num(f.PostToNackMs), num(f.NackSpreadMs), num(f.NackToHaltMs), num(f.FromNackMaxMs), f.HaltReason}
 }
 
 // rolloutFigure is one transport's (or both's) result over every round.

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/server/policyset"
 )
 
 func TestParsePercents(t *testing.T) {
@@ -223,5 +224,73 @@ func TestRolloutFigureFor(t *testing.T) {
 	missing := []*roundResult{{Cohort: [2]int{2, 0}, Rejected: [2]int{2, 0}, Stable: [2]int{1, 0}, fromNack: [2][]time.Duration{ms(10)}}}
 	if f := rolloutFigureFor(cfg, "grpc", missing); f.TargetMet || f.Missing != 1 {
 		t.Errorf("a rejecting sidecar never back: met %v, missing %d; want not met, 1 missing", f.TargetMet, f.Missing)
+	}
+}
+
+// TestRoundMeasure: the cohort is the hash's, the halt condition the first
+// gRPC rejection in it, and each returning cohort sidecar's latencies are
+// counted from it and from the halt decision.
+func TestRoundMeasure(t *testing.T) {
+	const id, percent = "r42", 50
+	sf := &sdkFleet{fleet: &fleet{base: time.Now()}}
+	// Two gRPC sidecars and a ws one in the cohort, and one outside it.
+	var in, out []*sidecar
+	for i := 0; len(in) < 3 || len(out) < 1; i++ {
+		k := kindGRPC
+		if len(in) == 2 {
+			k = kindWS
+		}
+		c := &sidecar{kind: k, id: sidecarID(k, i)}
+		switch inCohort := policyset.InCohort(id, c.id, percent); {
+		case inCohort && len(in) < 3:
+			in = append(in, c)
+		case !inCohort && len(out) < 1:
+			out = append(out, c)
+		default:
+			continue
+		}
+		c.idx = len(sf.cars)
+		sf.cars = append(sf.cars, c)
+	}
+	p := newRollbackProbe("v", len(sf.cars))
+	set := func(c *sidecar, rejected, stable time.Duration, rejections int64) {
+		p.cars[c.idx].rejectedAt.Store(int64(rejected))
+		p.cars[c.idx].stableAt.Store(int64(stable))
+		p.cars[c.idx].rejections.Store(rejections)
+	}
+	set(in[0], 110*time.Millisecond, 400*time.Millisecond, 1)
+	set(in[1], 105*time.Millisecond, 350*time.Millisecond, 1)
+	set(in[2], 120*time.Millisecond, 380*time.Millisecond, 1)
+	set(out[0], 130*time.Millisecond, notHeld, 1)
+
+	r := &roundResult{ID: id}
+	r.measure(sf, p, percent, 100*time.Millisecond, 300*time.Millisecond)
+	firstNack, lastNack := 105*time.Millisecond, 110*time.Millisecond // the two gRPC ones
+	if r.OutsideRejections != 1 || r.RepeatRejections != 0 {
+		t.Errorf("outside/repeat rejections = %d/%d, want 1/0", r.OutsideRejections, r.RepeatRejections)
+	}
+	if got := r.Cohort[kindGRPC] + r.Cohort[kindWS]; got != 3 || r.Rejected != r.Cohort || r.Stable != r.Cohort {
+		t.Errorf("cohort %v, rejected %v, stable %v; want 3 in all, every one rejected and back", r.Cohort, r.Rejected, r.Stable)
+	}
+	if want := ms(firstNack - 100*time.Millisecond); r.PostToNackMs != want {
+		t.Errorf("PostToNackMs = %g, want %g", r.PostToNackMs, want)
+	}
+	if want := ms(300*time.Millisecond - firstNack); r.NackToHaltMs != want {
+		t.Errorf("NackToHaltMs = %g, want %g", r.NackToHaltMs, want)
+	}
+	if want := ms(lastNack - firstNack); r.NackSpreadMs != want {
+		t.Errorf("NackSpreadMs = %g, want %g", r.NackSpreadMs, want)
+	}
+	var got []time.Duration
+	for _, k := range []sidecarKind{kindGRPC, kindWS} {
+		got = append(got, r.fromNack[k]...)
+		for i, d := range r.fromHalt[k] {
+			if d+300*time.Millisecond != r.fromNack[k][i]+firstNack {
+				t.Errorf("%s sample %d: from halt %v and from the first NACK %v disagree", k, i, d, r.fromNack[k][i])
+			}
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("%d samples, want 3", len(got))
 	}
 }
