@@ -577,7 +577,7 @@ func rolloutFigureFor(cfg rolloutConfig, transport string, rounds []*roundResult
 	}
 	f := &rolloutFigure{Scenario: "rollout", Transport: transport, Nodes: cfg.nodes, GRPC: cfg.grpc, WS: cfg.ws,
 		Rounds: len(rounds), Stages: cfg.stages, MaxNackRatio: cfg.maxNack, TargetP99Ms: ms(targetRollbackP99),
-		Target: "p99 ≤ 1 s from the halt condition to the stable set, 1k+1k sidecars on 3 nodes", CPUs: runtime.NumCPU()}
+		Target: "p99 ≤ 1 s from the halt condition to the stable set", CPUs: runtime.NumCPU()}
 	var fromNack, fromHalt []time.Duration
 	for _, r := range rounds {
 		for _, k := range kinds {
