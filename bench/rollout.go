@@ -42,6 +42,14 @@ const rolloutPollInterval = 5 * time.Millisecond
 // costs the leader a cluster-wide client count).
 const rolloutStatePoll = 100 * time.Millisecond
 
+// rolloutMoments defines the measured moments, in the output as in
+// docs/performance.md.
+const rolloutMoments = "halt condition: the round's first Apply refusal (NACK) by a cohort gRPC sidecar; " +
+	"halt decision: the rollout's updated_at at rolled_back (the leader's clock); " +
+	"stable again: gRPC, the SDK counting (Stats.LastContact) the first discovery response after its refusal, " +
+	"the rollback push of the stable version it kept; ws, OnUpdate with the stable version, the feed's rollback upsert " +
+	"applied over the set it kept"
+
 // errBadCandidate is what a sidecar's Apply answers the marked candidate.
 var errBadCandidate = errors.New("bench: refusing a set that holds the candidate marked " + strconv.Quote(badReason))
 
@@ -387,6 +395,7 @@ func (c *rolloutConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if errs := sf.errors(); len(errs) > 0 {
 		env.logf("sidecar connections that ended (first %d): %q", len(errs), errs)
 	}
+	env.logf("moments: %s", rolloutMoments)
 	env.logf("note: the %d node(s) and bench (every sidecar) share the machine's %d CPU(s)", cfg.nodes, runtime.NumCPU())
 	return nil
 }
@@ -564,6 +573,8 @@ type rolloutFigure struct {
 	Target       string    `json:"target"`
 	TargetMet    bool      `json:"target_met"`
 	CPUs         int       `json:"cpus"`
+	// Moments defines the times the figures are differences of.
+	Moments string `json:"moments"`
 }
 
 // rolloutFigureFor pools the rounds for transport "grpc", "ws" or "all".
@@ -577,7 +588,7 @@ func rolloutFigureFor(cfg rolloutConfig, transport string, rounds []*roundResult
 	}
 	f := &rolloutFigure{Scenario: "rollout", Transport: transport, Nodes: cfg.nodes, GRPC: cfg.grpc, WS: cfg.ws,
 		Rounds: len(rounds), Stages: cfg.stages, MaxNackRatio: cfg.maxNack, TargetP99Ms: ms(targetRollbackP99),
-		Target: "p99 ≤ 1 s from the halt condition to the stable set", CPUs: runtime.NumCPU()}
+		Target: "p99 ≤ 1 s from the halt condition to the stable set", CPUs: runtime.NumCPU(), Moments: rolloutMoments}
 	var fromNack, fromHalt []time.Duration
 	for _, r := range rounds {
 		for _, k := range kinds {
