@@ -97,6 +97,7 @@ func scenarios() []scenario {
 		idleMemoryScenario(),
 		etcdScenario(),
 		failoverScenario(),
+		rolloutScenario(),
 		authzScenario(),
 		suiteScenario(),
 	}

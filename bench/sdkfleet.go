@@ -41,6 +41,13 @@ type sdkFleetSpec struct {
 	// freed when its sidecar is first ready, its Run ends, or after
 	// startSlotTimeout.
 	startConcurrency int
+	// apply, when set, is every sidecar's Config.Apply, told which sidecar
+	// it runs in (the rollout scenario rejects a marked candidate with it).
+	apply func(c *sidecar, set []client.Policy) error
+	// onUpdate, when set, is called from every sidecar's Config.OnUpdate
+	// after the fleet has recorded the update, with its receipt time on the
+	// fleet clock.
+	onUpdate func(c *sidecar, u client.Update, at time.Duration)
 }
 
 // sdkFleet is a fleet of sidecars run by the client SDK (package client):
@@ -127,12 +134,18 @@ func (f *sdkFleet) sdkConfig(cl *cluster, spec sdkFleetSpec, c *sidecar, conn *g
 			at := f.since()
 			f.msgs[c.kind].Add(1)
 			c.received(u.Version, at)
+			if spec.onUpdate != nil {
+				spec.onUpdate(c, u, at)
+			}
 		},
 		OnStateChange: func(_, to client.State) {
 			if to == client.StateReady {
 				f.readyAt[c.idx].Store(int64(f.since()))
 			}
 		},
+	}
+	if spec.apply != nil {
+		cfg.Apply = func(set []client.Policy) error { return spec.apply(c, set) }
 	}
 	if c.kind == kindWS {
 		cfg.Transport = client.TransportWS

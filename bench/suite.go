@@ -39,20 +39,21 @@ type suiteStep struct {
 // with SDK sidecars, again with the node and bench pinned to a CPU each and
 // then with simulated sidecars, idle-memory with
 // 1,000 of each on one node (100 gRPC streams per connection) and again
-// with 1,000 gRPC streams that have a connection each, failover, and the
+// with 1,000 gRPC streams that have a connection each, failover, a staged
+// rollout's halt and rollback with 1,000 + 1,000 SDK sidecars, and the
 // authz sidecar's decisions. It is sized to finish in well under 10
 // minutes on a 2-core machine (about 4 minutes).
 // A failing step does not stop the others; the run fails at the end.
 func suiteScenario() scenario {
 	return scenario{
 		name:    "suite",
-		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also pinned and simulated), idle-memory (100 and 1 stream per connection), failover, authz",
+		summary: "the standard set: etcd (writes 100 + 1 writer, both systems), propagation 1k+1k and 10k+10k (SDK sidecars; 10k+10k also pinned and simulated), idle-memory (100 and 1 stream per connection), failover, rollout, authz",
 		setup: func(fs *flag.FlagSet) runner {
 			c := &suiteConfig{}
 			fs.DurationVar(&c.duration, "duration", 20*time.Second, "measured time of each writes run (policyd and etcd, 100 and 1 writer)")
 			fs.IntVar(&c.rounds, "rounds", 3, "failover rounds")
 			fs.StringVar(&c.etcdBin, "etcd-bin", "", "etcd binary; empty: the one hack/kube-bins.sh builds")
-			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-pinned, propagation-10k-simulated, idle-memory, idle-memory-conn, failover, authz)")
+			fs.StringVar(&c.skip, "skip", "", "comma-separated steps to leave out (etcd, propagation, propagation-10k,\npropagation-10k-pinned, propagation-10k-simulated, idle-memory, idle-memory-conn, failover, rollout, authz)")
 			return c
 		},
 	}
@@ -109,6 +110,9 @@ func (c *suiteConfig) all() []suiteStep {
 		// stream's: the harder case for the 48 KB target.
 		{"idle-memory-conn", "idle-memory", []string{"-streams", "1000", "-ws", "0", "-streams-per-conn", "1"}},
 		{"failover", "failover", []string{"-rounds", strconv.Itoa(c.rounds), "-writers", "20", "-grpc", "200", "-ws", "200"}},
+		// Issue 32: 3 rollouts that 1,000 + 1,000 SDK sidecars reject,
+		// halted and rolled back (about 5 s).
+		{"rollout", "rollout", nil},
 		// About 40 s: the sidecar pinned to CPU 1 (its own -authz-cpus
 		// default), bench on the other.
 		{"authz", "authz", nil},
