@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/cel-go/cel"
-	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 // when is one match condition: name, expression.
@@ -38,14 +36,7 @@ func TestEvaluateMatchConditions(t *testing.T) {
 	for i := range items {
 		items[i] = i
 	}
-	tests := []struct {
-		name       string
-		set        []Policy
-		req        Request
-		want       Decision
-		wantErr    string // a substring of Decision.Err; "" for none
-		wantErrors uint64
-	}{
+	tests := []evalCase{
 		{
 			name: "all true: validations apply and allow",
 			set:  []Policy{httpOnly},
@@ -131,24 +122,7 @@ func TestEvaluateMatchConditions(t *testing.T) {
 			want: Decision{Policy: "deny-rm", Message: "no rm"},
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := readyClient(t, tc.set...)
-			got := c.Evaluate(t.Context(), tc.req)
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(Decision{}, "Err")); diff != "" {
-				t.Errorf("Evaluate (-want +got):\n%s", diff)
-			}
-			switch {
-			case tc.wantErr == "" && got.Err != nil:
-				t.Errorf("Err = %v, want none", got.Err)
-			case tc.wantErr != "" && (got.Err == nil || !strings.Contains(got.Err.Error(), tc.wantErr)):
-				t.Errorf("Err = %v, want one mentioning %q", got.Err, tc.wantErr)
-			}
-			if got := c.EvalErrors(); got != tc.wantErrors {
-				t.Errorf("EvalErrors = %d, want %d", got, tc.wantErrors)
-			}
-		})
-	}
+	runEvalCases(t, tests)
 }
 
 // TestInvalidMatchConditionRejectsTheSet: a match condition that does not

@@ -42,14 +42,7 @@ func TestEvaluateValidatingPolicy(t *testing.T) {
 	for i := range items {
 		items[i] = i
 	}
-	tests := []struct {
-		name       string
-		set        []Policy
-		req        Request
-		want       Decision
-		wantErr    string // a substring of Decision.Err; "" for none
-		wantErrors uint64
-	}{
+	tests := []evalCase{
 		{
 			name: "allow",
 			set:  []Policy{onlyGet},
@@ -139,24 +132,7 @@ func TestEvaluateValidatingPolicy(t *testing.T) {
 			want: Decision{Allowed: true},
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := readyClient(t, tc.set...)
-			got := c.Evaluate(t.Context(), tc.req)
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(Decision{}, "Err")); diff != "" {
-				t.Errorf("Evaluate (-want +got):\n%s", diff)
-			}
-			switch {
-			case tc.wantErr == "" && got.Err != nil:
-				t.Errorf("Err = %v, want none", got.Err)
-			case tc.wantErr != "" && (got.Err == nil || !strings.Contains(got.Err.Error(), tc.wantErr)):
-				t.Errorf("Err = %v, want one mentioning %q", got.Err, tc.wantErr)
-			}
-			if got := c.EvalErrors(); got != tc.wantErrors {
-				t.Errorf("EvalErrors = %d, want %d", got, tc.wantErrors)
-			}
-		})
-	}
+	runEvalCases(t, tests)
 }
 
 // TestEvaluateCostLimitConfigurable: Config.CELCostLimit is the budget.
@@ -314,5 +290,39 @@ func TestGRPCNackOfPolicyTheSidecarCannotCompile(t *testing.T) {
 	}
 	if d := r.Evaluate(t.Context(), Request{Request: map[string]any{"method": "PUT"}}); !d.Allowed {
 		t.Fatalf("Evaluate = %+v, want the previous set (which allows) in force", d)
+	}
+}
+
+// evalCase is one Evaluate table case: a set, a request, the decision and
+// the evaluation errors it must give.
+type evalCase struct {
+	name       string
+	set        []Policy
+	req        Request
+	want       Decision
+	wantErr    string // a substring of Decision.Err; "" for none
+	wantErrors uint64
+}
+
+// runEvalCases runs each case on a fresh ready client holding its set.
+func runEvalCases(t *testing.T, tests []evalCase) {
+	t.Helper()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := readyClient(t, tc.set...)
+			got := c.Evaluate(t.Context(), tc.req)
+			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(Decision{}, "Err")); diff != "" {
+				t.Errorf("Evaluate (-want +got):\n%s", diff)
+			}
+			switch {
+			case tc.wantErr == "" && got.Err != nil:
+				t.Errorf("Err = %v, want none", got.Err)
+			case tc.wantErr != "" && (got.Err == nil || !strings.Contains(got.Err.Error(), tc.wantErr)):
+				t.Errorf("Err = %v, want one mentioning %q", got.Err, tc.wantErr)
+			}
+			if got := c.EvalErrors(); got != tc.wantErrors {
+				t.Errorf("EvalErrors = %d, want %d", got, tc.wantErrors)
+			}
+		})
 	}
 }
