@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
@@ -38,14 +37,9 @@ func cohortRollout(id string) *commandv1.Rollout {
 // and have.
 func (h *registerHarness) dispatchRollout(t *testing.T, index uint64, r *commandv1.Rollout) {
 	t.Helper()
-	data, err := proto.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := store.Change{Index: index, At: time.Now(), Entities: []store.EntityChange{{
-		Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: index, Data: data,
-		Scopes: []policy.Scope{{Org: "o1", Team: "t1"}},
-	}}}
+	c := store.Change{Index: index, At: time.Now(), Entities: []store.EntityChange{
+		servertest.RolloutEntity(t, r, index, policy.Scope{Org: "o1", Team: "t1"}),
+	}}
 	if err := h.index.Update(c); err != nil {
 		t.Fatal(err)
 	}
@@ -274,14 +268,10 @@ func TestRolloutCompletionStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.State = store.RolloutCompleted
-	data, err := proto.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
 	team := []policy.Scope{{Org: "o1", Team: "t1"}}
 	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
 		{Type: store.EntityPolicy, ID: "p-t1", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: team},
-		{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: team},
+		servertest.RolloutEntity(t, r, idx, team...),
 	}}
 	if err := h.index.Update(c); err != nil {
 		t.Fatal(err)

@@ -9,12 +9,12 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
 
@@ -24,15 +24,9 @@ import (
 // the hub to take in each batch.
 func (f *fixture) dispatchRollout(r *commandv1.Rollout, scopes ...policy.Scope) uint64 {
 	f.t.Helper()
-	data, err := proto.Marshal(r)
-	if err != nil {
-		f.t.Fatal(err)
-	}
 	idx := f.next
 	f.next++
-	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{{
-		Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: scopes,
-	}}}
+	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{servertest.RolloutEntity(f.t, r, idx, scopes...)}}
 	if err := f.idx.Update(c); err != nil {
 		f.t.Fatal(err)
 	}
@@ -287,13 +281,9 @@ func TestRolloutCompletionFeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.State = store.RolloutCompleted
-	data, err := proto.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := store.Change{Index: idx, At: time.Now(), Entities: []store.EntityChange{
 		{Type: store.EntityPolicy, ID: "t-acme-red", Action: store.ActionUpdate, Index: idx, Data: stored, Policy: done, Scopes: []policy.Scope{red}},
-		{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: idx, Data: data, Scopes: []policy.Scope{red}},
+		servertest.RolloutEntity(t, r, idx, red),
 	}}
 	if err := f.idx.Update(c); err != nil {
 		t.Fatal(err)
