@@ -335,3 +335,28 @@ func TestRolloutTypesNotIgnorable(t *testing.T) {
 		t.Errorf("CommandVersion %d below RolloutVersion %d", CommandVersion, RolloutVersion)
 	}
 }
+
+// TestActiveRollouts: the driver's list holds the rollouts that stage
+// their changes, not those that ended.
+func TestActiveRollouts(t *testing.T) {
+	f, st := newFSM(t)
+	applyAll(t, f,
+		entry(t, 1, putPolicy(t, "acme.a", "acme", nil)),
+		entry(t, 2, startCmd(t, testRollout(t, store.OnHaltRollback, []string{"acme.a", "acme.b"}))),
+		entry(t, 3, startCmd(t, testRollout(t, store.OnHaltRollback, []string{"acme.c"}))),
+		entry(t, 4, moveCmd(t, "r2", store.RolloutRunning, 0, store.RolloutAborted, 0)),
+		entry(t, 5, startCmd(t, testRollout(t, store.OnHaltStay, []string{"acme.d"}))),
+		entry(t, 6, moveCmd(t, "r5", store.RolloutRunning, 0, store.RolloutHalted, 0)),
+	)
+	got, err := st.ActiveRollouts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, r.GetId()+":"+r.GetState())
+	}
+	if want := []string{"r3:running", "r5:halted"}; !slices.Equal(ids, want) {
+		t.Fatalf("ActiveRollouts = %v, want %v", ids, want)
+	}
+}

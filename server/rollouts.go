@@ -93,7 +93,7 @@ func (d *rolloutDriver) Run(ctx context.Context) {
 
 // tick looks at every running rollout once.
 func (d *rolloutDriver) tick(ctx context.Context) {
-	all, _, err := d.store.Rollouts()
+	all, err := d.store.ActiveRollouts()
 	if err != nil {
 		d.logger.Warn("read rollouts", "err", err)
 		return

@@ -329,10 +329,43 @@ func (s *Store) Rollouts() ([]*commandv1.Rollout, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	slices.SortFunc(out, func(a, b *commandv1.Rollout) int {
+	sortRollouts(out)
+	return out, index, nil
+}
+
+// ActiveRollouts returns the rollouts that still stage their changes,
+// oldest first: those the locks name, so that a caller that looks often
+// (the leader's driver) does not read every rollout ever made.
+func (s *Store) ActiveRollouts() ([]*commandv1.Rollout, error) {
+	var out []*commandv1.Rollout
+	err := s.view(func(tx *bolt.Tx) error {
+		seen := map[string]bool{}
+		return tx.Bucket(bucketRolloutLocks).ForEach(func(_, id []byte) error {
+			if seen[string(id)] {
+				return nil
+			}
+			seen[string(id)] = true
+			r, err := getRollout(tx, string(id))
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	sortRollouts(out)
+	return out, nil
+}
+
+// sortRollouts orders rollouts oldest first ("r9" before "r10" when they
+// were created in the same millisecond).
+func sortRollouts(rs []*commandv1.Rollout) {
+	slices.SortFunc(rs, func(a, b *commandv1.Rollout) int {
 		return cmp.Or(cmp.Compare(a.GetCreatedAtUnixMs(), b.GetCreatedAtUnixMs()), cmp.Compare(len(a.GetId()), len(b.GetId())), cmp.Compare(a.GetId(), b.GetId()))
 	})
-	return out, index, nil
 }
 
 // policyOf is the policy a command message carries (raftfsm.PolicyOf,
