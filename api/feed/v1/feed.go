@@ -92,6 +92,9 @@ type Policy struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Spec     json.RawMessage   `json:"spec"`
 	Revision uint64            `json:"revision"`
+	// Enforcement is "shadow" for a shadow policy, sent only to clients
+	// that declared CapabilityShadow; omitted means enforce.
+	Enforcement string `json:"enforcement,omitempty"`
 }
 
 // Init is sent once on connect (and instead of a replay that is not
