@@ -666,15 +666,15 @@ func TestGRPCNoFlowControlPings(t *testing.T) {
 }
 
 // TestGRPCDeclaresCapabilities: every stream's first request declares
-// "rollouts", so that the server may serve a rollout's candidate; not
-// "shadow", which Evaluate does not keep apart.
+// "rollouts", so that the server may serve a rollout's candidate, and
+// "shadow", since Evaluate keeps shadow policies apart.
 func TestGRPCDeclaresCapabilities(t *testing.T) {
 	f := newFakeDiscovery("v1", tp("a", "Bash", "deny", "x"))
 	n := serveDiscovery(t, f, "")
 	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1"})
 	c.waitState(t, StateReady)
 	reqs := f.reqs()
-	if got, want := reqs[0].GetCapabilities(), []string{"rollouts"}; !slices.Equal(got, want) {
+	if got, want := reqs[0].GetCapabilities(), []string{"rollouts", "shadow"}; !slices.Equal(got, want) {
 		t.Errorf("first request capabilities %v, want %v", got, want)
 	}
 }
