@@ -115,6 +115,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/store"
 )
 
@@ -137,6 +138,9 @@ type Deps struct {
 	// node never goes back in time; an error refuses the stream with
 	// Unavailable. Nil: no wait (tests of the service alone).
 	CaughtUp func(ctx context.Context) error
+	// Shadow takes the sidecars' shadow reports (ReportShadow); nil:
+	// refused as Unimplemented.
+	Shadow *shadow.Aggregator
 }
 
 // Service implements PolicyDiscoveryService.

@@ -638,7 +638,7 @@ func (x *ClientInfo) GetCapabilities() []string {
 
 type LocalShadowRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Policy        string                 `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policies      []string               `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -673,11 +673,11 @@ func (*LocalShadowRequest) Descriptor() ([]byte, []int) {
 	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
 }
 
-func (x *LocalShadowRequest) GetPolicy() string {
+func (x *LocalShadowRequest) GetPolicies() []string {
 	if x != nil {
-		return x.Policy
+		return x.Policies
 	}
-	return ""
+	return nil
 }
 
 type LocalShadowResponse struct {
@@ -740,6 +740,7 @@ type ShadowScopeCount struct {
 	WouldBlock    uint64                 `protobuf:"varint,2,opt,name=would_block,json=wouldBlock,proto3" json:"would_block,omitempty"`
 	WouldAllow    uint64                 `protobuf:"varint,3,opt,name=would_allow,json=wouldAllow,proto3" json:"would_allow,omitempty"`
 	Evaluated     uint64                 `protobuf:"varint,4,opt,name=evaluated,proto3" json:"evaluated,omitempty"`
+	Policy        string                 `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -802,6 +803,13 @@ func (x *ShadowScopeCount) GetEvaluated() uint64 {
 	return 0
 }
 
+func (x *ShadowScopeCount) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
@@ -845,19 +853,20 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x15last_active_unix_nano\x18\r \x01(\x03R\x12lastActiveUnixNano\x12\x1b\n" +
 	"\tpeer_addr\x18\x0e \x01(\tR\bpeerAddr\x12\x1a\n" +
 	"\brollouts\x18\x0f \x03(\tR\brollouts\x12\"\n" +
-	"\fcapabilities\x18\x10 \x03(\tR\fcapabilities\",\n" +
-	"\x12LocalShadowRequest\x12\x16\n" +
-	"\x06policy\x18\x01 \x01(\tR\x06policy\"l\n" +
+	"\fcapabilities\x18\x10 \x03(\tR\fcapabilities\"0\n" +
+	"\x12LocalShadowRequest\x12\x1a\n" +
+	"\bpolicies\x18\x01 \x03(\tR\bpolicies\"l\n" +
 	"\x13LocalShadowResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12<\n" +
-	"\x06scopes\x18\x02 \x03(\v2$.policyd.cluster.v1.ShadowScopeCountR\x06scopes\"\x88\x01\n" +
+	"\x06scopes\x18\x02 \x03(\v2$.policyd.cluster.v1.ShadowScopeCountR\x06scopes\"\xa0\x01\n" +
 	"\x10ShadowScopeCount\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x1f\n" +
 	"\vwould_block\x18\x02 \x01(\x04R\n" +
 	"wouldBlock\x12\x1f\n" +
 	"\vwould_allow\x18\x03 \x01(\x04R\n" +
 	"wouldAllow\x12\x1c\n" +
-	"\tevaluated\x18\x04 \x01(\x04R\tevaluated2\x90\x04\n" +
+	"\tevaluated\x18\x04 \x01(\x04R\tevaluated\x12\x16\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy2\x90\x04\n" +
 	"\aCluster\x12L\n" +
 	"\x05Apply\x12 .policyd.cluster.v1.ApplyRequest\x1a!.policyd.cluster.v1.ApplyResponse\x12X\n" +
 	"\tReadIndex\x12$.policyd.cluster.v1.ReadIndexRequest\x1a%.policyd.cluster.v1.ReadIndexResponse\x12I\n" +

@@ -48,8 +48,9 @@ type ClusterClient interface {
 	// LocalClients lists the sidecars connected to the receiving node only;
 	// GET /v1/clients and /v1/rollout ask every member and merge.
 	LocalClients(ctx context.Context, in *LocalClientsRequest, opts ...grpc.CallOption) (*LocalClientsResponse, error)
-	// LocalShadow returns the receiving node's shadow-policy counts of one
-	// policy, per scope; GET /v1/policies/{name}/shadow sums every member's.
+	// LocalShadow returns the receiving node's shadow-policy counts of the
+	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
+	// and GET /v1/rollouts/{id} sum every member's.
 	LocalShadow(ctx context.Context, in *LocalShadowRequest, opts ...grpc.CallOption) (*LocalShadowResponse, error)
 }
 
@@ -138,8 +139,9 @@ type ClusterServer interface {
 	// LocalClients lists the sidecars connected to the receiving node only;
 	// GET /v1/clients and /v1/rollout ask every member and merge.
 	LocalClients(context.Context, *LocalClientsRequest) (*LocalClientsResponse, error)
-	// LocalShadow returns the receiving node's shadow-policy counts of one
-	// policy, per scope; GET /v1/policies/{name}/shadow sums every member's.
+	// LocalShadow returns the receiving node's shadow-policy counts of the
+	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
+	// and GET /v1/rollouts/{id} sum every member's.
 	LocalShadow(context.Context, *LocalShadowRequest) (*LocalShadowResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
