@@ -59,8 +59,8 @@ import (
 	"github.com/policyd/policyd/server/limits"
 	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/server/policyset"
-	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/server/raftnode"
+	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/store"
 )
 
