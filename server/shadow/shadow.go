@@ -223,18 +223,3 @@ func (a *Aggregator) Local(name string) []ScopeCount {
 	slices.SortFunc(out, func(x, y ScopeCount) int { return strings.Compare(x.Scope, y.Scope) })
 	return out
 }
-
-// Merge adds counts into a sum by scope (the cluster view of several
-// nodes' Local), keeping scopes in order.
-func Merge(sum []ScopeCount, counts []ScopeCount) []ScopeCount {
-	for _, c := range counts {
-		i, found := slices.BinarySearchFunc(sum, c.Scope, func(x ScopeCount, s string) int { return strings.Compare(x.Scope, s) })
-		if !found {
-			sum = slices.Insert(sum, i, ScopeCount{Scope: c.Scope})
-		}
-		sum[i].WouldBlock += c.WouldBlock
-		sum[i].WouldAllow += c.WouldAllow
-		sum[i].Evaluated += c.Evaluated
-	}
-	return sum
-}
