@@ -38,7 +38,7 @@ type ShadowView struct {
 	Unreachable []string      `json:"unreachable_nodes,omitempty"`
 }
 
-// ShadowTotals: would_block (the shadow policy denied, the enforced ones
+// ShadowTotals are would_block (the shadow policy denied, the enforced ones
 // allowed), would_allow (the reverse), evaluated.
 type ShadowTotals struct {
 	WouldBlock uint64 `json:"would_block"`

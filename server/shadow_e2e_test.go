@@ -221,11 +221,68 @@ func TestShadowE2E(t *testing.T) {
 				t.Errorf("rejected{reason=%s} grew by %v, want %v", reason, got, want)
 			}
 		}
+		// Over the feed: a report with an absurd count is ignored and
+		// counted, the connection stays; one right after it is dropped.
+		n2 := c.nodes[2]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ws, _, err := websocket.Dial(ctx, "ws://"+n2.HTTPAddr()+feedv1.Path+"?employee=e1&capabilities=shadow", nil) //nolint:bodyclose // Dial owns the body
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ws.CloseNow() //nolint:errcheck // best effort
+		if _, _, err := ws.Read(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wsRejected := func(reason string) float64 {
+			return servertest.Metric(t, n2.reg, "policyd_shadow_reports_rejected_total", "reason", reason)
+		}
+		absurd0, limited0 := wsRejected("absurd_count"), wsRejected("rate_limited")
+		for _, msg := range []string{
+			`{"type":"shadow_report","counts":[{"policy":"acme.shadow-curl","would_block":5000000,"would_allow":0,"evaluated":5000000}]}`,
+			`{"type":"shadow_report","counts":[{"policy":"acme.shadow-curl","would_block":1,"would_allow":0,"evaluated":1}]}`,
+		} {
+			if err := ws.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, 5*time.Second, "the feed's bad reports to be counted", func() error {
+			if a, l := wsRejected("absurd_count")-absurd0, wsRejected("rate_limited")-limited0; a != 1 || l != 1 {
+				return fmt.Errorf("absurd_count grew by %v, rate_limited by %v; want 1 and 1", a, l)
+			}
+			return nil
+		})
+		// The second report was read, so the first did not end the
+		// connection; nor did the second.
+		open := 0
+		for _, ci := range n2.feed.Clients() {
+			if ci.GetEmployee() == "e1" {
+				open++
+			}
+		}
+		if open != 2 { // the SDK's and this one
+			t.Errorf("%d feed connections of e1 on %s after bad reports, want 2", open, n2.ID())
+		}
+
 		r := a0.do(http.MethodGet, "/v1/policies/acme.shadow-curl/shadow", nil, nil)
 		var after adminapi.ShadowView
 		r.decode(t, &after)
 		if after.Totals != want.Totals {
 			t.Errorf("totals after bad reports %+v, want %+v unchanged", after.Totals, want.Totals)
+		}
+	})
+
+	t.Run("rollout status", func(t *testing.T) {
+		r := a.do(http.MethodPost, "/v1/rollouts", rolloutBody([][]byte{shadowToolPolicy("acme.shadow-curl", "curl -k")}, nil, "1h", 10, 100), nil)
+		wantStatus(t, "start a rollout of the shadow policy", r, http.StatusCreated)
+		var ro adminapi.RolloutView
+		r.decode(t, &ro)
+		r = a0.do(http.MethodGet, "/v1/rollouts/"+ro.ID, nil, nil)
+		wantStatus(t, "GET rollout", r, http.StatusOK)
+		ro = adminapi.RolloutView{}
+		r.decode(t, &ro)
+		if len(ro.Status.Shadow) != 1 || ro.Status.Shadow[0].Policy != "acme.shadow-curl" || ro.Status.Shadow[0].Totals != want.Totals {
+			t.Errorf("rollout status shadow %+v, want the counts of acme.shadow-curl %+v", ro.Status.Shadow, want.Totals)
 		}
 	})
 }
