@@ -32,7 +32,7 @@ const (
 	MaxCount = 1_000_000
 	// maxKeys bounds the (policy, scope) pairs held; past it new pairs
 	// are dropped and counted.
-	maxKeys = 100_000
+	maxKeys = 500_000
 	// maxSidecars bounds the rate limiter's memory; past it, entries older
 	// than the interval are swept.
 	maxSidecars = 4096
@@ -102,6 +102,7 @@ type Aggregator struct {
 	mu     sync.Mutex
 	counts map[key]*ScopeCount
 	last   map[string]time.Time // per member: the last report taken
+	swept  time.Time            // when last was last swept
 
 	rejected      *prometheus.CounterVec
 	disagreements *prometheus.CounterVec
@@ -149,7 +150,10 @@ func (a *Aggregator) Report(r Report) error {
 		a.rejected.WithLabelValues(ReasonRateLimited).Inc()
 		return ErrRateLimited
 	}
-	if len(a.last) >= maxSidecars {
+	if len(a.last) >= maxSidecars && now.Sub(a.swept) >= a.cfg.MinInterval {
+		// At most once an interval: with more sidecars than maxSidecars
+		// reporting, a sweep per report would cost O(sidecars) each.
+		a.swept = now
 		for m, t := range a.last {
 			if now.Sub(t) >= a.cfg.MinInterval {
 				delete(a.last, m)
