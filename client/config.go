@@ -98,9 +98,9 @@ type Config struct {
 	// ShadowReportInterval is how often the counts of shadow policies
 	// (evaluated, never enforced; see Stats.Shadow) are sent to the node,
 	// as deltas since the last report, when there are any. Default 10s,
-	// at least 1s; a node takes about one report per 5 s from a sidecar
-	// (over gRPC a refused report is kept and sent again; over the feed it
-	// is lost), so intervals below 5s only make sense over gRPC.
+	// at least 1s. A node takes one report per 5 s from a sidecar: over
+	// gRPC a refused report is kept and sent again; over the feed, which
+	// has no answer, reports go at most every 6s whatever the setting.
 	ShadowReportInterval time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential backoff
 	// between connection attempts. Defaults 100ms and 10s.

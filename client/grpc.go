@@ -85,7 +85,7 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.shadowLoop(sctx, func(ctx context.Context, deltas []ShadowCount) error {
+		c.shadowLoop(sctx, c.cfg.ShadowReportInterval, func(ctx context.Context, deltas []ShadowCount) error {
 			counts := make([]*discoveryv1.ShadowCount, len(deltas))
 			for i, d := range deltas {
 				counts[i] = &discoveryv1.ShadowCount{Policy: d.Policy, WouldBlock: d.WouldBlock, WouldAllow: d.WouldAllow, Evaluated: d.Evaluated}

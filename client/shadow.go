@@ -268,10 +268,16 @@ func (c *Client) shadowReported(deltas []ShadowCount) {
 	}
 }
 
-// shadowLoop sends the shadow counts gained every ShadowReportInterval
-// until ctx ends. A report that fails is kept, to go with the next one.
-func (c *Client) shadowLoop(ctx context.Context, send func(context.Context, []ShadowCount) error) {
-	t := time.NewTicker(c.cfg.ShadowReportInterval)
+// wsMinShadowInterval is the least interval between reports over the feed:
+// a node takes one per sidecar every 5 s and drops the rest, and the feed
+// has no answer to tell the client, so a report sent sooner (by
+// ShadowReportInterval, or network jitter) would be lost.
+const wsMinShadowInterval = 6 * time.Second
+
+// shadowLoop sends the shadow counts gained every interval until ctx ends.
+// A report that fails is kept, to go with the next one.
+func (c *Client) shadowLoop(ctx context.Context, interval time.Duration, send func(context.Context, []ShadowCount) error) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
