@@ -399,12 +399,20 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 			items = pending[t]
 			slices.SortStableFunc(items, func(a, b item) int { return cmp.Compare(a.index, b.index) })
 		}
+		prev := t.set
 		t.set = set
 		if len(items) == 0 {
 			continue // a new stage's tags on the content the client holds
 		}
 		msgs := make([]outMsg, 0, len(items))
 		for _, it := range items {
+			if !t.caps.Shadow && prev != nil && !holds(prev, it.name) && !holds(set, it.name) && h.isShadow(it.name) {
+				// A shadow policy this connection is not served, and
+				// did not hold: a delete would say nothing. (Of an
+				// enforced policy it is sent: it may have applied at an
+				// index within the batch.)
+				continue
+			}
 			m, err := b.policyMessage(set, it.name, it.index)
 			if err != nil {
 				h.failLocked(t, err)
@@ -422,6 +430,18 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 // setLocked is the set c is to be served now.
 func (h *Hub) setLocked(c *conn) *policyset.Set {
 	return h.deps.Policies.SetFor(c.ident, c.ident.Employee, c.caps)
+}
+
+// isShadow reports whether policy name is a shadow policy now.
+func (h *Hub) isShadow(name string) bool {
+	rp, ok := h.deps.Policies.Get(name)
+	return ok && rp.Policy.Shadow()
+}
+
+// holds reports whether set holds policy name.
+func holds(set *policyset.Set, name string) bool {
+	_, ok := set.Lookup(name)
+	return ok
 }
 
 // diffNames is the policies whose state differs between two sets, in name
