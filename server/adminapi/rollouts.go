@@ -279,30 +279,43 @@ func (a *API) getRollout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	clients, unreachable, err := a.b.Clients(r.Context())
-	if err != nil {
-		return err
-	}
-	view := RolloutView{RolloutDoc: d, Status: RolloutStatus{
-		Cohort: rollout.CohortOf(ro, clients), Stages: []RolloutStageStatus{}, Shadow: []ShadowView{},
-		Unreachable: unreachable,
-	}}
 	var puts []string
 	for _, ch := range ro.GetChanges() {
 		if p := ch.GetPolicy(); ch.GetOp() == store.OpPut && p != nil {
 			puts = append(puts, p.GetName())
 		}
 	}
+	// The shadow counts are gathered beside the clients, both asking every
+	// member: one slow member costs the wait once.
+	type shadowAnswer struct {
+		views []ShadowView
+		err   error
+	}
+	shadowCh := make(chan shadowAnswer, 1)
 	if len(puts) > 0 {
-		views, err := a.shadowViews(r.Context(), puts)
-		if err != nil {
-			return err
-		}
-		for _, v := range views {
-			if v.Totals != (ShadowTotals{}) {
-				v.Unreachable = nil // the status names them once
-				view.Status.Shadow = append(view.Status.Shadow, v)
-			}
+		go func() {
+			views, err := a.shadowViews(r.Context(), puts)
+			shadowCh <- shadowAnswer{views, err}
+		}()
+	} else {
+		shadowCh <- shadowAnswer{}
+	}
+	clients, unreachable, err := a.b.Clients(r.Context())
+	sa := <-shadowCh
+	if err != nil {
+		return err
+	}
+	if sa.err != nil {
+		return sa.err
+	}
+	view := RolloutView{RolloutDoc: d, Status: RolloutStatus{
+		Cohort: rollout.CohortOf(ro, clients), Stages: []RolloutStageStatus{}, Shadow: []ShadowView{},
+		Unreachable: unreachable,
+	}}
+	for _, v := range sa.views {
+		if v.Totals != (ShadowTotals{}) {
+			v.Unreachable = nil // the status names them once
+			view.Status.Shadow = append(view.Status.Shadow, v)
 		}
 	}
 	for i, s := range d.Stages {
