@@ -441,11 +441,7 @@ func (c *Client) install(set []Policy, version string, index uint64, full bool, 
 	}
 	var shadow []*shadowPolicy
 	if err == nil && len(shadowSet) > 0 {
-		shadow, err = c.compileShadow(shadowSet, prevShadow, func(name string) *shadowCounter {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.counterLocked(name)
-		})
+		shadow, err = c.compileShadow(shadowSet, prevShadow)
 	}
 	if err == nil && c.cfg.Apply != nil {
 		if aerr := c.cfg.Apply(set); aerr != nil {
@@ -460,6 +456,11 @@ func (c *Client) install(set []Policy, version string, index uint64, full bool, 
 		return err
 	}
 	c.mu.Lock()
+	for _, sp := range shadow {
+		if sp.n == nil { // new: not yet published, so not read concurrently
+			sp.n = c.counterLocked(sp.name)
+		}
+	}
 	c.policies, c.rules, c.validators, c.shadow, c.version, c.haveSet = set, rules, validators, shadow, version, true
 	if full || index > c.index {
 		c.index = index

@@ -68,10 +68,12 @@ func splitShadow(set []Policy) (enforced, shadow []Policy) {
 func (p Policy) isShadow() bool { return p.Enforcement == EnforcementShadow }
 
 // compileShadow compiles the shadow policies, reusing from prev those whose
-// spec has not changed. Kinds the SDK does not evaluate are left out.
-// Counters are kept by name in counters (Client.mu held by the caller for
-// counters only: compileShadow is called from Run's goroutine alone).
-func (c *Client) compileShadow(shadow []Policy, prev []*shadowPolicy, counter func(string) *shadowCounter) ([]*shadowPolicy, error) {
+// spec has not changed. Kinds the SDK does not evaluate are left out. A
+// new one has no counter yet: install gives it one (counterLocked) as it
+// puts the set in force, under the lock that shadowReported forgets
+// counters under, so a counter is never forgotten while a set about to
+// hold its policy is being compiled.
+func (c *Client) compileShadow(shadow []Policy, prev []*shadowPolicy) ([]*shadowPolicy, error) {
 	var out []*shadowPolicy
 	for _, p := range shadow {
 		i := slices.IndexFunc(prev, func(sp *shadowPolicy) bool { return sp.name == p.Name })
@@ -92,7 +94,6 @@ func (c *Client) compileShadow(shadow []Policy, prev []*shadowPolicy, counter fu
 		if err != nil {
 			return nil, fmt.Errorf("shadow %w", err)
 		}
-		sp.n = counter(p.Name)
 		out = append(out, sp)
 	}
 	return out, nil

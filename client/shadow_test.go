@@ -122,6 +122,14 @@ func TestShadowDeltas(t *testing.T) {
 	if diff := cmp.Diff([]ShadowCount{{Policy: "deny-ls", WouldBlock: 4, Evaluated: 4}}, c.shadowDeltas()); diff != "" {
 		t.Fatalf("deltas after a failed report (-want +got):\n%s", diff)
 	}
+	// A new spec of the policy keeps counting where the old one was.
+	if err := c.install([]Policy{shadow(tp("deny-ls", "Bash", "deny", "", "^ls "))}, "v1b", 0, true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	c.IsBlocked("Bash", map[string]any{"command": "ls -l"})
+	if diff := cmp.Diff([]ShadowCount{{Policy: "deny-ls", WouldBlock: 5, Evaluated: 5}}, c.shadowDeltas()); diff != "" {
+		t.Fatalf("deltas after a new spec (-want +got):\n%s", diff)
+	}
 	c.shadowReported(c.shadowDeltas())
 	if d := c.shadowDeltas(); d != nil {
 		t.Errorf("deltas after a report = %v, want none", d)
