@@ -35,7 +35,9 @@ stream, or the WebSocket feed with --transport ws), fails over between them, and
 prints every policy update and state change (connecting, ready, disconnected,
 revoked) to stdout. With --output json each event is one JSON object per line:
   {"event":"state","from":"ready","to":"disconnected",...}
-  {"event":"update","version":"...","policies":["name",...],"count":1,...}
+  {"event":"update","version":"...","policies":["name",...],"count":1,"shadow":["name"],...}
+Shadow policies (evaluated by the SDK, never enforced) are marked: name(shadow)
+in text, and listed again under "shadow" in json and yaml.
 It runs until SIGINT/SIGTERM, or exits 1 when access is revoked.
 
 With --ca-file (and, for nodes requiring mutual TLS, --cert-file and
@@ -192,7 +194,9 @@ type updateEvent struct {
 	Version  string   `json:"version"`
 	Policies []string `json:"policies"`
 	Count    int      `json:"count"`
-	Server   string   `json:"server"`
+	// Shadow names the shadow policies among Policies.
+	Shadow []string `json:"shadow,omitempty"`
+	Server string   `json:"server"`
 }
 
 func (p *watchPrinter) state(from, to client.State) {
@@ -204,11 +208,19 @@ func (p *watchPrinter) state(from, to client.State) {
 func (p *watchPrinter) update(u client.Update) {
 	now := time.Now().UTC()
 	names := make([]string, 0, len(u.Policies))
+	marked := make([]string, 0, len(u.Policies))
+	var shadow []string
 	for _, pol := range u.Policies {
 		names = append(names, pol.Name)
+		if pol.Enforcement == client.EnforcementShadow {
+			shadow = append(shadow, pol.Name)
+			marked = append(marked, pol.Name+"(shadow)")
+		} else {
+			marked = append(marked, pol.Name)
+		}
 	}
-	p.print(updateEvent{Event: "update", Time: now.Format(time.RFC3339Nano), Version: u.Version, Policies: names, Count: len(names), Server: u.Server},
-		fmt.Sprintf("%s update version=%s count=%d policies=%s server=%s", now.Format(time.RFC3339), u.Version, len(names), strings.Join(names, ","), u.Server))
+	p.print(updateEvent{Event: "update", Time: now.Format(time.RFC3339Nano), Version: u.Version, Policies: names, Count: len(names), Shadow: shadow, Server: u.Server},
+		fmt.Sprintf("%s update version=%s count=%d policies=%s server=%s", now.Format(time.RFC3339), u.Version, len(names), strings.Join(marked, ","), u.Server))
 }
 
 func (p *watchPrinter) print(ev any, text string) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -237,5 +238,31 @@ func TestWatchPrinterFormats(t *testing.T) {
 				out = out[i+len(w):]
 			}
 		})
+	}
+}
+
+// TestWatchMarksShadowPolicies: update lines mark shadow policies:
+// name(shadow) in text, a "shadow" list in json.
+func TestWatchMarksShadowPolicies(t *testing.T) {
+	u := client.Update{Version: "v9", Server: "n1", Policies: []client.Policy{
+		{Name: "acme.enforced"}, {Name: "acme.shadow", Enforcement: client.EnforcementShadow},
+	}}
+	var text, js strings.Builder
+	(&watchPrinter{w: &text, format: "text"}).update(u)
+	(&watchPrinter{w: &js, format: "json"}).update(u)
+	if !strings.Contains(text.String(), "policies=acme.enforced,acme.shadow(shadow) ") {
+		t.Errorf("text line %q does not mark the shadow policy", text.String())
+	}
+	var ev updateEvent
+	if err := json.Unmarshal([]byte(js.String()), &ev); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ev.Policies, []string{"acme.enforced", "acme.shadow"}) || !slices.Equal(ev.Shadow, []string{"acme.shadow"}) {
+		t.Errorf("json line policies %v shadow %v", ev.Policies, ev.Shadow)
+	}
+	js.Reset()
+	(&watchPrinter{w: &js, format: "json"}).update(client.Update{Policies: []client.Policy{{Name: "a"}}})
+	if strings.Contains(js.String(), `"shadow"`) {
+		t.Errorf("json line without shadow policies has a shadow list: %s", js.String())
 	}
 }

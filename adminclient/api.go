@@ -60,6 +60,12 @@ func (c *Client) Policy(ctx context.Context, name string) (*Policy, error) {
 	return &out, c.Do(ctx, http.MethodGet, "/v1/policies/"+url.PathEscape(name), nil, nil, &out)
 }
 
+// PolicyShadow reads the shadow counts of policy name, summed across nodes.
+func (c *Client) PolicyShadow(ctx context.Context, name string) (*ShadowView, error) {
+	var out ShadowView
+	return &out, c.Do(ctx, http.MethodGet, "/v1/policies/"+url.PathEscape(name)+"/shadow", nil, nil, &out)
+}
+
 // PutPolicy creates or replaces the policy name with the JSON doc;
 // ifMatch >= 0 is compare-and-set on the current revision (0: create only).
 func (c *Client) PutPolicy(ctx context.Context, name string, doc json.RawMessage, ifMatchRev int64) (*Written, error) {

@@ -16,14 +16,40 @@ type Scope struct {
 
 // Policy is a stored policy; Spec is the kind's own JSON.
 type Policy struct {
-	Name      string            `json:"name"`
-	Kind      string            `json:"kind"`
-	Scope     Scope             `json:"scope"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Spec      json.RawMessage   `json:"spec"`
-	Revision  uint64            `json:"revision"`
-	CreatedAt time.Time         `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	Name   string            `json:"name"`
+	Kind   string            `json:"kind"`
+	Scope  Scope             `json:"scope"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Enforcement is "shadow" for a shadow policy; omitted: enforce.
+	Enforcement string          `json:"enforcement,omitempty"`
+	Spec        json.RawMessage `json:"spec"`
+	Revision    uint64          `json:"revision"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+}
+
+// ShadowView is GET /v1/policies/{name}/shadow: a shadow policy's counts
+// reported by the sidecars, summed across nodes (each node's since it
+// started).
+type ShadowView struct {
+	Policy      string        `json:"policy"`
+	Totals      ShadowTotals  `json:"totals"`
+	ByScope     []ShadowScope `json:"by_scope"`
+	Unreachable []string      `json:"unreachable_nodes,omitempty"`
+}
+
+// ShadowTotals are would_block (the shadow policy denied, the enforced ones
+// allowed), would_allow (the reverse), evaluated.
+type ShadowTotals struct {
+	WouldBlock uint64 `json:"would_block"`
+	WouldAllow uint64 `json:"would_allow"`
+	Evaluated  uint64 `json:"evaluated"`
+}
+
+// ShadowScope is the counts of the sidecars of one scope (org/team/employee).
+type ShadowScope struct {
+	Scope string `json:"scope"`
+	ShadowTotals
 }
 
 // PolicyList is GET /v1/policies.
@@ -368,7 +394,7 @@ type StagedRolloutStage struct {
 type StagedRolloutStatus struct {
 	Cohort      RolloutCohort        `json:"cohort"`
 	Stages      []RolloutStageStatus `json:"stages"`
-	Shadow      []json.RawMessage    `json:"shadow"`
+	Shadow      []ShadowView         `json:"shadow"`
 	Unreachable []string             `json:"unreachable_nodes,omitempty"`
 }
 

@@ -63,6 +63,10 @@ type Stats struct {
 	Server string
 	// LastContact is when the last message arrived from a server (Clock).
 	LastContact time.Time
+	// Shadow is each shadow policy's counts since New, by name; the
+	// totals over them follow (see ShadowCount).
+	Shadow                                              []ShadowCount
+	ShadowWouldBlock, ShadowWouldAllow, ShadowEvaluated uint64
 }
 
 // view is what the hot path reads: immutable, swapped atomically.
@@ -72,6 +76,9 @@ type view struct {
 	rules *ruleSet
 	// validators are the compiled ValidatingPolicies, in name order.
 	validators []*validator
+	// shadow are the compiled shadow policies, evaluated apart; nil
+	// when there are none, which costs the hot path one check.
+	shadow []*shadowPolicy
 }
 
 // Client follows a policyd cluster and enforces the policies it receives.
@@ -100,10 +107,13 @@ type Client struct {
 	policies     []Policy // in force, sorted by name
 	rules        *ruleSet
 	validators   []*validator
-	version      string // policy-set version of the set in force
-	haveSet      bool   // a set has been put in force
-	index        uint64 // ws: Raft index of the last message received
-	stats        Stats
+	shadow       []*shadowPolicy
+	// shadowCounters counts per shadow policy name, kept until reported.
+	shadowCounters map[string]*shadowCounter
+	version        string // policy-set version of the set in force
+	haveSet        bool   // a set has been put in force
+	index          uint64 // ws: Raft index of the last message received
+	stats          Stats
 }
 
 // New validates cfg and returns a client in state connecting. logger may be
@@ -216,7 +226,11 @@ func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, bl
 	if v.block != "" {
 		return v.block, true
 	}
-	if r := c.toolDeny(v.rules, tool, input); r != nil {
+	r := c.toolDeny(v.rules, tool, input)
+	if v.shadow != nil {
+		shadowTools(v.shadow, tool, input, r == nil)
+	}
+	if r != nil {
 		return r.denial(), true
 	}
 	return "", false
@@ -281,13 +295,15 @@ func (c *Client) Version() string {
 func (c *Client) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.stats
+	s := c.stats
+	c.shadowStatsLocked(&s)
+	return s
 }
 
 // publish rebuilds the hot-path view. Call with c.mu held (or before the
 // client is shared).
 func (c *Client) publish() {
-	v := &view{state: c.state, rules: c.rules, validators: c.validators}
+	v := &view{state: c.state, rules: c.rules, validators: c.validators, shadow: c.shadow}
 	switch {
 	case c.state == StateRevoked:
 		v.block = ReasonRevoked
@@ -415,12 +431,17 @@ func (c *Client) stop() {
 // hook. On error nothing changes. It is called only from Run's goroutine.
 func (c *Client) install(set []Policy, version string, index uint64, full bool, server string) error {
 	c.mu.Lock()
-	prev, prevValidators := c.rules, c.validators
+	prev, prevValidators, prevShadow := c.rules, c.validators, c.shadow
 	c.mu.Unlock()
-	rules, err := compileRules(set, prev)
+	enforced, shadowSet := splitShadow(set)
+	rules, err := compileRules(enforced, prev)
 	var validators []*validator
 	if err == nil {
-		validators, err = c.cel.compileValidators(set, prevValidators)
+		validators, err = c.cel.compileValidators(enforced, prevValidators)
+	}
+	var shadow []*shadowPolicy
+	if err == nil && len(shadowSet) > 0 {
+		shadow, err = c.compileShadow(shadowSet, prevShadow)
 	}
 	if err == nil && c.cfg.Apply != nil {
 		if aerr := c.cfg.Apply(set); aerr != nil {
@@ -435,7 +456,12 @@ func (c *Client) install(set []Policy, version string, index uint64, full bool, 
 		return err
 	}
 	c.mu.Lock()
-	c.policies, c.rules, c.validators, c.version, c.haveSet = set, rules, validators, version, true
+	for _, sp := range shadow {
+		if sp.n == nil { // new: not yet published, so not read concurrently
+			sp.n = c.counterLocked(sp.name)
+		}
+	}
+	c.policies, c.rules, c.validators, c.shadow, c.version, c.haveSet = set, rules, validators, shadow, version, true
 	if full || index > c.index {
 		c.index = index
 	}
@@ -514,6 +540,8 @@ func backoff(n int, lo, hi time.Duration) time.Duration {
 // capabilities is what the SDK declares to servers on both transports
 // (docs/rollouts.md): "rollouts", so that it may be put in a staged
 // rollout's cohort, whose candidate set it applies, ACKs and NACKs like any
-// other. Not "shadow": Evaluate does not keep shadow policies apart yet, and
-// a server would send them to a client that declares it, to be enforced.
-func capabilities() []string { return []string{feedv1.CapabilityRollouts} }
+// other; "shadow", since IsBlocked and Evaluate decide with the enforced
+// policies only and evaluate shadow policies apart (shadow.go).
+func capabilities() []string {
+	return []string{feedv1.CapabilityRollouts, feedv1.CapabilityShadow}
+}

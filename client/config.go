@@ -39,6 +39,11 @@ const (
 	// decides on the request path (it stops a runaway expression within
 	// tens of milliseconds on a small machine).
 	DefaultCELCostLimit = 100_000
+	// DefaultShadowReportInterval is how often shadow-policy counts are
+	// reported; MinShadowReportInterval the least accepted. A node takes
+	// about one report per 5 s from a sidecar and drops the rest.
+	DefaultShadowReportInterval = 10 * time.Second
+	MinShadowReportInterval     = time.Second
 )
 
 // Scope names the identity whose policies a gRPC client asks for. With the
@@ -90,6 +95,13 @@ type Config struct {
 	// RPC (gRPC), a WebSocket ping frame (ws). Default 30s; it must stay
 	// below the server's discovery.max_client_inactive (2m by default).
 	HealthInterval time.Duration
+	// ShadowReportInterval is how often the counts of shadow policies
+	// (evaluated, never enforced; see Stats.Shadow) are sent to the node,
+	// as deltas since the last report, when there are any. Default 10s,
+	// at least 1s. A node takes one report per 5 s from a sidecar: over
+	// gRPC a refused report is kept and sent again; over the feed, which
+	// has no answer, reports go at most every 6s whatever the setting.
+	ShadowReportInterval time.Duration
 	// BackoffMin and BackoffMax bound the jittered exponential backoff
 	// between connection attempts. Defaults 100ms and 10s.
 	BackoffMin time.Duration
@@ -218,6 +230,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	}{
 		{"grace", &cfg.Grace, DefaultGrace},
 		{"health interval", &cfg.HealthInterval, DefaultHealthInterval},
+		{"shadow report interval", &cfg.ShadowReportInterval, DefaultShadowReportInterval},
 		{"backoff min", &cfg.BackoffMin, DefaultBackoffMin},
 		{"backoff max", &cfg.BackoffMax, DefaultBackoffMax},
 	} {
@@ -227,6 +240,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		if *d.v <= 0 {
 			*d.v = d.def
 		}
+	}
+	if cfg.ShadowReportInterval < MinShadowReportInterval {
+		errs = append(errs, fmt.Errorf("shadow report interval: %v is below %v", cfg.ShadowReportInterval, MinShadowReportInterval))
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
 		errs = append(errs, fmt.Errorf("backoff max %v is below backoff min %v", cfg.BackoffMax, cfg.BackoffMin))

@@ -32,6 +32,8 @@ func TestConfigValidation(t *testing.T) {
 		{"ws ignores the scope", Config{Servers: []string{"a:1"}, Transport: TransportWS, Employee: "e", Scope: Scope{Employee: "e"}}, ""},
 		{"negative grace", Config{Servers: []string{"a:1"}, Grace: -time.Second}, "grace"},
 		{"backoff max below min", Config{Servers: []string{"a:1"}, BackoffMin: time.Second, BackoffMax: time.Millisecond}, "backoff max"},
+		{"shadow report interval too short", Config{Servers: []string{"a:1"}, ShadowReportInterval: 500 * time.Millisecond}, "shadow report interval"},
+		{"shadow report interval of 1s", Config{Servers: []string{"a:1"}, ShadowReportInterval: time.Second}, ""},
 		{"negative message size", Config{Servers: []string{"a:1"}, MaxMessageBytes: -1}, "max message bytes"},
 		{"grpc conn without servers", Config{GRPCConn: conn}, ""},
 		{"grpc conn naming its node", Config{GRPCConn: conn, Servers: []string{"n1"}}, ""},
@@ -56,6 +58,9 @@ func TestConfigDefaults(t *testing.T) {
 	cfg, err := Config{Servers: []string{"a:1"}}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.ShadowReportInterval != DefaultShadowReportInterval {
+		t.Errorf("shadow report interval %v, want %v", cfg.ShadowReportInterval, DefaultShadowReportInterval)
 	}
 	if cfg.Transport != TransportGRPC || cfg.Grace != DefaultGrace || cfg.HealthInterval != DefaultHealthInterval ||
 		cfg.BackoffMin != DefaultBackoffMin || cfg.BackoffMax != DefaultBackoffMax || cfg.MaxMessageBytes != DefaultMaxMessageBytes || cfg.Clock == nil {

@@ -139,4 +139,22 @@
 // Config.CELEnvOptions; a ValidatingPolicy that does not compile rejects
 // the set like a bad ToolPolicy. Evaluate denies everything whenever
 // IsBlocked blocks everything.
+//
+// # Shadow policies
+//
+// A policy with Enforcement "shadow" (EnforcementShadow) never decides
+// (docs/rollouts.md). The client declares the "shadow" capability, so
+// nodes send it shadow policies, and compiles them apart from the enforced
+// set (a bad one rejects the set like any other). IsBlocked and Evaluate
+// decide with the enforced policies; then each shadow policy that applies
+// is evaluated alone (IsBlocked: shadow ToolPolicies; Evaluate: those and
+// shadow ValidatingPolicies) and counted: evaluated, would_block (it denies
+// where the enforced decision allowed) and would_allow (the reverse).
+// Stats().Shadow has the counts since New. Every ShadowReportInterval the
+// gains since the last report that reached a node are sent to it
+// (ReportShadow over gRPC, where a refused report is kept for the next;
+// a shadow_report message over WebSocket, sent at most every 6 s, since a
+// node takes one report per sidecar every 5 s and the feed has no answer).
+// Counts not yet reported when Run returns are not sent. Without shadow
+// policies none of this costs more than a nil check.
 package client

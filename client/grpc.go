@@ -82,6 +82,18 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 		defer wg.Done()
 		g.healthLoop(sctx, api, cancel)
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.shadowLoop(sctx, c.cfg.ShadowReportInterval, func(ctx context.Context, deltas []ShadowCount) error {
+			counts := make([]*discoveryv1.ShadowCount, len(deltas))
+			for i, d := range deltas {
+				counts[i] = &discoveryv1.ShadowCount{Policy: d.Policy, WouldBlock: d.WouldBlock, WouldAllow: d.WouldAllow, Evaluated: d.Evaluated}
+			}
+			_, err := api.ReportShadow(ctx, &discoveryv1.ShadowReport{ClientAddress: c.cfg.ClientAddress, Counts: counts})
+			return err
+		})
+	}()
 
 	var raw rawResponse
 	for {

@@ -279,7 +279,7 @@ func TestGRPCAckNackAndLastGoodVersion(t *testing.T) {
 
 	ps := &discoveryv1.Scope{Org: "acme", Team: "red", Employee: "alice"}
 	want := []*discoveryv1.PolicyDiscoveryRequest{
-		{ClientAddress: "sidecar-1", Scope: ps, Capabilities: []string{"rollouts"}}, // the first request only
+		{ClientAddress: "sidecar-1", Scope: ps, Capabilities: []string{"rollouts", "shadow"}}, // the first request only
 		{ClientAddress: "sidecar-1", Scope: ps, VersionInfo: "v1", ResponseNonce: "n1"},
 		{ClientAddress: "sidecar-1", Scope: ps, VersionInfo: "v1", ResponseNonce: "n2", ErrorDetail: &discoveryv1.ErrorDetail{Message: "apply hook: cannot load bad-one"}},
 		{ClientAddress: "sidecar-1", Scope: ps, VersionInfo: "v1", ResponseNonce: "n3"}, // error checked below
@@ -355,7 +355,7 @@ func TestGRPCFailoverCarriesVersion(t *testing.T) {
 		return nil
 	})
 	want := []*discoveryv1.PolicyDiscoveryRequest{
-		{ClientAddress: "sc", VersionInfo: "v1", Scope: &discoveryv1.Scope{}, Capabilities: []string{"rollouts"}},
+		{ClientAddress: "sc", VersionInfo: "v1", Scope: &discoveryv1.Scope{}, Capabilities: []string{"rollouts", "shadow"}},
 		{ClientAddress: "sc", VersionInfo: "v1", ResponseNonce: "n1", Scope: &discoveryv1.Scope{}},
 	}
 	if diff := cmp.Diff(want, fb.reqs(), cmpProto); diff != "" {
@@ -666,15 +666,15 @@ func TestGRPCNoFlowControlPings(t *testing.T) {
 }
 
 // TestGRPCDeclaresCapabilities: every stream's first request declares
-// "rollouts", so that the server may serve a rollout's candidate; not
-// "shadow", which Evaluate does not keep apart.
+// "rollouts", so that the server may serve a rollout's candidate, and
+// "shadow", since Evaluate keeps shadow policies apart.
 func TestGRPCDeclaresCapabilities(t *testing.T) {
 	f := newFakeDiscovery("v1", tp("a", "Bash", "deny", "x"))
 	n := serveDiscovery(t, f, "")
 	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1"})
 	c.waitState(t, StateReady)
 	reqs := f.reqs()
-	if got, want := reqs[0].GetCapabilities(), []string{"rollouts"}; !slices.Equal(got, want) {
+	if got, want := reqs[0].GetCapabilities(), []string{"rollouts", "shadow"}; !slices.Equal(got, want) {
 		t.Errorf("first request capabilities %v, want %v", got, want)
 	}
 }

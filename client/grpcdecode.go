@@ -83,7 +83,7 @@ var handledFields = map[string]map[protowire.Number]string{
 		fieldVersionInfo: "version_info", fieldPolicies: "policies", fieldNonce: "nonce", fieldUnchanged: "unchanged",
 	},
 	"policyd.discovery.v1.Policy": {
-		1: "name", 2: "kind", 3: "scope", 4: "labels", 5: "spec", 6: "revision",
+		1: "name", 2: "kind", 3: "scope", 4: "labels", 5: "spec", 6: "revision", 7: "enforcement",
 	},
 	"policyd.discovery.v1.Policy.LabelsEntry": {1: "key", 2: "value"},
 	"policyd.discovery.v1.Scope":              {1: "org", 2: "team", 3: "employee"},

@@ -19,6 +19,10 @@ type Policy struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Spec     json.RawMessage   `json:"spec"`
 	Revision uint64            `json:"revision"`
+	// Enforcement is EnforcementShadow for a shadow policy, which the SDK
+	// evaluates apart and never enforces; "" otherwise. An Apply hook that
+	// enforces policies itself must skip shadow ones.
+	Enforcement string `json:"enforcement,omitempty"`
 }
 
 // KindToolPolicy is the kind IsBlocked evaluates.
@@ -45,11 +49,12 @@ type Update struct {
 // response belongs to the SDK alone, so nothing else can change them.
 func fromDiscovery(p *discoveryv1.Policy) Policy {
 	out := Policy{
-		Name:     p.GetName(),
-		Kind:     p.GetKind(),
-		Labels:   p.GetLabels(),
-		Spec:     json.RawMessage(p.GetSpec()),
-		Revision: p.GetRevision(),
+		Name:        p.GetName(),
+		Kind:        p.GetKind(),
+		Labels:      p.GetLabels(),
+		Spec:        json.RawMessage(p.GetSpec()),
+		Revision:    p.GetRevision(),
+		Enforcement: p.GetEnforcement(),
 	}
 	if len(out.Labels) == 0 {
 		out.Labels = nil
@@ -62,12 +67,13 @@ func fromDiscovery(p *discoveryv1.Policy) Policy {
 
 func fromFeed(p feedv1.Policy) Policy {
 	return Policy{
-		Name:     p.Name,
-		Kind:     p.Kind,
-		Scope:    Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
-		Labels:   p.Labels,
-		Spec:     p.Spec,
-		Revision: p.Revision,
+		Name:        p.Name,
+		Kind:        p.Kind,
+		Scope:       Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
+		Labels:      p.Labels,
+		Spec:        p.Spec,
+		Revision:    p.Revision,
+		Enforcement: p.Enforcement,
 	}
 }
 

@@ -181,8 +181,20 @@ type Decision struct {
 // conditions are not false but include one that fails denies. An
 // evaluation error that denies is counted in EvalErrors. In the states
 // where IsBlocked blocks everything, Evaluate denies everything.
+//
+// Shadow policies never decide: each one that applies is evaluated alone
+// after the enforced decision, and counted (Stats.Shadow).
 func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 	v := c.view.Load()
+	d := c.evaluate(ctx, v, &req)
+	if v.shadow != nil && v.block == "" {
+		c.shadowEvaluate(ctx, v.shadow, &req, d.Allowed)
+	}
+	return d
+}
+
+// evaluate is Evaluate's decision with the enforced policies of v.
+func (c *Client) evaluate(ctx context.Context, v *view, req *Request) Decision {
 	if v.block != "" {
 		return Decision{Message: v.block}
 	}
@@ -209,7 +221,7 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 		c.evalErrors.Add(1)
 		return Decision{Message: "evaluation failed", Err: fmt.Errorf("CEL activation: %w", err)}
 	}
-	size := inputSize(&req)
+	size := inputSize(req)
 	for _, val := range v.validators {
 		if err := ctx.Err(); err != nil {
 			c.evalErrors.Add(1)

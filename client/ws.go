@@ -92,6 +92,19 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 		defer wg.Done()
 		w.pingLoop(sctx, conn, cancel)
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// A report written is taken as delivered: the feed has no answer
+		// to it, and a node drops one that comes too soon.
+		c.shadowLoop(sctx, max(c.cfg.ShadowReportInterval, wsMinShadowInterval), func(ctx context.Context, deltas []ShadowCount) error {
+			b, err := json.Marshal(feedv1.ShadowReport{Type: feedv1.TypeShadowReport, Counts: feedShadowCounts(deltas)})
+			if err != nil {
+				return err
+			}
+			return conn.Write(ctx, websocket.MessageText, b)
+		})
+	}()
 
 	if resume {
 		// The server replays what was missed, or sends init: the cached

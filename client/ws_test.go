@@ -455,7 +455,7 @@ func TestReadMessageBuffer(t *testing.T) {
 	}
 }
 
-// TestWSDeclaresCapabilities: the handshake declares "rollouts" with
+// TestWSDeclaresCapabilities: the handshake declares "rollouts,shadow" with
 // ?capabilities=, on the first connect and on a resume.
 func TestWSDeclaresCapabilities(t *testing.T) {
 	ff := newFeed(t)
@@ -469,8 +469,8 @@ func TestWSDeclaresCapabilities(t *testing.T) {
 		t.Fatalf("since = %q, want 10", got)
 	}
 	for i, req := range ff.reqs() {
-		if got := req.query[feedv1.QueryCapabilities]; !slices.Equal(got, []string{"rollouts"}) {
-			t.Errorf("handshake %d: capabilities %q, want [rollouts]", i, got)
+		if got := req.query[feedv1.QueryCapabilities]; !slices.Equal(got, []string{"rollouts,shadow"}) {
+			t.Errorf("handshake %d: capabilities %q, want [rollouts,shadow]", i, got)
 		}
 	}
 }

@@ -9,10 +9,11 @@ import (
 
 // policyHead is Policy's fields before Spec, in order, with the same tags.
 type policyHead struct {
-	Name   string            `json:"name"`
-	Kind   string            `json:"kind"`
-	Scope  Scope             `json:"scope"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Name        string            `json:"name"`
+	Kind        string            `json:"kind"`
+	Scope       Scope             `json:"scope"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Enforcement string            `json:"enforcement,omitempty"`
 }
 
 // AppendJSON appends p's JSON encoding to dst. For a policy whose Spec is in
@@ -22,7 +23,7 @@ type policyHead struct {
 // twice per write (the policy, then its event). The caller vouches that Spec
 // is valid JSON: the FSM decoded it from the command.
 func (p *Policy) AppendJSON(dst []byte) ([]byte, error) {
-	head, err := json.Marshal(policyHead{Name: p.Name, Kind: p.Kind, Scope: p.Scope, Labels: p.Labels})
+	head, err := json.Marshal(policyHead{Name: p.Name, Kind: p.Kind, Scope: p.Scope, Labels: p.Labels, Enforcement: p.Enforcement})
 	if err != nil {
 		return nil, fmt.Errorf("encode policy %q: %w", p.Name, err)
 	}

@@ -20,6 +20,7 @@ func TestAppendJSONMatchesMarshal(t *testing.T) {
 			Labels: map[string]string{"<": "&"}, Spec: json.RawMessage(`{"r":"\u003cx\u003e"}`)}},
 		{"empty labels are omitted", Policy{Name: "x", Labels: map[string]string{}, Spec: json.RawMessage(`[]`)}},
 		{"nil spec", Policy{Name: "x", Revision: 1}},
+		{"shadow", Policy{Name: "x", Enforcement: EnforcementShadow, Labels: map[string]string{"a": "1"}, Spec: json.RawMessage(`{}`)}},
 		{"time zone", Policy{Name: "x", Spec: json.RawMessage(`1`), CreatedAt: at.In(time.FixedZone("x", 3600))}},
 	}
 	for _, tc := range tests {

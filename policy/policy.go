@@ -29,6 +29,16 @@ const (
 	StatusInactive = "inactive"
 )
 
+// Policy enforcement modes. A shadow policy is delivered to the sidecars
+// that can evaluate it apart and never blocks; they count where it would
+// have decided otherwise (docs/rollouts.md). The stored form of enforce is
+// the empty string, so enforced policies keep the bytes (and set versions)
+// they had before the field existed.
+const (
+	EnforcementEnforce = "enforce"
+	EnforcementShadow  = "shadow"
+)
+
 // Scope says who a policy is for. All fields empty means global. A non-empty
 // field must match the identity for the policy to apply.
 type Scope struct {
@@ -68,14 +78,27 @@ func (s Scope) AppliesTo(id Identity) bool {
 // Raft index of the last change. Values a client sends in these fields are
 // ignored; compare-and-set goes through If-Match.
 type Policy struct {
-	Name      string            `json:"name"`
-	Kind      string            `json:"kind"`
-	Scope     Scope             `json:"scope"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Spec      json.RawMessage   `json:"spec"`
-	Revision  uint64            `json:"revision"`
-	CreatedAt time.Time         `json:"created_at"`
-	UpdatedAt time.Time         `json:"updated_at"`
+	Name   string            `json:"name"`
+	Kind   string            `json:"kind"`
+	Scope  Scope             `json:"scope"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Enforcement is "" or "enforce" (the default), or "shadow".
+	Enforcement string          `json:"enforcement,omitempty"`
+	Spec        json.RawMessage `json:"spec"`
+	Revision    uint64          `json:"revision"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+}
+
+// Shadow reports whether p is a shadow policy: evaluated, never enforced.
+func (p *Policy) Shadow() bool { return p.Enforcement == EnforcementShadow }
+
+// CanonicalEnforcement is p's enforcement as stored: "" for enforce.
+func CanonicalEnforcement(e string) string {
+	if e == EnforcementEnforce {
+		return ""
+	}
+	return e
 }
 
 // Employee is an identity policies apply to. Its status is authoritative for
@@ -103,6 +126,7 @@ func (e *Employee) Active() bool { return e.Status == StatusActive }
 // stores these same bytes, so policy-set versions computed from them agree.
 func (p *Policy) Canonical() ([]byte, error) {
 	cp := *p
+	cp.Enforcement = CanonicalEnforcement(p.Enforcement)
 	spec, err := canonicalJSON(p.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("canonical spec: %w", err)

@@ -260,6 +260,11 @@ func (v *Validator) shape(p *Policy) (ValidationError, []byte) {
 	}
 	checkScope(&errs, p.Scope)
 	checkLabels(&errs, p.Labels)
+	switch p.Enforcement {
+	case "", EnforcementEnforce, EnforcementShadow:
+	default:
+		errs.add("enforcement", "must be %s or %s, got %q", EnforcementEnforce, EnforcementShadow, p.Enforcement)
+	}
 
 	spec := bytes.TrimSpace(p.Spec)
 	switch {

@@ -292,6 +292,14 @@ func TestValidatorPolicy(t *testing.T) {
 		{name: "extra kind with array spec", mutate: func(p *Policy) { p.Kind = "RateLimit"; p.Spec = json.RawMessage(`[]`) },
 			want: []FieldError{fe("spec", "must be a JSON object")}},
 
+		// enforcement
+		{name: "enforcement enforce", mutate: func(p *Policy) { p.Enforcement = "enforce" }},
+		{name: "enforcement shadow", mutate: func(p *Policy) { p.Enforcement = "shadow" }},
+		{name: "enforcement unknown", mutate: func(p *Policy) { p.Enforcement = "dry-run" },
+			want: []FieldError{fe("enforcement", `must be enforce or shadow, got "dry-run"`)}},
+		{name: "enforcement wrong case", mutate: func(p *Policy) { p.Enforcement = "Shadow" },
+			want: []FieldError{fe("enforcement", `must be enforce or shadow, got "Shadow"`)}},
+
 		// scope
 		{name: "global scope", mutate: func(p *Policy) { p.Scope = Scope{} }},
 		{name: "team scope", mutate: func(p *Policy) { p.Scope = Scope{Org: "acme", Team: "platform"} }},

@@ -181,9 +181,23 @@ func PutPolicy(p *policy.Policy, ifMatch *uint64) (*commandv1.Command, error) {
 	}
 	pb := &commandv1.Policy{
 		Name: p.Name, Kind: p.Kind, Labels: p.Labels, Spec: spec,
-		Scope: &commandv1.Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
+		Enforcement: policy.CanonicalEnforcement(p.Enforcement),
+		Scope:       &commandv1.Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
 	}
 	return NewCommand(TypePutPolicy, &commandv1.PutPolicy{Policy: pb, IfMatch: precondition(ifMatch)})
+}
+
+// IsShadowPut reports whether cmd is a PutPolicy of a shadow policy
+// (command version 4: RolloutVersion).
+func IsShadowPut(cmd *commandv1.Command) bool {
+	if Type(cmd.GetType()) != TypePutPolicy {
+		return false
+	}
+	var c commandv1.PutPolicy
+	if err := decodePayload(cmd.GetPayload(), &c); err != nil {
+		return false
+	}
+	return c.GetPolicy().GetEnforcement() == policy.EnforcementShadow
 }
 
 // PolicyOf is the policy a typed command carries. The spec aliases the
@@ -192,7 +206,8 @@ func PolicyOf(pb *commandv1.Policy) *policy.Policy {
 	sc := pb.GetScope()
 	return &policy.Policy{
 		Name: pb.GetName(), Kind: pb.GetKind(), Labels: pb.GetLabels(), Spec: pb.GetSpec(),
-		Scope: policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
+		Enforcement: pb.GetEnforcement(),
+		Scope:       policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
 	}
 }
 
@@ -216,6 +231,11 @@ func EmployeeOf(pb *commandv1.Employee) *policy.Employee {
 func ForVersion(cmd *commandv1.Command, v uint32) (*commandv1.Command, error) {
 	if v >= CommandVersion {
 		return cmd, nil
+	}
+	if v < RolloutVersion && IsShadowPut(cmd) {
+		// Such a node would drop the enforcement field and enforce the
+		// policy; the proposer's gate refuses it first.
+		return nil, fmt.Errorf("a shadow policy needs every member to read command version %d; the oldest reads %d", RolloutVersion, v)
 	}
 	if v < auditVersion && HasAudit(cmd) {
 		cmd = proto.CloneOf(cmd)

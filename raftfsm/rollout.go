@@ -152,7 +152,8 @@ func PolicyMessage(p *policy.Policy) (*commandv1.Policy, error) {
 	}
 	return &commandv1.Policy{
 		Name: p.Name, Kind: p.Kind, Labels: p.Labels, Spec: spec,
-		Scope: &commandv1.Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
+		Enforcement: policy.CanonicalEnforcement(p.Enforcement),
+		Scope:       &commandv1.Scope{Org: p.Scope.Org, Team: p.Scope.Team, Employee: p.Scope.Employee},
 	}, nil
 }
 

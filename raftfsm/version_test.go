@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
 )
 
@@ -70,6 +71,43 @@ func TestForVersion(t *testing.T) {
 				t.Errorf("state digests differ: typed %s, version 1 %s", d1, d2)
 			}
 		})
+	}
+}
+
+// TestForVersionRefusesShadow: a shadow policy cannot be written for a
+// member below command version 4, which would drop the field and enforce
+// it; an enforced one can, and version 4 keeps the field.
+func TestForVersionRefusesShadow(t *testing.T) {
+	shadow := pol("acme.shadow", "acme", "deny")
+	shadow.Enforcement = policy.EnforcementShadow
+	cmd := mustCmd(t)(PutPolicy(shadow, nil))
+	if !IsShadowPut(cmd) {
+		t.Fatal("IsShadowPut = false for a shadow policy")
+	}
+	for _, v := range []uint32{1, 2, 3} {
+		if _, err := ForVersion(cmd, v); err == nil {
+			t.Errorf("ForVersion(shadow, %d) succeeded", v)
+		}
+	}
+	out, err := ForVersion(cmd, RolloutVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pp commandv1.PutPolicy
+	if err := proto.Unmarshal(out.GetPayload(), &pp); err != nil || pp.GetPolicy().GetEnforcement() != "shadow" {
+		t.Errorf("version 4 put policy = %v (%v), want enforcement shadow", &pp, err)
+	}
+	enforced := pol("acme.enforced", "acme", "deny")
+	enforced.Enforcement = policy.EnforcementEnforce
+	cmd = mustCmd(t)(PutPolicy(enforced, nil))
+	if IsShadowPut(cmd) {
+		t.Error("IsShadowPut = true for an enforced policy")
+	}
+	if err := proto.Unmarshal(cmd.GetPayload(), &pp); err != nil || pp.GetPolicy().GetEnforcement() != "" {
+		t.Errorf("enforce is stored as %q (%v), want \"\"", pp.GetPolicy().GetEnforcement(), err)
+	}
+	if _, err := ForVersion(cmd, 1); err != nil {
+		t.Errorf("ForVersion(enforced, 1): %v", err)
 	}
 }
 

@@ -51,6 +51,7 @@ var authzSamples = map[string]authzSample{
 	"GET /v1/policies/{name}/history":         {path: "/v1/policies/authz-get/history", want: 200},
 	"GET /v1/policies/{name}/revisions/{rev}": {path: "/v1/policies/authz-get/revisions/1", want: 404},
 	"POST /v1/policies/{name}/revert":         {path: "/v1/policies/authz-get/revert", body: `{"to":1}`, want: 404},
+	"GET /v1/policies/{name}/shadow":          {path: "/v1/policies/authz-get/shadow", want: 200},
 
 	"GET /v1/employees":                      {path: "/v1/employees", want: 200},
 	"GET /v1/employees/{id}":                 {path: "/v1/employees/authz-get", want: 200},

@@ -60,6 +60,7 @@ import (
 	"github.com/policyd/policyd/server/peer"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/server/raftnode"
+	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/store"
 )
 
@@ -107,6 +108,8 @@ type Node struct {
 	reload *reload.Controller // nil unless reload.enabled
 	drift  *driftWebhook      // nil unless drift.addr is set
 
+	// shadow aggregates this node's sidecars' shadow reports.
+	shadow *shadow.Aggregator
 	// settings are what SIGHUP may change at run time (settings.go).
 	settings settings
 
@@ -201,12 +204,16 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		n.driftConns = limits.NewConns("drift", limits.Caps{Max: cfg.Drift.MaxConnections}, lm, limitsLog)
 	}
 	gate := limits.NewGate(cfg.Setup.MaxConcurrent, cfg.Setup.MaxWait, lm)
+	if n.shadow, err = shadow.New(shadow.Config{}, logger.With("component", "shadow"), id, reg); err != nil {
+		return nil, err
+	}
 	if err = n.rn.Setup(raftnode.Deps{
 		Validator: n.validator, Keys: n.keys, TLS: n.tls.raft, Conns: raftConns,
 		Addrs: func() (string, string) {
 			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
 		},
 		LocalClients: func() []*clusterv1.ClientInfo { return append(n.discovery.Clients(), n.feed.Clients()...) },
+		LocalShadow:  n.localShadow,
 		DropSidecars: func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
 		ServerOptions: []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxGRPCMessage),
@@ -224,12 +231,13 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	caughtUp := n.rn.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
 		NodeID: id, LeaderID: n.rn.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
-		CaughtUp: caughtUp,
+		CaughtUp: caughtUp, Shadow: n.shadow,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
+		Shadow: n.shadow,
 	}); err != nil {
 		return nil, err
 	}
@@ -518,6 +526,24 @@ func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string
 		return "", "", err
 	}
 	return from, n.rn.LeaderID(), nil
+}
+
+// ShadowCounts gathers the shadow-policy counts of the named policies from
+// every member, per node, policy and scope.
+func (n *Node) ShadowCounts(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
+	return n.rn.Shadow(ctx, names)
+}
+
+// localShadow is this node's shadow-policy counts of the named policies.
+func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
+	var out []*clusterv1.ShadowScopeCount
+	for _, name := range names {
+		for _, sc := range n.shadow.Local(name) {
+			out = append(out, &clusterv1.ShadowScopeCount{Policy: name, Scope: sc.Scope,
+				WouldBlock: sc.WouldBlock, WouldAllow: sc.WouldAllow, Evaluated: sc.Evaluated})
+		}
+	}
+	return out
 }
 
 // Clients lists the sidecars connected to every member of the cluster.

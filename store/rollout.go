@@ -374,7 +374,8 @@ func policyOf(pb *commandv1.Policy) *policy.Policy {
 	sc := pb.GetScope()
 	return &policy.Policy{
 		Name: pb.GetName(), Kind: pb.GetKind(), Labels: pb.GetLabels(), Spec: pb.GetSpec(),
-		Scope: policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
+		Enforcement: pb.GetEnforcement(),
+		Scope:       policy.Scope{Org: sc.GetOrg(), Team: sc.GetTeam(), Employee: sc.GetEmployee()},
 	}
 }
 

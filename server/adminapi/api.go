@@ -76,6 +76,7 @@ type Backend interface {
 	Ready(ctx context.Context) error
 	clientsLister
 	reloadStatuser
+	shadowCounter
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -184,6 +185,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/policies/{name}/history", auth.RoleRead, policies.historyHandler(a))
 	a.route("GET /v1/policies/{name}/revisions/{rev}", auth.RoleRead, policies.revisionHandler(a))
 	a.route("POST /v1/policies/{name}/revert", auth.RoleAdmin, policies.revertHandler(a))
+	a.routeShadow()
 
 	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
 	a.route("GET /v1/employees/{id}", auth.RoleRead, employees.getHandler(a))

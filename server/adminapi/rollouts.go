@@ -172,9 +172,10 @@ type RolloutStatus struct {
 	// stage, cluster-wide.
 	Cohort rollout.Cohort       `json:"cohort"`
 	Stages []RolloutStageStatus `json:"stages"`
-	// Shadow holds the shadow disagreement counts of the rollout's
-	// policies; empty until nodes aggregate them.
-	Shadow []json.RawMessage `json:"shadow"`
+	// Shadow holds the shadow counts of the policies the rollout puts, as
+	// GET /v1/policies/{name}/shadow gives them; those with no counts are
+	// left out.
+	Shadow []ShadowView `json:"shadow"`
 	// Unreachable lists members whose sidecars are missing from Cohort.
 	Unreachable []string `json:"unreachable_nodes,omitempty"`
 }
@@ -278,14 +279,45 @@ func (a *API) getRollout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	var puts []string
+	for _, ch := range ro.GetChanges() {
+		if p := ch.GetPolicy(); ch.GetOp() == store.OpPut && p != nil {
+			puts = append(puts, p.GetName())
+		}
+	}
+	// The shadow counts are gathered beside the clients, both asking every
+	// member: one slow member costs the wait once.
+	type shadowAnswer struct {
+		views []ShadowView
+		err   error
+	}
+	shadowCh := make(chan shadowAnswer, 1)
+	if len(puts) > 0 {
+		go func() {
+			views, err := a.shadowViews(r.Context(), puts)
+			shadowCh <- shadowAnswer{views, err}
+		}()
+	} else {
+		shadowCh <- shadowAnswer{}
+	}
 	clients, unreachable, err := a.b.Clients(r.Context())
+	sa := <-shadowCh
 	if err != nil {
 		return err
 	}
+	if sa.err != nil {
+		return sa.err
+	}
 	view := RolloutView{RolloutDoc: d, Status: RolloutStatus{
-		Cohort: rollout.CohortOf(ro, clients), Stages: []RolloutStageStatus{}, Shadow: []json.RawMessage{},
+		Cohort: rollout.CohortOf(ro, clients), Stages: []RolloutStageStatus{}, Shadow: []ShadowView{},
 		Unreachable: unreachable,
 	}}
+	for _, v := range sa.views {
+		if v.Totals != (ShadowTotals{}) {
+			v.Unreachable = nil // the status names them once
+			view.Status.Shadow = append(view.Status.Shadow, v)
+		}
+	}
 	for i, s := range d.Stages {
 		st := "pending"
 		switch {

@@ -115,6 +115,7 @@ import (
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/grpccodec"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/store"
 )
 
@@ -137,6 +138,9 @@ type Deps struct {
 	// node never goes back in time; an error refuses the stream with
 	// Unavailable. Nil: no wait (tests of the service alone).
 	CaughtUp func(ctx context.Context) error
+	// Shadow takes the sidecars' shadow reports (ReportShadow); nil:
+	// refused as Unimplemented.
+	Shadow *shadow.Aggregator
 }
 
 // Service implements PolicyDiscoveryService.
@@ -176,16 +180,19 @@ type Service struct {
 	bySet map[*policyset.Set]*setSnapshot
 }
 
-// groupKey names a group: a scope, and the staged rollouts whose
-// candidates its set holds (policyset.Set.Rollouts joined; "" for the
-// stable set). Every stream of a group is sent the same responses.
+// groupKey names a group: a scope, the staged rollouts whose candidates
+// its set holds (policyset.Set.Rollouts joined; "" for the stable set),
+// and whether its streams are served the set without shadow policies
+// (they did not declare the shadow capability). Every stream of a group is
+// sent the same responses.
 type groupKey struct {
-	id   policy.Identity
-	tags string
+	id       policy.Identity
+	tags     string
+	noShadow bool
 }
 
-func keyOf(id policy.Identity, set *policyset.Set) groupKey {
-	return groupKey{id, strings.Join(set.Rollouts, ",")}
+func keyOf(id policy.Identity, set *policyset.Set, caps policyset.Caps) groupKey {
+	return groupKey{id, strings.Join(set.Rollouts, ","), !caps.Shadow}
 }
 
 // group is every stream serving one scope with one set (stable, or one
@@ -342,7 +349,7 @@ func (s *Service) recohort(at time.Time, check func(*stream) bool) {
 	s.mu.Unlock()
 	for _, c := range cands {
 		set := s.setFor(c.st, c.key.id)
-		if keyOf(c.key.id, set) != c.key {
+		if keyOf(c.key.id, set, c.st.caps) != c.key {
 			s.move(c.st, at)
 		}
 	}
@@ -383,7 +390,11 @@ func (s *Service) setFor(st *stream, id policy.Identity) *policyset.Set {
 // groupSet is the current set of g's scope and rollouts, or false when
 // those rollouts no longer give g's scope a candidate at those stages.
 func (s *Service) groupSet(g *group) (*policyset.Set, bool) {
-	return s.deps.Policies.SetTagged(g.id, g.tags)
+	set, ok := s.deps.Policies.SetTagged(g.id, g.tags)
+	if ok && g.key.noShadow {
+		set = set.WithoutShadow()
+	}
+	return set, ok
 }
 
 func (s *Service) push(c store.Change, scopes []policy.Scope) {
@@ -694,7 +705,7 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 		// handled; registering now would leak the stream.
 		return id, false, status.Error(codes.Canceled, "stream ended")
 	}
-	key := keyOf(id, set)
+	key := keyOf(id, set, st.caps)
 	if st.registered && st.key == key {
 		return id, false, nil
 	}

@@ -48,6 +48,9 @@ func (s *Service) newSnapshot(set *policyset.Set) (*snapshot, error) {
 			Labels:   p.Labels,
 			Spec:     p.Spec,
 			Revision: p.Revision,
+			// Only clients that declared "shadow" are served a set
+			// holding shadow policies (policyset.Set.WithoutShadow).
+			Enforcement: p.Enforcement,
 		})
 	}
 	// Deterministic: map keys (labels) in order, so that a policy that did

@@ -86,7 +86,11 @@ func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Iden
 		caps:        caps,
 	}
 	c.lastPong.Store(now.UnixNano())
-	ws.SetReadLimit(h.cfg.MaxMessageBytes)
+	limit := h.cfg.MaxMessageBytes
+	if caps.Shadow {
+		limit = max(limit, maxShadowReportBytes)
+	}
+	ws.SetReadLimit(limit)
 	return c
 }
 
@@ -344,15 +348,21 @@ func (c *conn) readable() {
 	go c.readTask()
 }
 
-// clientMessage is what a client may send: only {"type":"pong"} is valid.
+// clientMessage is what a client may send: {"type":"pong"}, or a
+// shadow_report (feedv1.ShadowReport).
 type clientMessage struct {
 	Type string `json:"type"`
 }
 
+// maxShadowReportBytes is the read limit of a connection that declared the
+// shadow capability, when feed.max_message_bytes is below it: a report of
+// 256 entries (shadow.MaxEntries) with long policy names fits.
+const maxShadowReportBytes = 128 << 10
+
 // readTask reads the client's messages: while polled, until the client is
 // between messages and the socket holds nothing more; otherwise until the
-// connection ends. Only pong is accepted; anything else closes the
-// connection.
+// connection ends. Only pong and shadow_report are accepted; anything else
+// closes the connection.
 func (c *conn) readTask() {
 	rearm := false
 	for {
@@ -365,11 +375,15 @@ func (c *conn) readTask() {
 			c.readFailed(err)
 			break
 		}
-		if code, reason, ok := classifyFrame(typ, data); !ok {
+		report, code, reason, ok := classifyFrame(typ, data)
+		if !ok {
 			c.closeWith(code, reason, nil)
 			break
 		}
 		c.lastPong.Store(time.Now().UnixNano())
+		if report != nil {
+			c.h.shadowReport(c, report)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -389,33 +403,42 @@ func (c *conn) readTask() {
 	}
 }
 
-// classifyFrame decides what a frame the client sent means: ok for a pong,
-// otherwise the close code and reason to end the connection with. It is
-// pure (no connection, no clock) so that the decoding of untrusted frames
-// can be fuzzed apart from the socket; readTask is its only caller. The
-// reason already fits a close frame.
-func classifyFrame(typ websocket.MessageType, data []byte) (code websocket.StatusCode, reason string, ok bool) {
+// classifyFrame decides what a frame the client sent means: ok for a pong
+// or a shadow_report (report set), otherwise the close code and reason to
+// end the connection with. It is pure (no connection, no clock) so that the
+// decoding of untrusted frames can be fuzzed apart from the socket;
+// readTask is its only caller. The reason already fits a close frame. A
+// well-formed report's counts are checked by the node's aggregate (shadow),
+// which ignores and counts bad ones without closing.
+func classifyFrame(typ websocket.MessageType, data []byte) (report *feedv1.ShadowReport, code websocket.StatusCode, reason string, ok bool) {
 	if typ != websocket.MessageText {
-		return websocket.StatusUnsupportedData, "binary frames are not accepted", false
+		return nil, websocket.StatusUnsupportedData, "binary frames are not accepted", false
 	}
 	// A text frame must be UTF-8 (RFC 6455), and encoding/json would take
 	// invalid bytes and lone surrogate escapes for U+FFFD.
 	if err := utf8field.JSON(data); err != nil {
-		return feedv1.CloseInvalidMessage, truncateReason(err.Error()), false
+		return nil, feedv1.CloseInvalidMessage, truncateReason(err.Error()), false
 	}
 	if !utf8.Valid(data) {
-		return feedv1.CloseInvalidMessage, "message is not valid UTF-8", false
+		return nil, feedv1.CloseInvalidMessage, "message is not valid UTF-8", false
 	}
 	var m clientMessage
 	if err := json.Unmarshal(data, &m); err != nil {
-		return feedv1.CloseInvalidMessage, "invalid JSON message", false
+		return nil, feedv1.CloseInvalidMessage, "invalid JSON message", false
 	}
-	if m.Type != feedv1.TypePong {
-		// The type is the client's text, of any length: cut here too, not
-		// only in closeWith, so the result stands on its own.
-		return feedv1.CloseInvalidMessage, truncateReason(fmt.Sprintf("unexpected message type %q", m.Type)), false
+	switch m.Type {
+	case feedv1.TypePong:
+		return nil, 0, "", true
+	case feedv1.TypeShadowReport:
+		var r feedv1.ShadowReport
+		if err := json.Unmarshal(data, &r); err != nil {
+			return nil, feedv1.CloseInvalidMessage, "invalid shadow_report message", false
+		}
+		return &r, 0, "", true
 	}
-	return 0, "", true
+	// The type is the client's text, of any length: cut here too, not
+	// only in closeWith, so the result stands on its own.
+	return nil, feedv1.CloseInvalidMessage, truncateReason(fmt.Sprintf("unexpected message type %q", m.Type)), false
 }
 
 // readFailed turns the error that ended a read into the close.

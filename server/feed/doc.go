@@ -169,8 +169,11 @@
 // intervals. A close (the reason, then the close handshake) gets at most
 // min(write_timeout, maxCloseGrace) before the socket is cut.
 //
-// A connection's reader accepts only text frames holding {"type":"pong"},
-// up to feed.max_message_bytes: a binary frame closes with 1003, invalid
+// A connection's reader accepts only text frames holding {"type":"pong"}
+// or a shadow_report (docs/rollouts.md, handed to the node's shadow
+// aggregate, which bounds and counts bad ones), up to
+// feed.max_message_bytes (at least 128 KiB for a connection that declared
+// the shadow capability): a binary frame closes with 1003, invalid
 // JSON, another type, or text that is not valid UTF-8 (invalid bytes, or a
 // \u escape of a lone surrogate, which encoding/json would read as U+FFFD;
 // the reason names the field) with 4400 (CloseInvalidMessage), a frame

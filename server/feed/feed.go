@@ -23,6 +23,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/server/shadow"
 	"github.com/policyd/policyd/store"
 )
 
@@ -66,6 +67,9 @@ type Deps struct {
 	// applied waits for it (see admit). Nil: only this node's applied
 	// index is waited for, as if the cluster had committed the since.
 	CaughtUp func(ctx context.Context) error
+	// Shadow takes the connections' shadow reports; nil: they are read
+	// and dropped.
+	Shadow *shadow.Aggregator
 }
 
 // teamKey names a team: team names are only unique within an org.
@@ -395,12 +399,20 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 			items = pending[t]
 			slices.SortStableFunc(items, func(a, b item) int { return cmp.Compare(a.index, b.index) })
 		}
+		prev := t.set
 		t.set = set
 		if len(items) == 0 {
 			continue // a new stage's tags on the content the client holds
 		}
 		msgs := make([]outMsg, 0, len(items))
 		for _, it := range items {
+			if !t.caps.Shadow && prev != nil && !holds(prev, it.name) && !holds(set, it.name) && h.isShadow(it.name) {
+				// A shadow policy this connection is not served, and
+				// did not hold: a delete would say nothing. (Of an
+				// enforced policy it is sent: it may have applied at an
+				// index within the batch.)
+				continue
+			}
 			m, err := b.policyMessage(set, it.name, it.index)
 			if err != nil {
 				h.failLocked(t, err)
@@ -418,6 +430,18 @@ func (h *Hub) policiesChangedLocked(b *batch, c store.Change) {
 // setLocked is the set c is to be served now.
 func (h *Hub) setLocked(c *conn) *policyset.Set {
 	return h.deps.Policies.SetFor(c.ident, c.ident.Employee, c.caps)
+}
+
+// isShadow reports whether policy name is a shadow policy now.
+func (h *Hub) isShadow(name string) bool {
+	rp, ok := h.deps.Policies.Get(name)
+	return ok && rp.Policy.Shadow()
+}
+
+// holds reports whether set holds policy name.
+func holds(set *policyset.Set, name string) bool {
+	_, ok := set.Lookup(name)
+	return ok
 }
 
 // diffNames is the policies whose state differs between two sets, in name
@@ -691,4 +715,43 @@ func scopeStrings(scopes []policy.Scope) []string {
 		}
 	}
 	return out
+}
+
+// shadowReport hands a connection's shadow report to the node's aggregate,
+// which takes only the shadow policies the connection was sent
+// (docs/rollouts.md). A report it refuses is counted there; the feed has
+// no answer to send.
+func (h *Hub) shadowReport(c *conn, r *feedv1.ShadowReport) {
+	if h.deps.Shadow == nil {
+		return
+	}
+	h.mu.RLock()
+	ident, set := c.ident, c.set
+	h.mu.RUnlock()
+	counts := make([]shadow.Count, 0, min(len(r.Counts), shadow.MaxEntries+1))
+	for i, sc := range r.Counts {
+		if i > shadow.MaxEntries {
+			break // refused as too many: no need to copy them all
+		}
+		counts = append(counts, shadow.Count{Policy: sc.Policy, WouldBlock: sc.WouldBlock, WouldAllow: sc.WouldAllow, Evaluated: sc.Evaluated})
+	}
+	err := h.deps.Shadow.Report(shadow.Report{
+		Member:   "ws:" + c.addr,
+		Identity: ident,
+		Counts:   counts,
+		Served: func(name string) bool {
+			if set == nil {
+				return false
+			}
+			rp, ok := set.Lookup(name)
+			return ok && rp.Policy.Shadow()
+		},
+		Exists: func(name string) bool {
+			_, ok := h.deps.Policies.Get(name)
+			return ok
+		},
+	})
+	if err != nil {
+		h.logger.Debug("feed shadow report ignored", "conn", c.addr, "employee", ident.Employee, "err", err)
+	}
 }

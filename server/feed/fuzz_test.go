@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
+	"github.com/google/go-cmp/cmp"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/server/apierror"
@@ -24,9 +25,11 @@ import (
 //	go test ./server/feed/ -run '^$' -fuzz '^FuzzHandshake$' -fuzztime 60s
 
 // FuzzClientFrame feeds arbitrary frames to classifyFrame, the decoder of
-// everything a client sends: it never panics, accepts exactly a pong whose
-// text is valid UTF-8, and any other frame gets the documented close code
-// (1003 for binary, 4400 otherwise) with a reason that fits a close frame.
+// everything a client sends: it never panics, accepts exactly a pong or a
+// well-formed shadow_report whose text is valid UTF-8 (handing back the
+// report encoding/json reads), and any other frame gets the documented
+// close code (1003 for binary, 4400 otherwise) with a reason that fits a
+// close frame.
 func FuzzClientFrame(f *testing.F) {
 	for _, text := range []string{
 		`{"type":"pong"}`,
@@ -55,6 +58,17 @@ func FuzzClientFrame(f *testing.F) {
 		"{\"type\":\"pong\"}\xff",
 		"\xed\xa0\x80",
 		"",
+		`{"type":"shadow_report","counts":[{"policy":"acme.p","would_block":3,"would_allow":0,"evaluated":10}]}`,
+		`{"type":"shadow_report","counts":[]}`,
+		`{"type":"shadow_report"}`,
+		`{"type":"shadow_report","counts":[{"policy":"p","would_block":-1}]}`,
+		`{"type":"shadow_report","counts":[{"policy":"p","would_block":1e30}]}`,
+		`{"type":"shadow_report","counts":[{"policy":"p","evaluated":18446744073709551616}]}`,
+		`{"type":"shadow_report","counts":{"policy":"p"}}`,
+		`{"type":"shadow_report","counts":[{"policy":1}]}`,
+		`{"type":"shadow_report","counts":[null,{"POLICY":"p","Evaluated":2}]}`,
+		`{"type":"shadow_report","counts":"x"}`,
+		`{"type":"Shadow_Report","counts":[]}`,
 	} {
 		f.Add(false, []byte(text))
 	}
@@ -65,14 +79,27 @@ func FuzzClientFrame(f *testing.F) {
 		if binary {
 			typ = websocket.MessageBinary
 		}
-		code, reason, ok := classifyFrame(typ, data)
+		report, code, reason, ok := classifyFrame(typ, data)
 		// utf8field.JSON is fuzzed against an oracle of its own.
-		if want := !binary && isPong(data) && utf8field.JSON(data) == nil; ok != want {
+		msgType := messageType(data)
+		var wantReport feedv1.ShadowReport
+		isReport := msgType == feedv1.TypeShadowReport && json.Unmarshal(data, &wantReport) == nil
+		if want := !binary && (msgType == feedv1.TypePong || isReport) && utf8field.JSON(data) == nil; ok != want {
 			t.Fatalf("classifyFrame(%v, %q) ok = %v, want %v (close %d %q)", typ, data, ok, want, code, reason)
 		}
 		if ok {
 			if code != 0 || reason != "" {
 				t.Fatalf("accepted %q with close %d %q", data, code, reason)
+			}
+			switch {
+			case isReport && report == nil:
+				t.Fatalf("shadow_report %q accepted without its report", data)
+			case isReport:
+				if diff := cmp.Diff(&wantReport, report); diff != "" {
+					t.Fatalf("shadow_report %q decoded (-encoding/json +classifyFrame):\n%s", data, diff)
+				}
+			case report != nil:
+				t.Fatalf("pong %q came with a report %v", data, report)
 			}
 			return
 		}
@@ -89,36 +116,37 @@ func FuzzClientFrame(f *testing.F) {
 	})
 }
 
-// isPong is the fuzz oracle for a pong, written apart from classifyFrame
-// after encoding/json's rules: a JSON object whose "type" members (names
-// matched case-insensitively, later ones winning, null leaving the value as
-// it was, anything but a string or null an error) leave "pong".
-func isPong(data []byte) bool {
+// messageType is the fuzz oracle for a message's type, written apart from
+// classifyFrame after encoding/json's rules: for a JSON object, what its
+// "type" members (names matched case-insensitively, later ones winning,
+// null leaving the value as it was, anything but a string or null an
+// error) leave; "" for anything else.
+func messageType(data []byte) string {
 	if !json.Valid(data) {
-		return false
+		return ""
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return false
+		return ""
 	}
 	typ := ""
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return false
+			return ""
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return false
+			return ""
 		}
 		if name, _ := tok.(string); !strings.EqualFold(name, "type") || string(raw) == "null" {
 			continue
 		}
 		if err := json.Unmarshal(raw, &typ); err != nil {
-			return false
+			return ""
 		}
 	}
-	return typ == feedv1.TypePong
+	return typ
 }
 
 // FuzzHandshake builds handshake requests from fuzzed method, query and

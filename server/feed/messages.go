@@ -84,6 +84,9 @@ func wirePolicy(p *policy.Policy) *feedv1.Policy {
 		Labels:   p.Labels,
 		Spec:     p.Spec,
 		Revision: p.Revision,
+		// Only connections that declared "shadow" are served a set
+		// holding shadow policies (policyset.Set.WithoutShadow).
+		Enforcement: p.Enforcement,
 	}
 }
 

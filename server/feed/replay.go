@@ -157,7 +157,10 @@ func (h *Hub) sendReplayLocked(c *conn, items []replayItem, upto uint64) {
 			data []byte
 			err  error
 		)
-		if it.policy != nil {
+		// A connection without the shadow capability holds no shadow
+		// policy: one that became shadow is deleted from it, as
+		// SetFor's set leaves it out.
+		if it.policy != nil && (c.caps.Shadow || it.policy.Enforcement != policy.EnforcementShadow) {
 			data, err = encode(feedv1.Upsert{Type: feedv1.TypeUpsert, Policy: *it.policy, Version: it.version, Digest: digest})
 		} else {
 			data, err = encode(feedv1.Delete{Type: feedv1.TypeDelete, PolicyName: it.name, Version: it.version, Digest: digest})

@@ -25,6 +25,10 @@
 // rollout's changes applied, versioned by its content like any set, and
 // shared by every cohort member of the identity (cached per identity and
 // rollout tags).
+//
+// Shadow policies (docs/rollouts.md) are in every set; a client that did
+// not declare the shadow capability is served Set.WithoutShadow, derived
+// once per set.
 package policyset
 
 import (
@@ -32,6 +36,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/policy"
@@ -61,7 +66,41 @@ type Set struct {
 	// as "<rollout id>:<stage>", in the order they began; nil for a stable
 	// set.
 	Rollouts []string
+
+	// enforced is the set without its shadow policies, computed once
+	// (WithoutShadow); the set itself when it holds none.
+	enforced atomic.Pointer[Set]
 }
+
+// WithoutShadow is s without its shadow policies, versioned by its own
+// content: what a client that did not declare the shadow capability is
+// served. It is s itself when s holds no shadow policy, and the same *Set
+// on every call, so snapshots and messages encoded per set are shared.
+func (s *Set) WithoutShadow() *Set {
+	if e := s.enforced.Load(); e != nil {
+		return e
+	}
+	if !slices.ContainsFunc(s.Policies, func(rp store.RawPolicy) bool { return rp.Policy.Shadow() }) {
+		s.enforced.CompareAndSwap(nil, s)
+		return s.enforced.Load()
+	}
+	e := &Set{Identity: s.Identity, Index: s.Index, Rollouts: s.Rollouts}
+	h := store.NewSetHash()
+	for _, rp := range s.Policies {
+		if rp.Policy.Shadow() {
+			continue
+		}
+		h.Add(rp.Policy.Name, rp.Stored)
+		e.Policies = append(e.Policies, rp)
+	}
+	e.Version = h.Sum()
+	e.enforced.Store(e)
+	s.enforced.CompareAndSwap(nil, e)
+	return s.enforced.Load()
+}
+
+// HasShadow reports whether s holds a shadow policy.
+func (s *Set) HasShadow() bool { return s.WithoutShadow() != s }
 
 // Lookup returns the policy named name if the set holds it.
 func (s *Set) Lookup(name string) (store.RawPolicy, bool) {

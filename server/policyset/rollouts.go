@@ -347,8 +347,17 @@ func (x *Index) cohortLocked(id policy.Identity, member string) []*rolloutEntry 
 // served: its stable set (Set) unless it declared rollouts and is in the
 // cohort of an active rollout that changes its set, then the candidate
 // set, with Rollouts naming the candidates. Candidate sets are cached per
-// identity and rollouts, so every cohort member of a team shares one.
+// identity and rollouts, so every cohort member of a team shares one. A
+// client without the shadow capability gets the set WithoutShadow.
 func (x *Index) SetFor(id policy.Identity, member string, caps Caps) *Set {
+	s := x.setFor(id, member, caps)
+	if !caps.Shadow {
+		return s.WithoutShadow()
+	}
+	return s
+}
+
+func (x *Index) setFor(id policy.Identity, member string, caps Caps) *Set {
 	if !caps.Rollouts || member == "" {
 		return x.Set(id)
 	}

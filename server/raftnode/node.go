@@ -61,6 +61,9 @@ type Deps struct {
 	Addrs func() (http, grpc string)
 	// LocalClients lists the sidecars connected to this node.
 	LocalClients func() []*clusterv1.ClientInfo
+	// LocalShadow is this node's shadow-policy counts of the named
+	// policies, per policy and scope.
+	LocalShadow func(policies []string) []*clusterv1.ShadowScopeCount
 	// DropSidecars closes every sidecar stream with reason, once this node
 	// is removed from the cluster, and says how many it closed.
 	DropSidecars func(reason string) (streams, conns int)

@@ -241,18 +241,30 @@ func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
 // member reads a command version below raftfsm.RolloutVersion: such a node
 // would stop on the entry. The leader checks again, since a follower's view
 // of the members may lag.
+//
+// A shadow policy (a PutPolicy whose policy has enforcement "shadow") is
+// refused the same way: such a node would drop the field and enforce it.
+// The command is decoded for that only in a cluster not yet upgraded.
 func (n *Node) rolloutGate(cmd *commandv1.Command) (*commandv1.Result, error) {
-	if !raftfsm.IsRolloutType(raftfsm.Type(cmd.GetType())) {
+	t := raftfsm.Type(cmd.GetType())
+	if !raftfsm.IsRolloutType(t) && t != raftfsm.TypePutPolicy {
 		return nil, nil
 	}
 	members, err := n.store.Members()
 	if err != nil {
 		return nil, fmt.Errorf("read member command versions: %w", err)
 	}
-	if v := commandVersion(members); v < raftfsm.RolloutVersion {
-		return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: rollouts need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
+	v := commandVersion(members)
+	if v >= raftfsm.RolloutVersion {
+		return nil, nil
 	}
-	return nil, nil
+	if t == raftfsm.TypePutPolicy {
+		if !raftfsm.IsShadowPut(cmd) {
+			return nil, nil
+		}
+		return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: shadow policies need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
+	}
+	return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: rollouts need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
 }
 
 // commandVersion is the newest command encoding every member reads. A

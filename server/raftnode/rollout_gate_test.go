@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -28,6 +29,13 @@ func TestRolloutGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pol := func(enforcement string) *commandv1.Command {
+		cmd, err := raftfsm.PutPolicy(&policy.Policy{Name: "acme.p", Kind: policy.KindToolPolicy, Spec: []byte(`{}`), Enforcement: enforcement}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
 	tests := []struct {
 		name     string
 		versions []uint32
@@ -39,6 +47,9 @@ func TestRolloutGate(t *testing.T) {
 		{"one member registered none", []uint32{4, 0, 4}, move, true},
 		{"transition, every member reads 4", []uint32{4, 4}, move, false},
 		{"not a rollout command", []uint32{3, 3}, put, false},
+		{"shadow policy, one member reads 3", []uint32{4, 3, 4}, pol("shadow"), true},
+		{"shadow policy, every member reads 4", []uint32{4, 4, 4}, pol("shadow"), false},
+		{"enforced policy, members read 3", []uint32{3, 3}, pol("enforce"), false},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -636,6 +636,180 @@ func (x *ClientInfo) GetCapabilities() []string {
 	return nil
 }
 
+type LocalShadowRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policies      []string               `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalShadowRequest) Reset() {
+	*x = LocalShadowRequest{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalShadowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalShadowRequest) ProtoMessage() {}
+
+func (x *LocalShadowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalShadowRequest.ProtoReflect.Descriptor instead.
+func (*LocalShadowRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *LocalShadowRequest) GetPolicies() []string {
+	if x != nil {
+		return x.Policies
+	}
+	return nil
+}
+
+type LocalShadowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Scopes        []*ShadowScopeCount    `protobuf:"bytes,2,rep,name=scopes,proto3" json:"scopes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalShadowResponse) Reset() {
+	*x = LocalShadowResponse{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalShadowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalShadowResponse) ProtoMessage() {}
+
+func (x *LocalShadowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalShadowResponse.ProtoReflect.Descriptor instead.
+func (*LocalShadowResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LocalShadowResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LocalShadowResponse) GetScopes() []*ShadowScopeCount {
+	if x != nil {
+		return x.Scopes
+	}
+	return nil
+}
+
+// ShadowScopeCount is a shadow policy's counts from the sidecars of one
+// scope ("org/team/employee") since the node started.
+type ShadowScopeCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	WouldBlock    uint64                 `protobuf:"varint,2,opt,name=would_block,json=wouldBlock,proto3" json:"would_block,omitempty"`
+	WouldAllow    uint64                 `protobuf:"varint,3,opt,name=would_allow,json=wouldAllow,proto3" json:"would_allow,omitempty"`
+	Evaluated     uint64                 `protobuf:"varint,4,opt,name=evaluated,proto3" json:"evaluated,omitempty"`
+	Policy        string                 `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShadowScopeCount) Reset() {
+	*x = ShadowScopeCount{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShadowScopeCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShadowScopeCount) ProtoMessage() {}
+
+func (x *ShadowScopeCount) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShadowScopeCount.ProtoReflect.Descriptor instead.
+func (*ShadowScopeCount) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ShadowScopeCount) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *ShadowScopeCount) GetWouldBlock() uint64 {
+	if x != nil {
+		return x.WouldBlock
+	}
+	return 0
+}
+
+func (x *ShadowScopeCount) GetWouldAllow() uint64 {
+	if x != nil {
+		return x.WouldAllow
+	}
+	return 0
+}
+
+func (x *ShadowScopeCount) GetEvaluated() uint64 {
+	if x != nil {
+		return x.Evaluated
+	}
+	return 0
+}
+
+func (x *ShadowScopeCount) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
@@ -679,13 +853,27 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x15last_active_unix_nano\x18\r \x01(\x03R\x12lastActiveUnixNano\x12\x1b\n" +
 	"\tpeer_addr\x18\x0e \x01(\tR\bpeerAddr\x12\x1a\n" +
 	"\brollouts\x18\x0f \x03(\tR\brollouts\x12\"\n" +
-	"\fcapabilities\x18\x10 \x03(\tR\fcapabilities2\xb0\x03\n" +
+	"\fcapabilities\x18\x10 \x03(\tR\fcapabilities\"0\n" +
+	"\x12LocalShadowRequest\x12\x1a\n" +
+	"\bpolicies\x18\x01 \x03(\tR\bpolicies\"l\n" +
+	"\x13LocalShadowResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12<\n" +
+	"\x06scopes\x18\x02 \x03(\v2$.policyd.cluster.v1.ShadowScopeCountR\x06scopes\"\xa0\x01\n" +
+	"\x10ShadowScopeCount\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x1f\n" +
+	"\vwould_block\x18\x02 \x01(\x04R\n" +
+	"wouldBlock\x12\x1f\n" +
+	"\vwould_allow\x18\x03 \x01(\x04R\n" +
+	"wouldAllow\x12\x1c\n" +
+	"\tevaluated\x18\x04 \x01(\x04R\tevaluated\x12\x16\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy2\x90\x04\n" +
 	"\aCluster\x12L\n" +
 	"\x05Apply\x12 .policyd.cluster.v1.ApplyRequest\x1a!.policyd.cluster.v1.ApplyResponse\x12X\n" +
 	"\tReadIndex\x12$.policyd.cluster.v1.ReadIndexRequest\x1a%.policyd.cluster.v1.ReadIndexResponse\x12I\n" +
 	"\x04Join\x12\x1f.policyd.cluster.v1.JoinRequest\x1a .policyd.cluster.v1.JoinResponse\x12O\n" +
 	"\x06Remove\x12!.policyd.cluster.v1.RemoveRequest\x1a\".policyd.cluster.v1.RemoveResponse\x12a\n" +
-	"\fLocalClients\x12'.policyd.cluster.v1.LocalClientsRequest\x1a(.policyd.cluster.v1.LocalClientsResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
+	"\fLocalClients\x12'.policyd.cluster.v1.LocalClientsRequest\x1a(.policyd.cluster.v1.LocalClientsResponse\x12^\n" +
+	"\vLocalShadow\x12&.policyd.cluster.v1.LocalShadowRequest\x1a'.policyd.cluster.v1.LocalShadowResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_cluster_v1_cluster_proto_rawDescOnce sync.Once
@@ -699,7 +887,7 @@ func file_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cluster_v1_cluster_proto_goTypes = []any{
 	(*ApplyRequest)(nil),         // 0: policyd.cluster.v1.ApplyRequest
 	(*ApplyResponse)(nil),        // 1: policyd.cluster.v1.ApplyResponse
@@ -712,28 +900,34 @@ var file_cluster_v1_cluster_proto_goTypes = []any{
 	(*LocalClientsRequest)(nil),  // 8: policyd.cluster.v1.LocalClientsRequest
 	(*LocalClientsResponse)(nil), // 9: policyd.cluster.v1.LocalClientsResponse
 	(*ClientInfo)(nil),           // 10: policyd.cluster.v1.ClientInfo
-	(*v1.Command)(nil),           // 11: policyd.command.v1.Command
-	(*v1.Result)(nil),            // 12: policyd.command.v1.Result
+	(*LocalShadowRequest)(nil),   // 11: policyd.cluster.v1.LocalShadowRequest
+	(*LocalShadowResponse)(nil),  // 12: policyd.cluster.v1.LocalShadowResponse
+	(*ShadowScopeCount)(nil),     // 13: policyd.cluster.v1.ShadowScopeCount
+	(*v1.Command)(nil),           // 14: policyd.command.v1.Command
+	(*v1.Result)(nil),            // 15: policyd.command.v1.Result
 }
 var file_cluster_v1_cluster_proto_depIdxs = []int32{
-	11, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
-	12, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
+	14, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
+	15, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
 	10, // 2: policyd.cluster.v1.LocalClientsResponse.clients:type_name -> policyd.cluster.v1.ClientInfo
-	0,  // 3: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
-	2,  // 4: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
-	4,  // 5: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
-	6,  // 6: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
-	8,  // 7: policyd.cluster.v1.Cluster.LocalClients:input_type -> policyd.cluster.v1.LocalClientsRequest
-	1,  // 8: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
-	3,  // 9: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
-	5,  // 10: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
-	7,  // 11: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
-	9,  // 12: policyd.cluster.v1.Cluster.LocalClients:output_type -> policyd.cluster.v1.LocalClientsResponse
-	8,  // [8:13] is the sub-list for method output_type
-	3,  // [3:8] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	13, // 3: policyd.cluster.v1.LocalShadowResponse.scopes:type_name -> policyd.cluster.v1.ShadowScopeCount
+	0,  // 4: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
+	2,  // 5: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
+	4,  // 6: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
+	6,  // 7: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
+	8,  // 8: policyd.cluster.v1.Cluster.LocalClients:input_type -> policyd.cluster.v1.LocalClientsRequest
+	11, // 9: policyd.cluster.v1.Cluster.LocalShadow:input_type -> policyd.cluster.v1.LocalShadowRequest
+	1,  // 10: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
+	3,  // 11: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
+	5,  // 12: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
+	7,  // 13: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
+	9,  // 14: policyd.cluster.v1.Cluster.LocalClients:output_type -> policyd.cluster.v1.LocalClientsResponse
+	12, // 15: policyd.cluster.v1.Cluster.LocalShadow:output_type -> policyd.cluster.v1.LocalShadowResponse
+	10, // [10:16] is the sub-list for method output_type
+	4,  // [4:10] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_cluster_v1_cluster_proto_init() }
@@ -747,7 +941,7 @@ func file_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Cluster_Join_FullMethodName         = "/policyd.cluster.v1.Cluster/Join"
 	Cluster_Remove_FullMethodName       = "/policyd.cluster.v1.Cluster/Remove"
 	Cluster_LocalClients_FullMethodName = "/policyd.cluster.v1.Cluster/LocalClients"
+	Cluster_LocalShadow_FullMethodName  = "/policyd.cluster.v1.Cluster/LocalShadow"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -47,6 +48,10 @@ type ClusterClient interface {
 	// LocalClients lists the sidecars connected to the receiving node only;
 	// GET /v1/clients and /v1/rollout ask every member and merge.
 	LocalClients(ctx context.Context, in *LocalClientsRequest, opts ...grpc.CallOption) (*LocalClientsResponse, error)
+	// LocalShadow returns the receiving node's shadow-policy counts of the
+	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
+	// and GET /v1/rollouts/{id} sum every member's.
+	LocalShadow(ctx context.Context, in *LocalShadowRequest, opts ...grpc.CallOption) (*LocalShadowResponse, error)
 }
 
 type clusterClient struct {
@@ -107,6 +112,16 @@ func (c *clusterClient) LocalClients(ctx context.Context, in *LocalClientsReques
 	return out, nil
 }
 
+func (c *clusterClient) LocalShadow(ctx context.Context, in *LocalShadowRequest, opts ...grpc.CallOption) (*LocalShadowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LocalShadowResponse)
+	err := c.cc.Invoke(ctx, Cluster_LocalShadow_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -124,6 +139,10 @@ type ClusterServer interface {
 	// LocalClients lists the sidecars connected to the receiving node only;
 	// GET /v1/clients and /v1/rollout ask every member and merge.
 	LocalClients(context.Context, *LocalClientsRequest) (*LocalClientsResponse, error)
+	// LocalShadow returns the receiving node's shadow-policy counts of the
+	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
+	// and GET /v1/rollouts/{id} sum every member's.
+	LocalShadow(context.Context, *LocalShadowRequest) (*LocalShadowResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -148,6 +167,9 @@ func (UnimplementedClusterServer) Remove(context.Context, *RemoveRequest) (*Remo
 }
 func (UnimplementedClusterServer) LocalClients(context.Context, *LocalClientsRequest) (*LocalClientsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LocalClients not implemented")
+}
+func (UnimplementedClusterServer) LocalShadow(context.Context, *LocalShadowRequest) (*LocalShadowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LocalShadow not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -260,6 +282,24 @@ func _Cluster_LocalClients_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_LocalShadow_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LocalShadowRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).LocalShadow(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_LocalShadow_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).LocalShadow(ctx, req.(*LocalShadowRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -286,6 +326,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LocalClients",
 			Handler:    _Cluster_LocalClients_Handler,
+		},
+		{
+			MethodName: "LocalShadow",
+			Handler:    _Cluster_LocalShadow_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -253,7 +253,11 @@ type Policy struct {
 	Scope  *Scope                 `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
 	Labels map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The spec as canonical JSON (sorted keys, no insignificant space).
-	Spec          []byte `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	Spec []byte `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
+	// "" (enforce) or "shadow" (docs/rollouts.md). Command version 4: the
+	// proposer refuses a shadow policy while a member reads an older one,
+	// which would drop the field and enforce the policy.
+	Enforcement   string `protobuf:"bytes,6,opt,name=enforcement,proto3" json:"enforcement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +325,13 @@ func (x *Policy) GetSpec() []byte {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *Policy) GetEnforcement() string {
+	if x != nil {
+		return x.Enforcement
+	}
+	return ""
 }
 
 // Employee is an employee without its server-managed fields.
@@ -956,13 +967,14 @@ const file_command_v1_command_proto_rawDesc = "" +
 	"\x05Scope\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
 	"\x04team\x18\x02 \x01(\tR\x04team\x12\x1a\n" +
-	"\bemployee\x18\x03 \x01(\tR\bemployee\"\xf0\x01\n" +
+	"\bemployee\x18\x03 \x01(\tR\bemployee\"\x92\x02\n" +
 	"\x06Policy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12/\n" +
 	"\x05scope\x18\x03 \x01(\v2\x19.policyd.command.v1.ScopeR\x05scope\x12>\n" +
 	"\x06labels\x18\x04 \x03(\v2&.policyd.command.v1.Policy.LabelsEntryR\x06labels\x12\x12\n" +
-	"\x04spec\x18\x05 \x01(\fR\x04spec\x1a9\n" +
+	"\x04spec\x18\x05 \x01(\fR\x04spec\x12 \n" +
+	"\venforcement\x18\x06 \x01(\tR\venforcement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"X\n" +

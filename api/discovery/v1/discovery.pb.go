@@ -220,13 +220,16 @@ func (x *PolicyDiscoveryRequest) GetCapabilities() []string {
 }
 
 type Policy struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Scope         *Scope                 `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Spec          []byte                 `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"` // JSON
-	Revision      uint64                 `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Kind     string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Scope    *Scope                 `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	Labels   map[string]string      `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Spec     []byte                 `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"` // JSON
+	Revision uint64                 `protobuf:"varint,6,opt,name=revision,proto3" json:"revision,omitempty"`
+	// "" (enforce) or "shadow": evaluate it apart and never enforce it. Sent
+	// only to clients that declared the "shadow" capability.
+	Enforcement   string `protobuf:"bytes,7,opt,name=enforcement,proto3" json:"enforcement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +304,13 @@ func (x *Policy) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Policy) GetEnforcement() string {
+	if x != nil {
+		return x.Enforcement
+	}
+	return ""
 }
 
 type PolicyDiscoveryResponse struct {
@@ -467,6 +477,166 @@ func (x *HealthCheckResponse) GetLeaderId() string {
 	return ""
 }
 
+// ShadowReport is a client's shadow-policy counts since its previous report.
+type ShadowReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientAddress string                 `protobuf:"bytes,1,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
+	Counts        []*ShadowCount         `protobuf:"bytes,2,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShadowReport) Reset() {
+	*x = ShadowReport{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShadowReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShadowReport) ProtoMessage() {}
+
+func (x *ShadowReport) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShadowReport.ProtoReflect.Descriptor instead.
+func (*ShadowReport) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ShadowReport) GetClientAddress() string {
+	if x != nil {
+		return x.ClientAddress
+	}
+	return ""
+}
+
+func (x *ShadowReport) GetCounts() []*ShadowCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// ShadowCount is one shadow policy's counts: decisions where it would have
+// denied while the enforced policies allowed (would_block), the reverse
+// (would_allow), and how often it was evaluated.
+type ShadowCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Policy        string                 `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	WouldBlock    uint64                 `protobuf:"varint,2,opt,name=would_block,json=wouldBlock,proto3" json:"would_block,omitempty"`
+	WouldAllow    uint64                 `protobuf:"varint,3,opt,name=would_allow,json=wouldAllow,proto3" json:"would_allow,omitempty"`
+	Evaluated     uint64                 `protobuf:"varint,4,opt,name=evaluated,proto3" json:"evaluated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShadowCount) Reset() {
+	*x = ShadowCount{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShadowCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShadowCount) ProtoMessage() {}
+
+func (x *ShadowCount) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShadowCount.ProtoReflect.Descriptor instead.
+func (*ShadowCount) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ShadowCount) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *ShadowCount) GetWouldBlock() uint64 {
+	if x != nil {
+		return x.WouldBlock
+	}
+	return 0
+}
+
+func (x *ShadowCount) GetWouldAllow() uint64 {
+	if x != nil {
+		return x.WouldAllow
+	}
+	return 0
+}
+
+func (x *ShadowCount) GetEvaluated() uint64 {
+	if x != nil {
+		return x.Evaluated
+	}
+	return 0
+}
+
+type ShadowReportResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShadowReportResponse) Reset() {
+	*x = ShadowReportResponse{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShadowReportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShadowReportResponse) ProtoMessage() {}
+
+func (x *ShadowReportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShadowReportResponse.ProtoReflect.Descriptor instead.
+func (*ShadowReportResponse) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{9}
+}
+
 var File_discovery_v1_discovery_proto protoreflect.FileDescriptor
 
 const file_discovery_v1_discovery_proto_rawDesc = "" +
@@ -484,14 +654,15 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\x0eresponse_nonce\x18\x03 \x01(\tR\rresponseNonce\x12D\n" +
 	"\ferror_detail\x18\x04 \x01(\v2!.policyd.discovery.v1.ErrorDetailR\verrorDetail\x121\n" +
 	"\x05scope\x18\x05 \x01(\v2\x1b.policyd.discovery.v1.ScopeR\x05scope\x12\"\n" +
-	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\x90\x02\n" +
+	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\"\xb2\x02\n" +
 	"\x06Policy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x121\n" +
 	"\x05scope\x18\x03 \x01(\v2\x1b.policyd.discovery.v1.ScopeR\x05scope\x12@\n" +
 	"\x06labels\x18\x04 \x03(\v2(.policyd.discovery.v1.Policy.LabelsEntryR\x06labels\x12\x12\n" +
 	"\x04spec\x18\x05 \x01(\fR\x04spec\x12\x1a\n" +
-	"\brevision\x18\x06 \x01(\x04R\brevision\x1a9\n" +
+	"\brevision\x18\x06 \x01(\x04R\brevision\x12 \n" +
+	"\venforcement\x18\a \x01(\tR\venforcement\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaa\x01\n" +
@@ -504,10 +675,22 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\x0eclient_address\x18\x01 \x01(\tR\rclientAddress\"K\n" +
 	"\x13HealthCheckResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
-	"\tleader_id\x18\x02 \x01(\tR\bleaderId2\xef\x01\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\"p\n" +
+	"\fShadowReport\x12%\n" +
+	"\x0eclient_address\x18\x01 \x01(\tR\rclientAddress\x129\n" +
+	"\x06counts\x18\x02 \x03(\v2!.policyd.discovery.v1.ShadowCountR\x06counts\"\x85\x01\n" +
+	"\vShadowCount\x12\x16\n" +
+	"\x06policy\x18\x01 \x01(\tR\x06policy\x12\x1f\n" +
+	"\vwould_block\x18\x02 \x01(\x04R\n" +
+	"wouldBlock\x12\x1f\n" +
+	"\vwould_allow\x18\x03 \x01(\x04R\n" +
+	"wouldAllow\x12\x1c\n" +
+	"\tevaluated\x18\x04 \x01(\x04R\tevaluated\"\x16\n" +
+	"\x14ShadowReportResponse2\xcf\x02\n" +
 	"\x16PolicyDiscoveryService\x12q\n" +
 	"\x0eStreamPolicies\x12,.policyd.discovery.v1.PolicyDiscoveryRequest\x1a-.policyd.discovery.v1.PolicyDiscoveryResponse(\x010\x01\x12b\n" +
-	"\vHealthCheck\x12(.policyd.discovery.v1.HealthCheckRequest\x1a).policyd.discovery.v1.HealthCheckResponseB9Z7github.com/policyd/policyd/api/discovery/v1;discoveryv1b\x06proto3"
+	"\vHealthCheck\x12(.policyd.discovery.v1.HealthCheckRequest\x1a).policyd.discovery.v1.HealthCheckResponse\x12^\n" +
+	"\fReportShadow\x12\".policyd.discovery.v1.ShadowReport\x1a*.policyd.discovery.v1.ShadowReportResponseB9Z7github.com/policyd/policyd/api/discovery/v1;discoveryv1b\x06proto3"
 
 var (
 	file_discovery_v1_discovery_proto_rawDescOnce sync.Once
@@ -521,7 +704,7 @@ func file_discovery_v1_discovery_proto_rawDescGZIP() []byte {
 	return file_discovery_v1_discovery_proto_rawDescData
 }
 
-var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*Scope)(nil),                   // 0: policyd.discovery.v1.Scope
 	(*ErrorDetail)(nil),             // 1: policyd.discovery.v1.ErrorDetail
@@ -530,23 +713,29 @@ var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*PolicyDiscoveryResponse)(nil), // 4: policyd.discovery.v1.PolicyDiscoveryResponse
 	(*HealthCheckRequest)(nil),      // 5: policyd.discovery.v1.HealthCheckRequest
 	(*HealthCheckResponse)(nil),     // 6: policyd.discovery.v1.HealthCheckResponse
-	nil,                             // 7: policyd.discovery.v1.Policy.LabelsEntry
+	(*ShadowReport)(nil),            // 7: policyd.discovery.v1.ShadowReport
+	(*ShadowCount)(nil),             // 8: policyd.discovery.v1.ShadowCount
+	(*ShadowReportResponse)(nil),    // 9: policyd.discovery.v1.ShadowReportResponse
+	nil,                             // 10: policyd.discovery.v1.Policy.LabelsEntry
 }
 var file_discovery_v1_discovery_proto_depIdxs = []int32{
-	1, // 0: policyd.discovery.v1.PolicyDiscoveryRequest.error_detail:type_name -> policyd.discovery.v1.ErrorDetail
-	0, // 1: policyd.discovery.v1.PolicyDiscoveryRequest.scope:type_name -> policyd.discovery.v1.Scope
-	0, // 2: policyd.discovery.v1.Policy.scope:type_name -> policyd.discovery.v1.Scope
-	7, // 3: policyd.discovery.v1.Policy.labels:type_name -> policyd.discovery.v1.Policy.LabelsEntry
-	3, // 4: policyd.discovery.v1.PolicyDiscoveryResponse.policies:type_name -> policyd.discovery.v1.Policy
-	2, // 5: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:input_type -> policyd.discovery.v1.PolicyDiscoveryRequest
-	5, // 6: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:input_type -> policyd.discovery.v1.HealthCheckRequest
-	4, // 7: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:output_type -> policyd.discovery.v1.PolicyDiscoveryResponse
-	6, // 8: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:output_type -> policyd.discovery.v1.HealthCheckResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	1,  // 0: policyd.discovery.v1.PolicyDiscoveryRequest.error_detail:type_name -> policyd.discovery.v1.ErrorDetail
+	0,  // 1: policyd.discovery.v1.PolicyDiscoveryRequest.scope:type_name -> policyd.discovery.v1.Scope
+	0,  // 2: policyd.discovery.v1.Policy.scope:type_name -> policyd.discovery.v1.Scope
+	10, // 3: policyd.discovery.v1.Policy.labels:type_name -> policyd.discovery.v1.Policy.LabelsEntry
+	3,  // 4: policyd.discovery.v1.PolicyDiscoveryResponse.policies:type_name -> policyd.discovery.v1.Policy
+	8,  // 5: policyd.discovery.v1.ShadowReport.counts:type_name -> policyd.discovery.v1.ShadowCount
+	2,  // 6: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:input_type -> policyd.discovery.v1.PolicyDiscoveryRequest
+	5,  // 7: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:input_type -> policyd.discovery.v1.HealthCheckRequest
+	7,  // 8: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:input_type -> policyd.discovery.v1.ShadowReport
+	4,  // 9: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:output_type -> policyd.discovery.v1.PolicyDiscoveryResponse
+	6,  // 10: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:output_type -> policyd.discovery.v1.HealthCheckResponse
+	9,  // 11: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:output_type -> policyd.discovery.v1.ShadowReportResponse
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_discovery_v1_discovery_proto_init() }
@@ -560,7 +749,7 @@ func file_discovery_v1_discovery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_discovery_v1_discovery_proto_rawDesc), len(file_discovery_v1_discovery_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	PolicyDiscoveryService_StreamPolicies_FullMethodName = "/policyd.discovery.v1.PolicyDiscoveryService/StreamPolicies"
 	PolicyDiscoveryService_HealthCheck_FullMethodName    = "/policyd.discovery.v1.PolicyDiscoveryService/HealthCheck"
+	PolicyDiscoveryService_ReportShadow_FullMethodName   = "/policyd.discovery.v1.PolicyDiscoveryService/ReportShadow"
 )
 
 // PolicyDiscoveryServiceClient is the client API for PolicyDiscoveryService service.
@@ -34,6 +35,9 @@ const (
 type PolicyDiscoveryServiceClient interface {
 	StreamPolicies(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PolicyDiscoveryRequest, PolicyDiscoveryResponse], error)
 	HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error)
+	// ReportShadow takes a client's shadow-policy counts since its last
+	// report (docs/rollouts.md). Same authentication as StreamPolicies.
+	ReportShadow(ctx context.Context, in *ShadowReport, opts ...grpc.CallOption) (*ShadowReportResponse, error)
 }
 
 type policyDiscoveryServiceClient struct {
@@ -67,12 +71,25 @@ func (c *policyDiscoveryServiceClient) HealthCheck(ctx context.Context, in *Heal
 	return out, nil
 }
 
+func (c *policyDiscoveryServiceClient) ReportShadow(ctx context.Context, in *ShadowReport, opts ...grpc.CallOption) (*ShadowReportResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShadowReportResponse)
+	err := c.cc.Invoke(ctx, PolicyDiscoveryService_ReportShadow_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PolicyDiscoveryServiceServer is the server API for PolicyDiscoveryService service.
 // All implementations must embed UnimplementedPolicyDiscoveryServiceServer
 // for forward compatibility.
 type PolicyDiscoveryServiceServer interface {
 	StreamPolicies(grpc.BidiStreamingServer[PolicyDiscoveryRequest, PolicyDiscoveryResponse]) error
 	HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error)
+	// ReportShadow takes a client's shadow-policy counts since its last
+	// report (docs/rollouts.md). Same authentication as StreamPolicies.
+	ReportShadow(context.Context, *ShadowReport) (*ShadowReportResponse, error)
 	mustEmbedUnimplementedPolicyDiscoveryServiceServer()
 }
 
@@ -88,6 +105,9 @@ func (UnimplementedPolicyDiscoveryServiceServer) StreamPolicies(grpc.BidiStreami
 }
 func (UnimplementedPolicyDiscoveryServiceServer) HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HealthCheck not implemented")
+}
+func (UnimplementedPolicyDiscoveryServiceServer) ReportShadow(context.Context, *ShadowReport) (*ShadowReportResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportShadow not implemented")
 }
 func (UnimplementedPolicyDiscoveryServiceServer) mustEmbedUnimplementedPolicyDiscoveryServiceServer() {
 }
@@ -136,6 +156,24 @@ func _PolicyDiscoveryService_HealthCheck_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PolicyDiscoveryService_ReportShadow_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShadowReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PolicyDiscoveryServiceServer).ReportShadow(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PolicyDiscoveryService_ReportShadow_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PolicyDiscoveryServiceServer).ReportShadow(ctx, req.(*ShadowReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PolicyDiscoveryService_ServiceDesc is the grpc.ServiceDesc for PolicyDiscoveryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -146,6 +184,10 @@ var PolicyDiscoveryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "HealthCheck",
 			Handler:    _PolicyDiscoveryService_HealthCheck_Handler,
+		},
+		{
+			MethodName: "ReportShadow",
+			Handler:    _PolicyDiscoveryService_ReportShadow_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -5,7 +5,7 @@
 //
 // Every message is one text frame holding one JSON object with a "type"
 // field. Server → client: init, upsert, delete, revoke, ping. Client →
-// server: pong. Unknown fields must be ignored by both sides, so fields can
+// server: pong, shadow_report. Unknown fields must be ignored by both sides, so fields can
 // be added later; unknown message types are ignored by clients and answered
 // with a close (CloseInvalidMessage) by the server.
 package feedv1
@@ -23,6 +23,10 @@ const (
 	TypeRevoke = "revoke"
 	TypePing   = "ping"
 	TypePong   = "pong"
+	// TypeShadowReport carries a client's shadow-policy counts since its
+	// previous report (docs/rollouts.md). A client sends it only to a
+	// server that sent it shadow policies, which reads it.
+	TypeShadowReport = "shadow_report"
 )
 
 // Request parameters.
@@ -92,6 +96,9 @@ type Policy struct {
 	Labels   map[string]string `json:"labels,omitempty"`
 	Spec     json.RawMessage   `json:"spec"`
 	Revision uint64            `json:"revision"`
+	// Enforcement is "shadow" for a shadow policy, sent only to clients
+	// that declared CapabilityShadow; omitted means enforce.
+	Enforcement string `json:"enforcement,omitempty"`
 }
 
 // Init is sent once on connect (and instead of a replay that is not
@@ -138,6 +145,23 @@ type Ping struct {
 // Pong answers a Ping.
 type Pong struct {
 	Type string `json:"type"` // TypePong
+}
+
+// ShadowReport is a client's counts of the shadow policies it evaluated
+// since its previous report.
+type ShadowReport struct {
+	Type   string        `json:"type"` // TypeShadowReport
+	Counts []ShadowCount `json:"counts"`
+}
+
+// ShadowCount is one shadow policy's counts: decisions where it would have
+// denied while the enforced policies allowed (would_block), the reverse
+// (would_allow), and how often it was evaluated.
+type ShadowCount struct {
+	Policy     string `json:"policy"`
+	WouldBlock uint64 `json:"would_block"`
+	WouldAllow uint64 `json:"would_allow"`
+	Evaluated  uint64 `json:"evaluated"`
 }
 
 // Message decodes any message: read Type, then the fields that type uses.
