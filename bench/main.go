@@ -98,6 +98,7 @@ func scenarios() []scenario {
 		etcdScenario(),
 		failoverScenario(),
 		rolloutScenario(),
+		shadowScenario(),
 		authzScenario(),
 		suiteScenario(),
 	}

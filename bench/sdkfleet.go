@@ -48,6 +48,14 @@ type sdkFleetSpec struct {
 	// after the fleet has recorded the update, with its receipt time on the
 	// fleet clock.
 	onUpdate func(c *sidecar, u client.Update, at time.Duration)
+	// shadowInterval, when set, is every sidecar's
+	// Config.ShadowReportInterval.
+	shadowInterval time.Duration
+	// interceptor, when set, sees every unary RPC of the gRPC sidecars
+	// (health checks, shadow reports); each sidecar then gets its own
+	// connection to its own node, dialed by bench (the shadow scenario
+	// counts and gates reports with it).
+	interceptor grpc.UnaryClientInterceptor
 }
 
 // sdkFleet is a fleet of sidecars run by the client SDK (package client):
@@ -82,7 +90,14 @@ func openSDKFleet(ctx context.Context, cl *cluster, spec sdkFleetSpec) (*sdkFlee
 	// With one stream per connection each sidecar dials its nodes itself
 	// (conns stays nil) and fails over between them.
 	conns := make([]*grpc.ClientConn, len(f.cars))
-	if spec.streamsPerConn > 1 {
+	switch {
+	case spec.interceptor != nil:
+		var err error
+		if conns, err = f.sharedConns(cl.grpcAddrs(), 1, grpc.WithChainUnaryInterceptor(spec.interceptor)); err != nil {
+			f.close()
+			return nil, err
+		}
+	case spec.streamsPerConn > 1:
 		var err error
 		if conns, err = f.sharedConns(cl.grpcAddrs(), spec.streamsPerConn); err != nil {
 			f.close()
@@ -144,6 +159,7 @@ func (f *sdkFleet) sdkConfig(cl *cluster, spec sdkFleetSpec, c *sidecar, conn *g
 			}
 		},
 	}
+	cfg.ShadowReportInterval = spec.shadowInterval
 	if spec.apply != nil {
 		cfg.Apply = func(set []client.Policy) error { return spec.apply(c, set) }
 	}

@@ -385,7 +385,7 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 // sharedConns dials one ClientConn per streamsPerConn gRPC sidecars of a
 // node (addrs[node]) and returns, per sidecar, the one it uses (nil for a
 // WebSocket sidecar).
-func (f *fleet) sharedConns(addrs []string, streamsPerConn int) ([]*grpc.ClientConn, error) {
+func (f *fleet) sharedConns(addrs []string, streamsPerConn int, opts ...grpc.DialOption) ([]*grpc.ClientConn, error) {
 	out := make([]*grpc.ClientConn, len(f.cars))
 	current := make([]*grpc.ClientConn, len(addrs))
 	perNode := make([]int, len(addrs))
@@ -394,7 +394,7 @@ func (f *fleet) sharedConns(addrs []string, streamsPerConn int) ([]*grpc.ClientC
 			continue
 		}
 		if perNode[c.node]%streamsPerConn == 0 {
-			cc, err := f.dialGRPC(addrs[c.node], streamsPerConn)
+			cc, err := f.dialGRPC(addrs[c.node], streamsPerConn, opts...)
 			if err != nil {
 				return nil, err
 			}
@@ -406,13 +406,14 @@ func (f *fleet) sharedConns(addrs []string, streamsPerConn int) ([]*grpc.ClientC
 	return out, nil
 }
 
-// dialGRPC creates a ClientConn for streams streams to addr.
-func (f *fleet) dialGRPC(addr string, streams int) (*grpc.ClientConn, error) {
-	cc, err := grpc.NewClient(addr,
+// dialGRPC creates a ClientConn for streams streams to addr, with opts
+// after bench's own.
+func (f *fleet) dialGRPC(addr string, streams int, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
 		grpc.WithInitialConnWindowSize(int32(min(streams*streamWindow, math.MaxInt32))),
-	)
+	}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("grpc client for %s: %w", addr, err)
 	}
