@@ -354,7 +354,7 @@ func (c *shadowConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err != nil {
 		return err
 	}
-	fig.Evaluations = sidecarShadowTotal(sf)
+	fig.Evaluations, fig.WouldBlock, fig.WouldAllow = sidecarShadowTotals(sf)
 	if err := env.emit(fig); err != nil {
 		return err
 	}
@@ -404,14 +404,16 @@ func evaluateLoop(ctx context.Context, sdk *client.Client, rate float64) {
 	}
 }
 
-// sidecarShadowTotal is the sidecars' evaluated count summed over every
-// shadow policy.
-func sidecarShadowTotal(sf *sdkFleet) uint64 {
-	var n uint64
+// sidecarShadowTotals are the sidecars' counts summed over every shadow
+// policy: evaluated, would_block, would_allow.
+func sidecarShadowTotals(sf *sdkFleet) (evaluated, wouldBlock, wouldAllow uint64) {
 	for _, sdk := range sf.clients {
-		n += sdk.Stats().ShadowEvaluated
+		st := sdk.Stats()
+		evaluated += st.ShadowEvaluated
+		wouldBlock += st.ShadowWouldBlock
+		wouldAllow += st.ShadowWouldAllow
 	}
-	return n
+	return evaluated, wouldBlock, wouldAllow
 }
 
 // waitShadowTotals polls GET /v1/policies/{name}/shadow of every shadow
@@ -499,6 +501,8 @@ type shadowFigure struct {
 	Failed       int64           `json:"failed"`
 	NodeRejected float64         `json:"node_rejected_in_windows"`
 	Evaluations  uint64          `json:"shadow_evaluations"`
+	WouldBlock   uint64          `json:"shadow_would_block"`
+	WouldAllow   uint64          `json:"shadow_would_allow"`
 	Match        int             `json:"policies_matching"`
 	Mismatch     []string        `json:"mismatch,omitempty"`
 	CPUs         int             `json:"cpus"`
@@ -555,4 +559,14 @@ func (f *shadowFigure) row() []string {
 		num(f.NodeCPUOff) + "/" + num(f.NodeCPUOn), num(f.ReportsPerS), num(f.MedianMs) + " (" + strings.Join(per, ", ") + ")",
 		num(f.PooledMs), strconv.FormatInt(f.RateLimited, 10), num(f.NodeRejected),
 		strconv.Itoa(f.Match) + "/" + strconv.Itoa(f.ShadowPolicies)}
+}
+
+func (f *shadowFigure) targets() []targetResult {
+	met := f.Accepted > 0 && f.RateLimited == 0 && f.Failed == 0 && f.NodeRejected == 0 && f.Match == f.ShadowPolicies
+	return []targetResult{{
+		Target: fmt.Sprintf("shadow reports (%d SDK sidecars, %d node(s)): none rejected, and the cluster's counts equal the sidecars'", f.Sidecars, f.Nodes),
+		Measured: fmt.Sprintf("%g ms node CPU per 1,000 reports (median of %d rounds; pooled %g), %d accepted, %d rate limited, %d failed, %g rejected by the node, %d of %d policies matching",
+			f.MedianMs, len(f.PerRoundMs), f.PooledMs, f.Accepted, f.RateLimited, f.Failed, f.NodeRejected, f.Match, f.ShadowPolicies),
+		Met: met,
+	}}
 }
