@@ -279,6 +279,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The machine is described before the run: its load average is the
+	// other sessions' load, which the figures are read against.
+	var machine machineInfo
+	if common.results != "" {
+		machine = collectMachine(ctx, root)
+	}
 	started := time.Now()
 	runErr := scenarioRunner.run(ctx, env)
 	if err := unpin(); err != nil {
@@ -286,7 +292,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	rep.printSummary(stderr)
 	if common.results != "" {
-		m := collectMachine(ctx, root)
+		m := machine
 		m.NodeCPUs, m.LoadCPUs = env.nodeCPUs, env.loadCPUs
 		doc, err := buildResults(m, "go run ./bench "+strings.Join(args, " "),
 			started, time.Since(started), rep.figures, runErr)
