@@ -123,10 +123,10 @@ func TestSuiteSteps(t *testing.T) {
 		}
 		return out
 	}
-	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-pinned", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover", "rollout", "authz"}, names(c.steps())); diff != "" {
+	if diff := cmp.Diff([]string{"etcd", "propagation", "propagation-10k", "propagation-10k-pinned", "propagation-10k-simulated", "idle-memory", "idle-memory-conn", "failover", "rollout", "shadow", "authz"}, names(c.steps())); diff != "" {
 		t.Errorf("steps (-want +got):\n%s", diff)
 	}
-	c.skip = "etcd, failover ,propagation-10k,propagation-10k-pinned,propagation-10k-simulated,idle-memory-conn,rollout,authz"
+	c.skip = "etcd, failover ,propagation-10k,propagation-10k-pinned,propagation-10k-simulated,idle-memory-conn,rollout,shadow,authz"
 	if diff := cmp.Diff([]string{"propagation", "idle-memory"}, names(c.steps())); diff != "" {
 		t.Errorf("steps with -skip (-want +got):\n%s", diff)
 	}
