@@ -118,7 +118,7 @@ func (c *suiteConfig) all() []suiteStep {
 		// sidecars; one round of the scenario's five (about 35 s): enough
 		// to check that no report is rejected and the counts add up, but
 		// one round's figure is noisy (35–160 ms per 1,000 reports where
-		// five rounds' medians were 80–90 ms).
+		// five rounds' medians were 70–90 ms).
 		{"shadow", "shadow", []string{"-rounds", "1"}},
 		// About 40 s: the sidecar pinned to CPU 1 (its own -authz-cpus
 		// default), bench on the other.
