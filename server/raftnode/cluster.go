@@ -363,14 +363,28 @@ func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Se
 // A member that does not answer in time is listed in unreachable rather than
 // failing the whole view.
 func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
+	return askMembers(ctx, n, "list its clients", n.localClients(),
+		func(ctx context.Context, c clusterv1.ClusterClient) ([]*clusterv1.ClientInfo, error) {
+			resp, err := c.LocalClients(ctx, &clusterv1.LocalClientsRequest{})
+			return resp.GetClients(), err
+		})
+}
+
+// askMembers gathers a cluster-wide view: local, this node's part, and what
+// ask gets from every other member of the Raft configuration, asked in
+// parallel, each within peerQueryTimeout. A member that fails (what names
+// the question in the log) is listed in unreachable, sorted.
+func askMembers[T any](ctx context.Context, n *Node, what string, local []T,
+	ask func(ctx context.Context, c clusterv1.ClusterClient) ([]T, error),
+) ([]T, []string, error) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
 		return nil, nil, fmt.Errorf("read configuration: %w", err)
 	}
 	type answer struct {
-		id      string
-		clients []*clusterv1.ClientInfo
-		err     error
+		id   string
+		part []T
+		err  error
 	}
 	var asks []string
 	addrs := map[string]string{}
@@ -390,20 +404,20 @@ func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, 
 				answers <- answer{id: id, err: err}
 				return
 			}
-			resp, err := c.LocalClients(ctx, &clusterv1.LocalClientsRequest{})
-			answers <- answer{id: id, clients: resp.GetClients(), err: err}
+			part, err := ask(ctx, c)
+			answers <- answer{id: id, part: part, err: err}
 		}()
 	}
-	all := n.localClients()
+	all := local
 	var unreachable []string
 	for range asks {
 		a := <-answers
 		if a.err != nil {
-			n.logger.Debug("member did not list its clients", "member", a.id, "err", a.err)
+			n.logger.Debug("member did not "+what, "member", a.id, "err", a.err)
 			unreachable = append(unreachable, a.id)
 			continue
 		}
-		all = append(all, a.clients...)
+		all = append(all, a.part...)
 	}
 	slices.Sort(unreachable)
 	return all, unreachable, nil

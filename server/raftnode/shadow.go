@@ -2,8 +2,6 @@ package raftnode
 
 import (
 	"context"
-	"fmt"
-	"slices"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 )
@@ -33,48 +31,9 @@ func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
 // and scope, not summed; a member that does not answer in time is named in
 // unreachable.
 func (n *Node) Shadow(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return nil, nil, fmt.Errorf("read configuration: %w", err)
-	}
-	type answer struct {
-		id     string
-		counts []*clusterv1.ShadowScopeCount
-		err    error
-	}
-	var asks []string
-	addrs := map[string]string{}
-	for _, srv := range f.Configuration().Servers {
-		if string(srv.ID) != n.id {
-			asks = append(asks, string(srv.ID))
-			addrs[string(srv.ID)] = string(srv.Address)
-		}
-	}
-	answers := make(chan answer, len(asks))
-	for _, id := range asks {
-		go func() {
-			ctx, cancel := context.WithTimeout(ctx, peerQueryTimeout)
-			defer cancel()
-			c, err := n.peers.client(addrs[id])
-			if err != nil {
-				answers <- answer{id: id, err: err}
-				return
-			}
+	return askMembers(ctx, n, "report its shadow counts", n.localShadow(names),
+		func(ctx context.Context, c clusterv1.ClusterClient) ([]*clusterv1.ShadowScopeCount, error) {
 			resp, err := c.LocalShadow(ctx, &clusterv1.LocalShadowRequest{Policies: names})
-			answers <- answer{id: id, counts: resp.GetScopes(), err: err}
-		}()
-	}
-	all := n.localShadow(names)
-	var unreachable []string
-	for range asks {
-		a := <-answers
-		if a.err != nil {
-			n.logger.Debug("member did not report its shadow counts", "member", a.id, "err", a.err)
-			unreachable = append(unreachable, a.id)
-			continue
-		}
-		all = append(all, a.counts...)
-	}
-	slices.Sort(unreachable)
-	return all, unreachable, nil
+			return resp.GetScopes(), err
+		})
 }
