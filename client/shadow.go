@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/cel-go/interpreter"
-
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
@@ -148,12 +146,10 @@ func shadowTools(shadow []*shadowPolicy, tool string, input map[string]any, allo
 // shadowEvaluate evaluates every shadow policy that applies to req, each
 // alone, against the enforced decision. An evaluation error counts as a
 // denial, as it would if the policy were enforced, but not in EvalErrors.
-func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, req *Request, allowed bool) {
-	if req.Tool != "" {
-		shadowTools(shadow, req.Tool, req.Input, allowed)
+func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, in *celInput, allowed bool) {
+	if in.req.Tool != "" {
+		shadowTools(shadow, in.req.Tool, in.req.Input, allowed)
 	}
-	var vars interpreter.Activation
-	var size uint64
 	for _, sp := range shadow {
 		if sp.val == nil {
 			continue
@@ -161,46 +157,14 @@ func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, req
 		if ctx.Err() != nil {
 			return
 		}
-		if vars == nil {
-			var err error
-			vars, err = interpreter.NewActivation(map[string]any{
-				"object": req.Object, "oldObject": req.OldObject, "request": req.Request,
-				"params": req.Params, "tool": req.Tool, "input": req.Input,
-			})
-			if err != nil {
-				return
-			}
-			size = inputSize(req)
+		vars, err := in.activation()
+		if err != nil {
+			return
 		}
-		if applies, denies := validatorDenies(sp.val, size, vars); applies {
-			sp.n.count(denies, allowed)
+		if applies, d := sp.val.decide(in.size, vars); applies {
+			sp.n.count(d != nil, allowed)
 		}
 	}
-}
-
-// validatorDenies is Evaluate's decision for one ValidatingPolicy: whether
-// it applies (no match condition false) and whether it denies (a failed
-// condition or validation, or an error).
-func validatorDenies(val *validator, size uint64, vars interpreter.Activation) (applies, denies bool) {
-	failed := false
-	for i := range val.conditions {
-		ok, err := evalBool(val.conditions[i].prog, size, vars)
-		switch {
-		case err == nil && !ok:
-			return false, false
-		case err != nil:
-			failed = true
-		}
-	}
-	if failed {
-		return true, true
-	}
-	for i := range val.checks {
-		if ok, _ := evalBool(val.checks[i].prog, size, vars); !ok {
-			return true, true
-		}
-	}
-	return true, false
 }
 
 // shadowStatsLocked fills s's shadow counts, cumulative since New.

@@ -186,18 +186,47 @@ type Decision struct {
 // after the enforced decision, and counted (Stats.Shadow).
 func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 	v := c.view.Load()
-	d := c.evaluate(ctx, v, &req)
+	in := &celInput{req: &req}
+	d := c.evaluate(ctx, v, in)
 	if v.shadow != nil && v.block == "" {
-		c.shadowEvaluate(ctx, v.shadow, &req, d.Allowed)
+		c.shadowEvaluate(ctx, v.shadow, in, d.Allowed)
 	}
 	return d
 }
 
+// celInput is a request as CEL reads it, built once for the enforced and
+// the shadow policies of one Evaluate, and only if a ValidatingPolicy runs.
+type celInput struct {
+	req  *Request
+	vars interpreter.Activation
+	size uint64 // inputSize, which picks each expression's program
+	err  error
+}
+
+func (in *celInput) activation() (interpreter.Activation, error) {
+	if in.vars == nil && in.err == nil {
+		// One activation for every program. The cost limit, not ctx,
+		// bounds each evaluation: ContextEval would cost a cancellable
+		// context per expression, a fifth of the time of a small one.
+		in.vars, in.err = interpreter.NewActivation(map[string]any{
+			"object":    in.req.Object,
+			"oldObject": in.req.OldObject,
+			"request":   in.req.Request,
+			"params":    in.req.Params,
+			"tool":      in.req.Tool,
+			"input":     in.req.Input,
+		})
+		in.size = inputSize(in.req)
+	}
+	return in.vars, in.err
+}
+
 // evaluate is Evaluate's decision with the enforced policies of v.
-func (c *Client) evaluate(ctx context.Context, v *view, req *Request) Decision {
+func (c *Client) evaluate(ctx context.Context, v *view, in *celInput) Decision {
 	if v.block != "" {
 		return Decision{Message: v.block}
 	}
+	req := in.req
 	if req.Tool != "" {
 		if r := c.toolDeny(v.rules, req.Tool, req.Input); r != nil {
 			return Decision{Policy: r.name, Message: r.denial()}
@@ -206,58 +235,34 @@ func (c *Client) evaluate(ctx context.Context, v *view, req *Request) Decision {
 	if len(v.validators) == 0 {
 		return Decision{Allowed: true}
 	}
-	// One activation for every program. The cost limit, not ctx, bounds
-	// each evaluation: ContextEval would cost a cancellable context per
-	// expression, a fifth of the time of a small one.
-	vars, err := interpreter.NewActivation(map[string]any{
-		"object":    req.Object,
-		"oldObject": req.OldObject,
-		"request":   req.Request,
-		"params":    req.Params,
-		"tool":      req.Tool,
-		"input":     req.Input,
-	})
+	vars, err := in.activation()
 	if err != nil {
 		c.evalErrors.Add(1)
 		return Decision{Message: "evaluation failed", Err: fmt.Errorf("CEL activation: %w", err)}
 	}
-	size := inputSize(req)
 	for _, val := range v.validators {
 		if err := ctx.Err(); err != nil {
 			c.evalErrors.Add(1)
 			return Decision{Message: "evaluation cancelled", Err: err}
 		}
-		if len(val.conditions) > 0 {
-			applies, d := c.matches(val, size, vars)
-			if d != nil {
-				return *d
-			}
-			if !applies {
-				continue
-			}
-		}
-		for i := range val.checks {
-			ch := &val.checks[i]
-			ok, err := evalBool(ch.prog, size, vars)
-			if ok {
-				continue
-			}
-			d := Decision{Policy: val.name, Message: ch.message, Reason: ch.reason}
-			if err != nil {
+		if _, d := val.decide(in.size, vars); d != nil {
+			if d.Err != nil {
 				c.evalErrors.Add(1)
-				d.Err = fmt.Errorf("policy %s: %w", val.name, err)
 			}
-			return d
+			return *d
 		}
 	}
 	return Decision{Allowed: true}
 }
 
-// matches runs val's match conditions the way Kubernetes does: any false
-// one skips the policy (applies false), whatever the others gave; else the
-// first that failed denies (d set, fail closed); else the policy applies.
-// Evaluating them all makes the answer independent of their order.
-func (c *Client) matches(val *validator, size uint64, vars interpreter.Activation) (applies bool, d *Decision) {
+// decide runs one ValidatingPolicy: applies is false when a match
+// condition is false; d is its denial, nil when it is skipped or holds.
+// Match conditions go the way Kubernetes does: any false one skips the
+// policy, whatever the others gave; else the first that failed denies
+// (fail closed). Evaluating them all makes the answer independent of their
+// order. Then the first validation that does not hold denies with its
+// message and reason.
+func (val *validator) decide(size uint64, vars interpreter.Activation) (applies bool, d *Decision) {
 	var failed *condition
 	var failure error
 	for i := range val.conditions {
@@ -270,15 +275,26 @@ func (c *Client) matches(val *validator, size uint64, vars interpreter.Activatio
 			failed, failure = mc, err
 		}
 	}
-	if failed == nil {
-		return true, nil
+	if failed != nil {
+		return true, &Decision{
+			Policy:  val.name,
+			Message: "match condition " + failed.name + " failed",
+			Err:     fmt.Errorf("policy %s: match condition %s: %w", val.name, failed.name, failure),
+		}
 	}
-	c.evalErrors.Add(1)
-	return false, &Decision{
-		Policy:  val.name,
-		Message: "match condition " + failed.name + " failed",
-		Err:     fmt.Errorf("policy %s: match condition %s: %w", val.name, failed.name, failure),
+	for i := range val.checks {
+		ch := &val.checks[i]
+		ok, err := evalBool(ch.prog, size, vars)
+		if ok {
+			continue
+		}
+		d := &Decision{Policy: val.name, Message: ch.message, Reason: ch.reason}
+		if err != nil {
+			d.Err = fmt.Errorf("policy %s: %w", val.name, err)
+		}
+		return true, d
 	}
+	return true, nil
 }
 
 // errNotBool is the error of an expression that gave a type other than bool.
