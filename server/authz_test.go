@@ -31,6 +31,9 @@ type authzSample struct {
 	// adminOnly marks reads that expose more than state (a full database
 	// copy, process profiles): they need the admin role.
 	adminOnly bool
+	// noBody marks writes that read no request body (an action named by
+	// the path alone); every other write must decode its body strictly.
+	noBody bool
 }
 
 // authzSamples has one entry per registered route. A route added to the API
@@ -71,7 +74,7 @@ var authzSamples = map[string]authzSample{
 	"DELETE /v1/cluster/members/{id}": {path: "/v1/cluster/members/no-such-node", want: 404},
 
 	// A one-node cluster has no voter to hand leadership to.
-	"POST /v1/cluster/transfer-leader": {path: "/v1/cluster/transfer-leader", body: `{}`, want: 409},
+	"POST /v1/cluster/transfer-leader": {path: "/v1/cluster/transfer-leader", body: `{"id":"solo"}`, want: 409},
 	"GET /v1/version":                  {path: "/v1/version", want: 200},
 
 	"GET /v1/clients": {path: "/v1/clients", want: 200},
@@ -82,10 +85,10 @@ var authzSamples = map[string]authzSample{
 	"GET /v1/rollouts":      {path: "/v1/rollouts?state=all", want: 200},
 	"GET /v1/rollouts/{id}": {path: "/v1/rollouts/r0", want: 404},
 	// No such rollout: a 404 proves the role check passed.
-	"POST /v1/rollouts/{id}/pause":   {path: "/v1/rollouts/r0/pause", want: 404},
-	"POST /v1/rollouts/{id}/resume":  {path: "/v1/rollouts/r0/resume", want: 404},
-	"POST /v1/rollouts/{id}/promote": {path: "/v1/rollouts/r0/promote", want: 404},
-	"POST /v1/rollouts/{id}/abort":   {path: "/v1/rollouts/r0/abort", want: 404},
+	"POST /v1/rollouts/{id}/pause":   {path: "/v1/rollouts/r0/pause", want: 404, noBody: true},
+	"POST /v1/rollouts/{id}/resume":  {path: "/v1/rollouts/r0/resume", want: 404, noBody: true},
+	"POST /v1/rollouts/{id}/promote": {path: "/v1/rollouts/r0/promote", want: 404, noBody: true},
+	"POST /v1/rollouts/{id}/abort":   {path: "/v1/rollouts/r0/abort", want: 404, noBody: true},
 
 	"GET /v1/reload":   {path: "/v1/reload", planned: true},
 	"GET /v1/drift":    {path: "/v1/drift", planned: true},

@@ -2,10 +2,9 @@ package adminapi
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net/http"
 
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/apierror"
 )
 
@@ -32,15 +31,13 @@ func (a *API) transferLeader(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return &apiError{status: http.StatusNotImplemented, code: apierror.CodeInternal, msg: "this node cannot transfer leadership"}
 	}
-	var req TransferLeaderRequest
 	body, err := readBody(r)
 	if err != nil {
 		return err
 	}
-	if len(body) > 0 {
-		if err := json.Unmarshal(body, &req); err != nil {
-			return badRequest(fmt.Sprintf("body: %v", err))
-		}
+	var req TransferLeaderRequest
+	if err := policy.DecodeStrict(body, &req); err != nil {
+		return err
 	}
 	from, to, err := lt.TransferLeadership(r.Context(), req.ID)
 	if err != nil {
