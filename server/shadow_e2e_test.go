@@ -185,7 +185,7 @@ func TestShadowE2E(t *testing.T) {
 			return &discoveryv1.ShadowCount{Policy: p, WouldBlock: wb, WouldAllow: wa, Evaluated: ev}
 		}
 		before := map[string]float64{}
-		for _, r := range []string{"unknown_policy", "not_applicable", "absurd_count", "too_many_entries", "rate_limited"} {
+		for _, r := range []string{"unknown_policy", "not_applicable", "absurd_count", "too_many_entries", "rate_limited", "duplicate_policy"} {
 			before[r] = rejected(r)
 		}
 		// A sidecar without a stream on this node is refused.
@@ -216,7 +216,17 @@ func TestShadowE2E(t *testing.T) {
 		if got := report("bad-3", many...); got != codes.InvalidArgument {
 			t.Errorf("257 entries: %v, want InvalidArgument", got)
 		}
-		for reason, want := range map[string]float64{"unknown_policy": 1, "not_applicable": 1, "absurd_count": 1, "too_many_entries": 1, "rate_limited": 20} {
+		// One name 256 times at the largest count would add 256 times the
+		// per-entry bound in one report.
+		openStream(t, cc, "bad-4", policy.Scope{Org: "acme"}).next()
+		same := make([]*discoveryv1.ShadowCount, 256)
+		for i := range same {
+			same[i] = count("acme.shadow-curl", 1_000_000, 0, 1_000_000)
+		}
+		if got := report("bad-4", same...); got != codes.InvalidArgument {
+			t.Errorf("one policy named 256 times: %v, want InvalidArgument", got)
+		}
+		for reason, want := range map[string]float64{"unknown_policy": 1, "not_applicable": 1, "absurd_count": 1, "too_many_entries": 1, "rate_limited": 20, "duplicate_policy": 1} {
 			if got := rejected(reason) - before[reason]; got != want {
 				t.Errorf("rejected{reason=%s} grew by %v, want %v", reason, got, want)
 			}

@@ -3,7 +3,8 @@
 // reporting sidecar, in memory, since the node started. The discovery
 // service and the feed hand reports in; the admin API and the peer RPC
 // read them. Reports are untrusted input, so each is bounded: a rate per
-// sidecar, a number of entries, a largest count, and only the shadow
+// sidecar, a number of entries, one entry per policy, a largest count,
+// and only the shadow
 // policies the sidecar is actually served.
 package shadow
 
@@ -44,6 +45,7 @@ const (
 	ReasonRateLimited    = "rate_limited"     // the whole report
 	ReasonTooManyEntries = "too_many_entries" // the whole report
 	ReasonAbsurdCount    = "absurd_count"     // the whole report
+	ReasonDuplicate      = "duplicate_policy" // the whole report: a policy named twice
 	ReasonUnknownPolicy  = "unknown_policy"   // one entry: no such policy
 	ReasonNotApplicable  = "not_applicable"   // one entry: not a shadow policy the sidecar is served
 	ReasonFull           = "aggregate_full"   // one entry: too many (policy, scope) pairs held
@@ -121,7 +123,7 @@ func New(cfg Config, logger *slog.Logger, nodeID string, reg prometheus.Register
 		last:   map[string]time.Time{},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "policyd_shadow_reports_rejected_total", ConstLabels: labels,
-			Help: "Shadow reports (rate_limited, too_many_entries, absurd_count) or report entries (unknown_policy, not_applicable, aggregate_full) ignored.",
+			Help: "Shadow reports (rate_limited, too_many_entries, absurd_count, duplicate_policy) or report entries (unknown_policy, not_applicable, aggregate_full) ignored.",
 		}, []string{"reason"}),
 		disagreements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "policyd_shadow_disagreements_total", ConstLabels: labels,
@@ -168,7 +170,15 @@ func (a *Aggregator) Report(r Report) error {
 		a.rejected.WithLabelValues(ReasonTooManyEntries).Inc()
 		return fmt.Errorf("%w: %d entries, at most %d", ErrInvalid, len(r.Counts), MaxEntries)
 	}
+	seen := make(map[string]struct{}, len(r.Counts))
 	for _, c := range r.Counts {
+		// Per entry bounds hold per policy only if a policy has one entry:
+		// 256 entries of one name would add 256 times MaxCount.
+		if _, dup := seen[c.Policy]; dup {
+			a.rejected.WithLabelValues(ReasonDuplicate).Inc()
+			return fmt.Errorf("%w: policy %.64q named more than once", ErrInvalid, c.Policy)
+		}
+		seen[c.Policy] = struct{}{}
 		if c.WouldBlock > MaxCount || c.WouldAllow > MaxCount || c.Evaluated > MaxCount ||
 			c.WouldBlock+c.WouldAllow > c.Evaluated {
 			a.rejected.WithLabelValues(ReasonAbsurdCount).Inc()

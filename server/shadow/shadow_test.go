@@ -53,6 +53,7 @@ func TestReport(t *testing.T) {
 		{"after 5s", time.Second, report("m1", red, Count{"acme.s", 2, 0, 5}), nil, ""},
 		{"absurd count", 5 * time.Second, report("m1", red, Count{"acme.s", MaxCount + 1, 0, MaxCount + 1}), ErrInvalid, ReasonAbsurdCount},
 		{"more disagreements than evaluations", 5 * time.Second, report("m1", red, Count{"acme.s", 3, 3, 5}), ErrInvalid, ReasonAbsurdCount},
+		{"a policy named twice", 5 * time.Second, report("m1", red, Count{"acme.s", MaxCount, 0, MaxCount}, Count{"acme.s", MaxCount, 0, MaxCount}), ErrInvalid, ReasonDuplicate},
 		{"too many entries", 5 * time.Second, report("m1", red, make([]Count, MaxEntries+1)...), ErrInvalid, ReasonTooManyEntries},
 		{"unknown policy", 5 * time.Second, report("m1", red, Count{"acme.nope", 1, 0, 1}), nil, ReasonUnknownPolicy},
 		{"not served", 5 * time.Second, report("m1", red, Count{"acme.enforced", 1, 0, 1}), nil, ReasonNotApplicable},
