@@ -351,26 +351,8 @@ func TestFullDisk(t *testing.T) {
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			dir := t.TempDir()
-			disk := filepath.Join(dir, "disk")
-			if err := os.Mkdir(disk, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+tc.size, "tmpfs", disk).CombinedOutput(); err != nil {
-				t.Skipf("cannot mount a tmpfs to fill (needs root and mount permission): %v: %s", err, out)
-			}
-			t.Cleanup(func() { _ = exec.Command("umount", "-l", disk).Run() })
-
-			ports := freePorts(t, 3)
-			base := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-			writeConfig := func(dataDir string) string {
-				path := filepath.Join(dir, "node.yaml")
-				cfg := fmt.Sprintf("node_id: node1\ndata_dir: %s\nhttp: {addr: \"127.0.0.1:%d\"}\ngrpc: {addr: \"127.0.0.1:%d\"}\n"+
-					"raft: {addr: \"127.0.0.1:%d\", bootstrap: true, log_store: %s}\n", dataDir, ports[0], ports[1], ports[2], tc.kind)
-				if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				return path
-			}
+			disk := mountTmpfs(t, filepath.Join(dir, "disk"), tc.size)
+			base, writeConfig := soloConfig(t, dir, tc.kind)
 			d := startDaemon(t, dir, "--config", writeConfig(filepath.Join(disk, "data")))
 			waitReady(t, base)
 			acked := putPolicies(base, policyNamesN("before", 10), "r", false)
@@ -417,6 +399,57 @@ func TestFullDisk(t *testing.T) {
 			c.waitHolds(0, acked)
 			d.interrupt(t)
 		})
+	}
+}
+
+// TestWALSegmentNoSpace: a fresh node whose disk cannot hold raft-wal's
+// preallocated segment stops with one line naming the segment, the size it
+// needs against the space free, and what to do; given the space, it starts.
+func TestWALSegmentNoSpace(t *testing.T) {
+	dir := t.TempDir()
+	disk := mountTmpfs(t, filepath.Join(dir, "disk"), "16m")
+	base, writeConfig := soloConfig(t, dir, "wal")
+	config := writeConfig(filepath.Join(disk, "data"))
+	r := waitEnd(t, startDaemon(t, dir, "--config", config), "", 30*time.Second)
+	segment := filepath.Join(disk, "data", "raft", "wal", "00000000000000000001-0000000000000000.wal")
+	checkLastLine(t, r, segment, "preallocates 64 MiB for each log segment, and the disk has ", " MiB free",
+		"no space left on device", "free space on the disk of", "raft.log_store: boltdb")
+
+	if out, err := exec.Command("mount", "-o", "remount,size=100m", disk).CombinedOutput(); err != nil {
+		t.Fatalf("remount: %v: %s", err, out)
+	}
+	d := startDaemon(t, dir, "--config", config)
+	waitReady(t, base)
+	d.interrupt(t)
+}
+
+// mountTmpfs mounts a tmpfs of size at dir, or skips the test where that is
+// not allowed.
+func mountTmpfs(t *testing.T, dir, size string) string {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root and mount permission): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// soloConfig picks a single node's ports and returns its base URL and a
+// function that writes its config, on a data directory, to dir/node.yaml.
+func soloConfig(t *testing.T, dir, logStore string) (string, func(dataDir string) string) {
+	t.Helper()
+	ports := freePorts(t, 3)
+	return fmt.Sprintf("http://127.0.0.1:%d", ports[0]), func(dataDir string) string {
+		path := filepath.Join(dir, "node.yaml")
+		cfg := fmt.Sprintf("node_id: node1\ndata_dir: %s\nhttp: {addr: \"127.0.0.1:%d\"}\ngrpc: {addr: \"127.0.0.1:%d\"}\n"+
+			"raft: {addr: \"127.0.0.1:%d\", bootstrap: true, log_store: %s}\n", dataDir, ports[0], ports[1], ports[2], logStore)
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/policyd/policyd/store"
@@ -141,14 +142,41 @@ func (n *Node) Fault() error {
 	return nil
 }
 
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 // writeRecovery says what to do after a failed write.
 func writeRecovery(dataDir string, err error) string {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+	if isNoSpace(err) {
 		return fmt.Sprintf("free space on the disk of %s, or move that directory to a larger disk, and start the node again; "+
 			"the write that failed was not acknowledged, and the node reads its log back and catches up", dataDir)
 	}
 	return fmt.Sprintf("check the disk of %s (the kernel log names I/O errors) and start the node again once it is healthy; "+
 		"the write that failed was not acknowledged; if the node then finds a file damaged, its message says what to do", dataDir)
+}
+
+// logNoSpace is a Raft log that could not be opened for want of space.
+// raft-wal preallocates each segment whole, so a fresh node on a small
+// disk fails before it writes anything; the message names the segment, the
+// size it needs and the space free.
+func (n *Node) logNoSpace(raftDir, kind string, err error) error {
+	path := logStorePath(raftDir, kind)
+	if kind == LogStoreWAL {
+		if segs, _ := filepath.Glob(filepath.Join(path, "*.wal")); len(segs) > 0 {
+			path = segs[len(segs)-1] // the names sort by first index
+		}
+		const mib = 1 << 20
+		need := fmt.Sprintf("raft-wal preallocates %d MiB for each log segment", wal.DefaultSegmentSize/mib)
+		if free, ok := diskFree(raftDir); ok {
+			need += fmt.Sprintf(", and the disk has %d MiB free", free/mib)
+		}
+		err = fmt.Errorf("%s: %w", need, err)
+	}
+	return &DataError{Path: path, Err: err, Write: true, Recovery: fmt.Sprintf(
+		"free space on the disk of %[1]s, or move that directory to a larger disk, and start the node again; "+
+			"on a new data directory, raft.log_store: boltdb needs no preallocated segment (remove %[2]s first)",
+		n.cfg.DataDir, raftDir)}
 }
 
 // stateDamaged is a state.db that store.Open refused as damaged. state.db
@@ -185,10 +213,13 @@ func (n *Node) openDataFiles() error {
 		return fmt.Errorf("create raft dir %q: %w", raftDir, err)
 	}
 	ls, kind, err := OpenLogStore(raftDir, n.cfg.Raft.LogStore, NewHCLog(n.logger, "raft"))
-	if err != nil {
-		if errors.Is(err, ErrLogDamaged) {
-			return n.logDamaged(logStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
-		}
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLogDamaged):
+		return n.logDamaged(logStorePath(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore)), err)
+	case isNoSpace(err):
+		return n.logNoSpace(raftDir, existingKind(raftDir, n.cfg.Raft.LogStore), err)
+	default:
 		return err
 	}
 	n.logger.Info("raft log store", "kind", kind)
