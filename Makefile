@@ -9,6 +9,9 @@ SHELL := bash
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 VERSION := $(VERSION)
 
+# BIN is where `make build` writes the binary.
+BIN ?= bin/policyd
+
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 
@@ -23,10 +26,10 @@ TOOLS = tools_bin="$$(hack/tools.sh)" && export PATH="$$tools_bin:$$PATH" &&
 all: build
 
 build:
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o bin/policyd .
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(BIN) .
 
 run: build
-	./bin/policyd serve
+	$(abspath $(BIN)) serve
 
 test:
 	hack/test.sh
@@ -44,7 +47,7 @@ generate:
 # it on an otherwise idle machine. See docs/performance.md.
 bench: build
 	mkdir -p bench/results
-	go run ./bench suite -binary bin/policyd -results bench/results/latest.json
+	go run ./bench suite -binary $(BIN) -results bench/results/latest.json
 
 # fuzz runs every fuzz target in the module for FUZZTIME, one at a time
 # (go test -fuzz accepts only one target per run).

@@ -69,7 +69,13 @@ func startDaemon(t *testing.T, dir string, args ...string) *daemon {
 // startDaemonEnv runs `policyd serve args...` with extra environment.
 func startDaemonEnv(t *testing.T, dir string, env []string, args ...string) *daemon {
 	t.Helper()
-	cmd := exec.Command(policydBinary(t), append([]string{"serve"}, args...)...)
+	return startBinary(t, policydBinary(t), dir, env, args...)
+}
+
+// startBinary runs `bin serve args...`, bin being a policyd binary.
+func startBinary(t *testing.T, bin, dir string, env []string, args ...string) *daemon {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
 	cmd.Dir = dir
 	cmd.Env = append(servertest.CleanEnv(), env...)
 	d := &daemon{cmd: cmd, logs: &servertest.LogBuffer{}, done: make(chan error, 1)}

@@ -47,8 +47,9 @@ func TestPrometheusRulesUseExistingMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
-	if got := exposed["policyd_build_info"]; len(got) != 1 || !strings.HasPrefix(got[0]["goversion"], "go") || got[0]["version"] != "dev" || got[0]["commit"] == "" {
-		t.Errorf("policyd_build_info = %v", got)
+	want := builtInfo(t, policydBinary(t), "")
+	if got := exposed["policyd_build_info"]; len(got) != 1 || got[0]["goversion"] != want.GoVersion || got[0]["version"] != want.Version || got[0]["commit"] != want.Commit {
+		t.Errorf("policyd_build_info = %v, want the build's %+v", got, want)
 	}
 
 	raw, err := os.ReadFile(filepath.Join("deploy", "prometheus", "alerts.yml"))

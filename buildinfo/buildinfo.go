@@ -17,13 +17,21 @@ type Info struct {
 	Commit    string `json:"commit"`
 }
 
-// Read returns the build: the stamped version, else the module's, else
-// "dev"; the Go version; and the VCS commit, "unknown" when the build
-// recorded none (a build outside a git checkout).
+// Read returns the running binary's build (see FromBuild).
 func Read() Info {
-	in := Info{Version: version, GoVersion: "unknown", Commit: "unknown"}
-	bi, ok := debug.ReadBuildInfo()
-	if ok {
+	bi, _ := debug.ReadBuildInfo()
+	return FromBuild(bi, version)
+}
+
+// FromBuild is the Info of a binary with build information bi (nil: none)
+// and linker stamp stamped: the stamped version, else the module's, else
+// "dev"; the Go version; and the VCS commit, "unknown" when the build
+// recorded none (a build outside a git checkout, or -buildvcs=false).
+// Tests read a built binary's bi with debug/buildinfo to know what it must
+// report.
+func FromBuild(bi *debug.BuildInfo, stamped string) Info {
+	in := Info{Version: stamped, GoVersion: "unknown", Commit: "unknown"}
+	if bi != nil {
 		in.GoVersion = bi.GoVersion
 		if in.Version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 			in.Version = bi.Main.Version
