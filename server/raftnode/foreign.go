@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -108,15 +109,20 @@ func (n *Node) otherPeers() (others []config.Peer, members int) {
 }
 
 // peerMismatch is the peer plane's report of a connection refused for a
-// cluster-ID mismatch: the peers are asked again soon. While the node does
-// not know yet, or knows its data dir is the foreign one, it reports the
-// mismatch itself (once), so the mux does not.
-func (n *Node) peerMismatch(*peer.ClusterMismatchError) bool {
+// cluster-ID mismatch: the peers are asked again soon. The node reports the
+// mismatch itself, once, while it does not know yet, once it knows its
+// data dir is the foreign one, and when the dialler is one of its
+// raft.peers; the mux reports the rest.
+func (n *Node) peerMismatch(mm *peer.ClusterMismatchError) bool {
 	select {
 	case n.askPeers <- struct{}{}:
 	default:
 	}
-	return n.foreign.Load() != nil || !n.peersChecked.Load()
+	if n.foreign.Load() != nil || !n.peersChecked.Load() {
+		return true
+	}
+	others, _ := n.otherPeers()
+	return slices.ContainsFunc(others, func(p config.Peer) bool { return p.ID == mm.RemoteNode })
 }
 
 // peerClusterLoop asks the configured peers their cluster ID until the
@@ -126,13 +132,23 @@ func (n *Node) peerClusterLoop() {
 	others, members := n.otherPeers()
 	t := time.NewTicker(peerClusterInterval)
 	defer t.Stop()
+	var reported string // the peers of other clusters last logged
 	for {
 		asked := time.Now()
-		if e := n.checkPeerClusters(others, members); e != nil {
-			n.becomeForeign(e)
+		own, answers := n.askPeerClusters(others)
+		if cluster, peers := foreignVerdict(own, members, answers); cluster != "" {
+			n.becomeForeign(&foreignDataError{node: n.id, dataDir: n.cfg.DataDir, cluster: own, peersCluster: cluster, peers: peers})
 			return
 		}
 		n.peersChecked.Store(true)
+		if s := strayPeers(own, answers); s != reported {
+			if s != "" {
+				n.logger.Error("peers in raft.peers hold the data of another cluster and are refused; "+
+					"wipe their data dir and join them again (policyd cluster remove, then policyd cluster join)",
+					"cluster", own, "peers", s)
+			}
+			reported = s
+		}
 		select {
 		case <-n.ctx.Done():
 			return
@@ -155,12 +171,13 @@ type peerAnswer struct {
 	cluster string
 }
 
-// checkPeerClusters asks others their cluster ID and returns the verdict,
-// nil unless the data dir is foreign.
-func (n *Node) checkPeerClusters(others []config.Peer, members int) *foreignDataError {
+// askPeerClusters returns this data dir's cluster ID and the answers of
+// others, asked together; none while the data dir has no cluster ID yet,
+// since it then belongs to no other cluster.
+func (n *Node) askPeerClusters(others []config.Peer) (string, []peerAnswer) {
 	own := n.ClusterID()
-	if own == "" || len(others) == 0 {
-		return nil // a data dir not named yet belongs to no other cluster
+	if own == "" {
+		return "", nil
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, peerClusterTimeout)
 	defer cancel()
@@ -170,11 +187,7 @@ func (n *Node) checkPeerClusters(others []config.Peer, members int) *foreignData
 		wg.Go(func() { answers[i] = peerAnswer{peer: p, cluster: n.askCluster(ctx, p)} })
 	}
 	wg.Wait()
-	cluster, peers := foreignVerdict(own, members, answers)
-	if cluster == "" {
-		return nil
-	}
-	return &foreignDataError{node: n.id, dataDir: n.cfg.DataDir, cluster: own, peersCluster: cluster, peers: peers}
+	return own, answers
 }
 
 // askCluster returns the cluster ID of the peer, "" if it does not answer
@@ -215,6 +228,18 @@ func foreignVerdict(own string, members int, answers []peerAnswer) (string, []co
 		}
 	}
 	return "", nil
+}
+
+// strayPeers lists the peers that answered with another cluster ID than
+// own, "" if none.
+func strayPeers(own string, answers []peerAnswer) string {
+	var parts []string
+	for _, a := range answers {
+		if a.cluster != "" && a.cluster != own {
+			parts = append(parts, fmt.Sprintf("%s (%s): cluster %s", a.peer.Address, a.peer.ID, a.cluster))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // becomeForeign takes the node out of service for good: the state is set
