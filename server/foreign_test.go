@@ -136,12 +136,7 @@ func TestForeignDataDirRefused(t *testing.T) {
 	mainID := leader.ClusterID()
 
 	victim := c.follower()
-	i := -1
-	for j, n := range c.nodes {
-		if n == victim {
-			i = j
-		}
-	}
+	i := indexOf(c, victim)
 	dir, foreignID := foreignDataDir(t, victim.ID())
 	c.stop(i)
 

@@ -86,12 +86,13 @@ func (e *foreignDataError) refusal() string {
 // was removed from the cluster, its data dir belongs to another cluster
 // than its peers', or it has not heard its peers' cluster IDs yet.
 func (n *Node) Refusal() string {
-	switch {
-	case n.removed.Load():
+	if n.removed.Load() {
 		return RemovedRefusal
-	case n.foreign.Load() != nil:
-		return n.foreign.Load().refusal()
-	case !n.peersChecked.Load():
+	}
+	if e := n.foreign.Load(); e != nil {
+		return e.refusal()
+	}
+	if !n.peersChecked.Load() {
 		return CheckingRefusal
 	}
 	return ""
