@@ -235,7 +235,7 @@ func TestForeignDataDirFoundLate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ws.CloseNow()
+	defer func() { _ = ws.CloseNow() }()
 	if _, _, err := ws.Read(ctx); err != nil { // init
 		t.Fatal(err)
 	}
