@@ -231,13 +231,13 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	caughtUp := n.rn.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
 		NodeID: id, LeaderID: n.rn.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
-		CaughtUp: caughtUp, Shadow: n.shadow,
+		CaughtUp: caughtUp, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		Shadow: n.shadow,
+		Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/server/apierror"
-	"github.com/policyd/policyd/server/raftnode"
 )
 
 // A node serves sidecars from its local replica, so one cut off from the
@@ -87,12 +86,14 @@ func (n *Node) stalenessLoop() {
 // errStale is the refusal given to a sidecar while the node is stale.
 const errStale = "this node has not heard from a Raft leader for longer than setup.max_staleness; try another node"
 
-// refusal is why the node refuses new sidecars now, "" if it does not.
+// refusal is why the node refuses new sidecars now, "" if it does not:
+// the Raft owner's reasons (removed, a data dir of another cluster), then
+// staleness.
 func (n *Node) refusal() string {
-	switch {
-	case n.rn.Removed():
-		return raftnode.RemovedRefusal
-	case n.stale.Load():
+	if msg := n.rn.Refusal(); msg != "" {
+		return msg
+	}
+	if n.stale.Load() {
 		return errStale
 	}
 	return ""

@@ -141,6 +141,11 @@ type Deps struct {
 	// Shadow takes the sidecars' shadow reports (ReportShadow); nil:
 	// refused as Unimplemented.
 	Shadow *shadow.Aggregator
+	// Refusal is why the node sends sidecars elsewhere now ("" when it
+	// serves them). It is checked as a stream registers, under the lock
+	// DropAll takes, so that a stream set up while the node stops serving
+	// is either dropped or refused, never sent a set. Nil: never.
+	Refusal func() string
 }
 
 // Service implements PolicyDiscoveryService.
@@ -704,6 +709,11 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 		// The handler returned (client gone) while this request was being
 		// handled; registering now would leak the stream.
 		return id, false, status.Error(codes.Canceled, "stream ended")
+	}
+	if !st.registered && s.deps.Refusal != nil {
+		if msg := s.deps.Refusal(); msg != "" {
+			return id, false, status.Error(codes.Unavailable, msg)
+		}
 	}
 	key := keyOf(id, set, st.caps)
 	if st.registered && st.key == key {

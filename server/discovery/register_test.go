@@ -111,6 +111,8 @@ type registerHarness struct {
 	// serverWrites counts the writes on the server's connections, a
 	// syscall each.
 	serverWrites atomic.Int64
+	// refusal is the service's Deps.Refusal; nil: none.
+	refusal atomic.Pointer[string]
 }
 
 // countingListener counts the writes on the connections it accepts.
@@ -189,6 +191,12 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 	h.svc, err = New(cfg, logger, Deps{
 		NodeID: "n1", LeaderID: func() string { return "n1" }, Store: st, Policies: h.index, Verifier: verifier,
 		Registry: h.reg,
+		Refusal: func() string {
+			if p := h.refusal.Load(); p != nil {
+				return *p
+			}
+			return ""
+		},
 		CaughtUp: func(ctx context.Context) error {
 			h.authOnce.Do(func() { close(h.authenticated) }) // the first stream's
 			select {

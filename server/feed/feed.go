@@ -70,6 +70,12 @@ type Deps struct {
 	// Shadow takes the connections' shadow reports; nil: they are read
 	// and dropped.
 	Shadow *shadow.Aggregator
+	// Refusal is why the node sends sidecars elsewhere now ("" when it
+	// serves them). It is checked as a connection attaches, under the
+	// lock DropAll takes, so that a connection upgraded while the node
+	// stops serving is either dropped or closed with 1013, never sent a
+	// set. Nil: never.
+	Refusal func() string
 }
 
 // teamKey names a team: team names are only unique within an org.

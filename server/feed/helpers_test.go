@@ -112,6 +112,8 @@ type fixtureOpts struct {
 	noPoll bool
 	// tls serves over TLS (wss://).
 	tls bool
+	// refusal is the hub's Deps.Refusal.
+	refusal func() string
 }
 
 // readModes are the two ways a connection reads: polled (no goroutine
@@ -152,7 +154,7 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	if opts.feed != nil {
 		opts.feed(&cfg)
 	}
-	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg, CaughtUp: f.caughtUp})
+	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg, CaughtUp: f.caughtUp, Refusal: opts.refusal})
 	if err != nil {
 		t.Fatal(err)
 	}

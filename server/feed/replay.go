@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/coder/websocket"
+
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/store"
@@ -105,6 +107,12 @@ func (h *Hub) attachLocked(c *conn, since uint64, sync func()) string {
 	h.wg.Add(1)
 	h.live[c] = struct{}{}
 	h.metrics.connections.Inc()
+	if h.deps.Refusal != nil {
+		if msg := h.deps.Refusal(); msg != "" {
+			c.closeWith(websocket.StatusTryAgainLater, msg, nil)
+			return syncInit
+		}
+	}
 	emp, err := h.deps.Store.FindEmployee(c.ident.Employee)
 	switch {
 	case err != nil:

@@ -32,7 +32,9 @@
 // Cluster IDs are checked on both sides: two nodes that both know their
 // cluster and disagree refuse each other, with an error that names both
 // IDs. A node with no cluster ID yet (a new data dir waiting to be joined)
-// accepts any authenticated peer.
+// accepts any authenticated peer. The mux hands every mismatch it refuses to
+// Config.Mismatch, so that the node can tell whether its own data dir is
+// the stray one (server/raftnode/foreign.go).
 //
 // # Listener
 //

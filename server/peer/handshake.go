@@ -101,6 +101,12 @@ type Config struct {
 	// streams: a node removed from the configuration is told so instead
 	// of being heard (probes are always answered).
 	Member func(nodeID string) bool
+	// Mismatch, if set, hears of every connection the mux refuses because
+	// the dialler belongs to another cluster. It returns true when this
+	// node reports the mismatch itself (its own data dir may be the
+	// foreign one), and the mux then logs the refusal at DEBUG, not at
+	// ERROR once per retry.
+	Mismatch func(*ClusterMismatchError) (reported bool)
 }
 
 func (cfg *Config) clusterID() string {

@@ -161,6 +161,13 @@ func (m *Mux) handle(raw net.Conn, src string) {
 		var mm *ClusterMismatchError
 		if errors.As(err, &mm) {
 			level = slog.LevelError
+			if m.cfg.Mismatch != nil && m.cfg.Mismatch(mm) {
+				// Not through the rate limit: it would hold back the
+				// next refusal of another kind.
+				m.logger.Debug("peer connection refused", "remote", raw.RemoteAddr().String(),
+					"node", info.NodeID, "kind", info.Kind.String(), "err", err)
+				return
+			}
 		}
 		m.refusals.log(level, "peer connection refused", "remote", raw.RemoteAddr().String(),
 			"node", info.NodeID, "kind", info.Kind.String(), "err", err)

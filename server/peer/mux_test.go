@@ -166,3 +166,41 @@ func TestMuxBoundsPendingHandshakes(t *testing.T) {
 	}
 	_ = c.Close()
 }
+
+// TestMuxMismatchReported: a connection refused for a cluster-ID mismatch
+// is handed to Config.Mismatch with both IDs, and logged at ERROR only
+// when the node does not report it itself.
+func TestMuxMismatchReported(t *testing.T) {
+	for _, reported := range []bool{false, true} {
+		t.Run(map[bool]string{false: "mux logs", true: "node reports"}[reported], func(t *testing.T) {
+			heard := make(chan ClusterMismatchError, 1)
+			m, logs := serveMux(t, &Config{NodeID: "n2", Keys: keyring(t, secretA), ClusterID: fixedID("c1"),
+				Mismatch: func(mm *ClusterMismatchError) bool {
+					select {
+					case heard <- *mm:
+					default:
+					}
+					return reported
+				}})
+			client := &Config{NodeID: "n1", Keys: keyring(t, secretA), ClusterID: fixedID("c2")}
+			_, _, err := client.Dial(t.Context(), m.Addr().String(), KindProbe)
+			var mm *ClusterMismatchError
+			if !errors.As(err, &mm) || mm.Remote != "c1" || mm.RemoteNode != "n2" || mm.Local != "c2" {
+				t.Fatalf("dial = %v, want a mismatch naming n2 of cluster c1", err)
+			}
+			select {
+			case got := <-heard:
+				if want := (ClusterMismatchError{Local: "c1", Remote: "c2", RemoteNode: "n1"}); got != want {
+					t.Errorf("Mismatch heard %+v, want %+v", got, want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Mismatch not called")
+			}
+			// The mux logs after it calls Mismatch; Close waits for it.
+			_ = m.Close()
+			if got := strings.Contains(logs.String(), "level=ERROR"); got == reported {
+				t.Errorf("ERROR logged %v with the node reporting %v:\n%s", got, reported, logs.String())
+			}
+		})
+	}
+}

@@ -65,7 +65,8 @@ type Deps struct {
 	// policies, per policy and scope.
 	LocalShadow func(policies []string) []*clusterv1.ShadowScopeCount
 	// DropSidecars closes every sidecar stream with reason, once this node
-	// is removed from the cluster, and says how many it closed.
+	// is removed from the cluster or finds its data dir belongs to another
+	// cluster, and says how many it closed.
 	DropSidecars func(reason string) (streams, conns int)
 	// ServerOptions and DialOptions tune the peer API's gRPC server and
 	// its clients (message sizes, flow-control windows).
@@ -115,6 +116,12 @@ type Node struct {
 	// toldNotMember is when a peer last refused this node as not in its
 	// configuration (Unix nanoseconds).
 	toldNotMember atomic.Int64
+	// foreign is set, once, when raft.peers belong to another cluster
+	// than this data dir (foreign.go); peersChecked once their first
+	// answers are in, and askPeers asks them again.
+	foreign      atomic.Pointer[foreignDataError]
+	peersChecked atomic.Bool
+	askPeers     chan struct{}
 	// raftUp is set once n.raft is assigned, for the peer plane's
 	// goroutines, which start before it.
 	raftUp      atomic.Bool
@@ -131,7 +138,10 @@ type Node struct {
 // starts with Setup; Release undoes New.
 func New(cfg config.Config, logger *slog.Logger, id string) (_ *Node, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, logger: logger, id: id, layout: Layout{Dir: cfg.DataDir}, ctx: ctx, cancel: cancel}
+	n := &Node{cfg: cfg, logger: logger, id: id, layout: Layout{Dir: cfg.DataDir}, ctx: ctx, cancel: cancel, askPeers: make(chan struct{}, 1)}
+	if others, _ := n.otherPeers(); len(others) == 0 {
+		n.peersChecked.Store(true) // no peers to ask
+	}
 	n.faults = newFaults(cfg.DataDir)
 	n.ready = newReadiness(ctx, n.ConsistentRead)
 	n.leaderTasks = []LeaderTask{
@@ -183,7 +193,8 @@ func (n *Node) AddLeaderTask(t LeaderTask) {
 }
 
 // Start serves the peer API and starts the background loops: leader tasks,
-// the leader probe, member registration and the removed-node check.
+// the leader probe, member registration, the removed-node check and the
+// check of raft.peers' cluster ID.
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
 		// Not a background loop: the peer API serves until raft stops
@@ -202,6 +213,9 @@ func (n *Node) Start() {
 		}
 		n.goBackground("register", n.registerLoop)
 		n.goBackground("removed", n.removedLoop)
+		if others, _ := n.otherPeers(); len(others) > 0 {
+			n.goBackground("peer-cluster", n.peerClusterLoop)
+		}
 	})
 }
 

@@ -56,6 +56,7 @@ func (n *Node) setupRaft() error {
 	n.peerCfg = &peer.Config{
 		NodeID: n.id, TrustDomain: n.cfg.Cluster.TrustDomain, Keys: n.deps.Keys, TLS: n.deps.TLS,
 		ClusterID: n.ClusterID, HandshakeTimeout: peerHandshakeTimeout, Member: n.mayPeer,
+		Mismatch: n.peerMismatch,
 	}
 	sl, err := NewStreamLayer(rc.Addr, adv, n.deps.Conns, n.peerCfg, n.logger.With("component", "peer"))
 	if err != nil {

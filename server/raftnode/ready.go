@@ -65,12 +65,20 @@ func (r *readiness) check(ctx context.Context) error {
 	return err
 }
 
-// Ready reports nil when this node is not removed, knows a leader, and has
-// applied at least the leader's commit index as of the call (a read index,
-// bounded by readyTimeout). Its errors are all Unavailable (503).
+// Ready reports nil when this node is not removed, its data dir belongs to
+// the cluster of its raft.peers (as far as they answered), it knows a
+// leader, and has applied at least the leader's commit index as of the call
+// (a read index, bounded by readyTimeout). Its errors are all Unavailable
+// (503).
 func (n *Node) Ready(ctx context.Context) error {
 	if n.removed.Load() {
 		return &unavailableError{msg: RemovedRefusal}
+	}
+	if e := n.foreign.Load(); e != nil {
+		return e
+	}
+	if !n.peersChecked.Load() {
+		return &unavailableError{msg: "checking this data dir's cluster ID with raft.peers"}
 	}
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return fmt.Errorf("no known leader: %w", ErrNoLeader)
