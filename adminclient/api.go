@@ -233,15 +233,27 @@ func (c *Client) Clients(ctx context.Context) (*ClientList, error) {
 	return &out, c.Do(ctx, http.MethodGet, "/v1/clients", nil, nil, &out)
 }
 
-// Rollout reports each version's acknowledgements; wait > 0 blocks (up to
-// 5m) until every discovery client answered.
+// ProxyStatus reports each version's acknowledgements; wait > 0 blocks
+// (up to 5m) until every discovery client answered.
+func (c *Client) ProxyStatus(ctx context.Context, wait time.Duration) (*ProxyStatus, error) {
+	return c.proxyStatus(ctx, "/v1/proxy-status", wait)
+}
+
+// Rollout is ProxyStatus at the path's old name, GET /v1/rollout, which a
+// node older than the rename also serves.
+//
+// Deprecated: use ProxyStatus.
 func (c *Client) Rollout(ctx context.Context, wait time.Duration) (*Rollout, error) {
+	return c.proxyStatus(ctx, "/v1/rollout", wait)
+}
+
+func (c *Client) proxyStatus(ctx context.Context, path string, wait time.Duration) (*ProxyStatus, error) {
 	q := url.Values{}
 	if wait > 0 {
 		q.Set("wait", wait.String())
 	}
-	var out Rollout
-	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/rollout", q), nil, nil, &out)
+	var out ProxyStatus
+	return &out, c.Do(ctx, http.MethodGet, withQuery(path, q), nil, nil, &out)
 }
 
 // Reload reports the ConfigMap reload controller.

@@ -219,15 +219,26 @@ type ClientInfo struct {
 	PeerAddr      string    `json:"peer_addr,omitempty"`
 }
 
-// Rollout is GET /v1/rollout.
-type Rollout struct {
-	Done        bool             `json:"done"`
-	Versions    []RolloutVersion `json:"versions"`
-	Unreachable []string         `json:"unreachable_nodes,omitempty"`
+// ProxyStatus is GET /v1/proxy-status: per version, the discovery clients
+// that ACKed, NACKed or have not answered it.
+type ProxyStatus struct {
+	Done        bool                 `json:"done"`
+	Versions    []ProxyStatusVersion `json:"versions"`
+	Unreachable []string             `json:"unreachable_nodes,omitempty"`
 }
 
-// RolloutVersion is the discovery clients sent one version.
-type RolloutVersion struct {
+// Rollout is ProxyStatus's name before it was renamed.
+//
+// Deprecated: use ProxyStatus.
+type Rollout = ProxyStatus
+
+// RolloutVersion is ProxyStatusVersion's name before it was renamed.
+//
+// Deprecated: use ProxyStatusVersion.
+type RolloutVersion = ProxyStatusVersion
+
+// ProxyStatusVersion is the discovery clients sent one version.
+type ProxyStatusVersion struct {
 	Version string      `json:"version"`
 	Done    bool        `json:"done"`
 	Acked   []ClientRef `json:"acked"`

@@ -77,8 +77,9 @@ var authzSamples = map[string]authzSample{
 	"POST /v1/cluster/transfer-leader": {path: "/v1/cluster/transfer-leader", body: `{"id":"solo"}`, want: 409},
 	"GET /v1/version":                  {path: "/v1/version", want: 200},
 
-	"GET /v1/clients": {path: "/v1/clients", want: 200},
-	"GET /v1/rollout": {path: "/v1/rollout", want: 200},
+	"GET /v1/clients":      {path: "/v1/clients", want: 200},
+	"GET /v1/proxy-status": {path: "/v1/proxy-status", want: 200},
+	"GET /v1/rollout":      {path: "/v1/rollout", want: 200},
 
 	"POST /v1/rollouts": {path: "/v1/rollouts", want: 201,
 		body: `{"changes":[{"op":"put","policy":` + string(toolPolicy("authz-rollout", "acme", "x")) + `}],"stages":[{"percent":100,"bake":"1h"}]}`},

@@ -44,7 +44,7 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 	// rolloutOf returns the sidecar's entry in GET /v1/rollout: the version
 	// last sent to it, and its NACK of it or nil.
 	rolloutOf := func() (version string, acked bool, nack *adminclient.NackRef, err error) {
-		ro, err := reader.client.Rollout(t.Context(), 0)
+		ro, err := reader.client.ProxyStatus(t.Context(), 0)
 		if err != nil {
 			return "", false, nil, err
 		}

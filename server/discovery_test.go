@@ -24,7 +24,7 @@ import (
 	"github.com/policyd/policyd/config"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
-	"github.com/policyd/policyd/server/rollout"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -212,13 +212,13 @@ func (a *api) del(path string) {
 	}
 }
 
-func (a *api) rollout(query string) rollout.Status {
+func (a *api) proxyStatus(query string) proxystatus.Status {
 	a.t.Helper()
-	r := a.do(http.MethodGet, "/v1/rollout"+query, nil, nil)
+	r := a.do(http.MethodGet, "/v1/proxy-status"+query, nil, nil)
 	if r.status != http.StatusOK {
-		a.t.Fatalf("GET /v1/rollout: %d %s", r.status, r.body)
+		a.t.Fatalf("GET /v1/proxy-status: %d %s", r.status, r.body)
 	}
-	var ro rollout.Status
+	var ro proxystatus.Status
 	r.decode(a.t, &ro)
 	return ro
 }
@@ -273,7 +273,7 @@ func TestDiscoveryProtocol(t *testing.T) {
 		bad.send("", r.GetNonce(), &discoveryv1.ErrorDetail{Message: "cannot compile nack.a"})
 		good.ack(good.next())
 
-		ro := fapi.rollout("?wait=5s")
+		ro := fapi.proxyStatus("?wait=5s")
 		var found bool
 		for _, v := range ro.Versions {
 			if v.Version != v1 {
@@ -284,7 +284,7 @@ func TestDiscoveryProtocol(t *testing.T) {
 					found = true
 				}
 			}
-			if !slices.ContainsFunc(v.Acked, func(r rollout.ClientRef) bool { return r.Client == "c-nack-good" }) {
+			if !slices.ContainsFunc(v.Acked, func(r proxystatus.ClientRef) bool { return r.Client == "c-nack-good" }) {
 				t.Errorf("rollout of %.8s: c-nack-good not acked: %+v", v1, v)
 			}
 		}
@@ -381,9 +381,9 @@ func TestDiscoveryProtocol(t *testing.T) {
 		if n > writes {
 			t.Fatalf("%d responses for %d writes: pushes were not coalesced or were repeated", n, writes)
 		}
-		ro := fapi.rollout("?wait=5s")
-		idx := slices.IndexFunc(ro.Versions, func(v rollout.Version) bool {
-			return slices.ContainsFunc(v.Acked, func(r rollout.ClientRef) bool { return r.Client == "c-rapid" })
+		ro := fapi.proxyStatus("?wait=5s")
+		idx := slices.IndexFunc(ro.Versions, func(v proxystatus.Version) bool {
+			return slices.ContainsFunc(v.Acked, func(r proxystatus.ClientRef) bool { return r.Client == "c-rapid" })
 		})
 		if idx < 0 || ro.Versions[idx].Version != final {
 			t.Fatalf("rollout does not show c-rapid acked on the final version %.8s: %+v", final, ro)
@@ -638,11 +638,11 @@ func TestDiscoveryClientsAndRolloutAcrossNodes(t *testing.T) {
 	for _, s := range streams {
 		s.untilVersion(want)
 	}
-	ro := apiFor(t, c.follower()).rollout("?wait=10s")
+	ro := apiFor(t, c.follower()).proxyStatus("?wait=10s")
 	if !ro.Done || len(ro.Unreachable) != 0 {
 		t.Fatalf("rollout = %+v, want done with every node reachable", ro)
 	}
-	i := slices.IndexFunc(ro.Versions, func(v rollout.Version) bool { return v.Version == want })
+	i := slices.IndexFunc(ro.Versions, func(v proxystatus.Version) bool { return v.Version == want })
 	if i < 0 || len(ro.Versions[i].Acked) != 3 || len(ro.Versions[i].Pending) != 0 {
 		t.Fatalf("rollout of %.8s = %+v, want 3 acked", want, ro)
 	}

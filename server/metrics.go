@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	"github.com/policyd/policyd/server/rollout"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/store"
 )
 
@@ -65,7 +65,7 @@ func (n *Node) registerMetrics() {
 //     one (gRPC discovery only).
 const stateConnected = "connected"
 
-var proxyStateNames = []string{stateConnected, rollout.Pending, rollout.Acked, rollout.Nacked}
+var proxyStateNames = []string{stateConnected, proxystatus.Pending, proxystatus.Acked, proxystatus.Nacked}
 
 // proxyStates is seed 002's proxy_state: the sidecars connected to this
 // node, by state and transport (grpc, ws). It is per node; sum over nodes

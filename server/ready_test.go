@@ -16,7 +16,7 @@ import (
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/server/rollout"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -205,7 +205,7 @@ func TestSignalMetrics(t *testing.T) {
 	nacks.send("", nacks.next().GetNonce(), &discoveryv1.ErrorDetail{Message: "cannot compile"})
 	silent := openStream(t, cc, "c-silent", org)
 	silent.next()
-	want := map[string]float64{stateConnected: 0, rollout.Pending: 1, rollout.Acked: 1, rollout.Nacked: 1}
+	want := map[string]float64{stateConnected: 0, proxystatus.Pending: 1, proxystatus.Acked: 1, proxystatus.Nacked: 1}
 	got := map[string]float64{}
 	if !servertest.Poll(10*time.Second, func() bool {
 		for st := range want {

@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -141,6 +142,8 @@ type API struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	routes   []Route
+	// rolloutAlias logs GET /v1/rollout's deprecation once.
+	rolloutAlias sync.Once
 }
 
 // Route is one registered endpoint: its ServeMux pattern ("GET /v1/x") and
@@ -206,7 +209,8 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/snapshot", auth.RoleAdmin, a.snapshot)
 
 	a.route("GET /v1/clients", auth.RoleRead, a.listClients)
-	a.route("GET /v1/rollout", auth.RoleRead, a.rollout)
+	a.route("GET /v1/proxy-status", auth.RoleRead, a.proxyStatus)
+	a.route("GET /v1/rollout", auth.RoleRead, a.deprecatedRollout)
 	a.routeRollouts()
 	a.route("GET /v1/reload", auth.RoleRead, a.reloadState)
 	a.route("GET /v1/drift", auth.RoleRead, a.listDrift)

@@ -2,19 +2,10 @@ package adminapi
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"time"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	"github.com/policyd/policyd/server/rollout"
-)
-
-// Rollout waits: ?wait= is capped so that a request cannot be held for
-// ever, and the view is re-read at rolloutPoll while waiting.
-const (
-	maxRolloutWait = 5 * time.Minute
-	rolloutPoll    = 100 * time.Millisecond
 )
 
 // ClientsView is GET /v1/clients.
@@ -69,41 +60,6 @@ func (a *API) listClients(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
-}
-
-// rollout is GET /v1/rollout[?wait=30s]: with wait, it answers as soon as
-// every connected discovery client has answered its newest version, or when
-// wait has passed (then with done: false).
-func (a *API) rollout(w http.ResponseWriter, r *http.Request) error {
-	var wait time.Duration
-	if s := r.URL.Query().Get("wait"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil || d < 0 || d > maxRolloutWait {
-			return badRequest(fmt.Sprintf("wait: %q must be a duration between 0s and %v", s, maxRolloutWait))
-		}
-		wait = d
-	}
-	deadline := time.Now().Add(wait)
-	for {
-		clients, unreachable, err := a.b.Clients(r.Context())
-		if err != nil {
-			return err
-		}
-		ro := rollout.Compute(clients)
-		ro.Unreachable = unreachable
-		if ro.Done || !time.Now().Before(deadline) {
-			writeJSON(w, http.StatusOK, ro)
-			return nil
-		}
-		select {
-		case <-r.Context().Done():
-			return nil
-		case <-a.streams.Done():
-			writeJSON(w, http.StatusOK, ro)
-			return nil
-		case <-time.After(min(rolloutPoll, time.Until(deadline))):
-		}
-	}
 }
 
 // clientsLister is the part of Backend that lists sidecars.

@@ -14,7 +14,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
-	"github.com/policyd/policyd/server/rollout"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
 )
@@ -142,7 +142,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 		t.Fatalf("member got version %.8s with p-t1 %s, want the candidate", cand.GetVersionInfo(), reason(cand, "p-t1"))
 	}
 	ack(member)
-	if !servertest.Poll(5*time.Second, func() bool { return h.clientInfo(member).GetState() == rollout.Acked }) {
+	if !servertest.Poll(5*time.Second, func() bool { return h.clientInfo(member).GetState() == proxystatus.Acked }) {
 		t.Fatalf("member's ACK of the candidate not recorded: %v", h.clientInfo(member))
 	}
 	if got := h.clientInfo(member); !slices.Equal(got.GetRollouts(), []string{"r2:0"}) || !slices.Equal(got.GetCapabilities(), []string{"rollouts"}) {
@@ -190,7 +190,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 	}) {
 		t.Errorf("member's tags after stage 1: %v, want [r2:1]", h.clientInfo(member).GetRollouts())
 	}
-	if got := h.clientInfo(member); got.GetState() != rollout.Acked || got.GetVersionSent() != cand.GetVersionInfo() {
+	if got := h.clientInfo(member); got.GetState() != proxystatus.Acked || got.GetVersionSent() != cand.GetVersionInfo() {
 		t.Errorf("member after stage 1: state %s version %.8s, want acked %.8s", got.GetState(), got.GetVersionSent(), cand.GetVersionInfo())
 	}
 

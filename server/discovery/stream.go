@@ -22,7 +22,7 @@ import (
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
-	"github.com/policyd/policyd/server/rollout"
+	"github.com/policyd/policyd/server/proxystatus"
 )
 
 // Limits on what a request may carry. gRPC's max receive size bounds the
@@ -320,9 +320,9 @@ func (st *stream) send(gs grpc.ServerStream, r *response) error {
 	st.rollouts = r.rollouts
 	if st.versionSent != r.snap.version || st.state == "" {
 		st.versionSent = r.snap.version
-		st.state = rollout.Pending
+		st.state = proxystatus.Pending
 		if st.versionAcked == r.snap.version {
-			st.state = rollout.Acked
+			st.state = proxystatus.Acked
 		}
 	}
 	st.mu.Unlock()
@@ -418,7 +418,7 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 	switch {
 	case nonce != "" && nonce == st.latestNonce:
 		if req.GetErrorDetail() != nil {
-			st.state = rollout.Nacked
+			st.state = proxystatus.Nacked
 			st.nackMessage = truncate(req.GetErrorDetail().GetMessage(), maxNackMessage)
 			st.nackVersion = truncate(req.GetVersionInfo(), maxVersionInfo)
 			msg, version, scope := st.nackMessage, st.versionSent, st.scope
@@ -429,7 +429,7 @@ func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) er
 			return nil
 		}
 		if req.GetVersionInfo() == st.versionSent {
-			st.state = rollout.Acked
+			st.state = proxystatus.Acked
 			st.versionAcked = st.versionSent
 			st.mu.Unlock()
 			s.metrics.acks.Inc()

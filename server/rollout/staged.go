@@ -1,3 +1,6 @@
+// Package rollout decides staged rollouts: which sidecars are in a stage
+// (their cohort) and when a stage advances, halts or completes
+// (docs/rollouts.md).
 package rollout
 
 import (
@@ -7,6 +10,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/store"
 )
 
@@ -39,9 +43,9 @@ func CohortOf(r *commandv1.Rollout, clients []*clusterv1.ClientInfo) Cohort {
 		}
 		c.Size++
 		switch ci.GetState() {
-		case Acked:
+		case proxystatus.Acked:
 			c.Acked++
-		case Nacked:
+		case proxystatus.Nacked:
 			c.Nacked++
 		default:
 			c.Pending++

@@ -9,6 +9,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/store"
 )
 
@@ -84,14 +85,14 @@ func TestCohortOf(t *testing.T) {
 		return &clusterv1.ClientInfo{Transport: transport, State: state, Rollouts: tags}
 	}
 	clients := []*clusterv1.ClientInfo{
-		ci("grpc", Acked, "r7:1"),
-		ci("grpc", Nacked, "r3:0", "r7:1"),
-		ci("grpc", Pending, "r7:1"),
-		ci("grpc", "", "r7:1"),     // not answered yet
-		ci("grpc", Acked, "r7:0"),  // the previous stage's tag: not this cohort
-		ci("grpc", Acked, "r77:1"), // another rollout
-		ci("grpc", Acked),
-		ci("ws", Acked, "r7:1"),
+		ci("grpc", proxystatus.Acked, "r7:1"),
+		ci("grpc", proxystatus.Nacked, "r3:0", "r7:1"),
+		ci("grpc", proxystatus.Pending, "r7:1"),
+		ci("grpc", "", "r7:1"),                 // not answered yet
+		ci("grpc", proxystatus.Acked, "r7:0"),  // the previous stage's tag: not this cohort
+		ci("grpc", proxystatus.Acked, "r77:1"), // another rollout
+		ci("grpc", proxystatus.Acked),
+		ci("ws", proxystatus.Acked, "r7:1"),
 	}
 	want := Cohort{Size: 4, SizeWS: 1, Acked: 1, Nacked: 1, Pending: 2}
 	if got := CohortOf(r, clients); got != want {

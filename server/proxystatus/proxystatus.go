@@ -2,7 +2,7 @@
 // 4): the states a stream reports for its newest version, and how
 // GET /v1/rollout groups clients by version. The discovery server writes
 // the states and the admin API reads them, so they live apart from both.
-package rollout
+package proxystatus
 
 import (
 	"cmp"
