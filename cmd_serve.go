@@ -101,7 +101,7 @@ func reloadSettings(node *server.Node, reload func() (config.Config, error), log
 		logger.Error("configuration not reloaded: it does not load; nothing changed", "err", err)
 		return
 	}
-	_, _, _ = node.Reload(cfg) // logged by the node
+	_, _, _ = node.ApplySettings(cfg) // logged by the node
 }
 
 // newLogger returns the process logger and its level, which SIGHUP may

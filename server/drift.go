@@ -52,7 +52,7 @@ func (n *Node) setupDrift() (err error) {
 	}
 	// File changes are picked up at the next handshake anyway; SIGHUP
 	// re-reads at once, like the other listeners' certificates.
-	n.AddReloadHook(ReloadHook{Name: "drift.tls", Apply: func(config.Config) ([]string, []string, error) {
+	n.AddSettingsHook(SettingsHook{Name: "drift.tls", Apply: func(config.Config) ([]string, []string, error) {
 		if err := certs.Reload(); err != nil {
 			return nil, nil, fmt.Errorf("drift.tls: %w", err)
 		}

@@ -476,7 +476,7 @@ func TestClusterSecretRotation(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, n := range nodes {
-			if _, _, err := n.Reload(n.cfg); err != nil {
+			if _, _, err := n.ApplySettings(n.cfg); err != nil {
 				t.Fatalf("reload %s: %v", n.ID(), err)
 			}
 		}

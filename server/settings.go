@@ -14,10 +14,10 @@ import (
 
 // Run-time settings (SIGHUP).
 //
-// Reload takes a freshly loaded configuration and applies what can change
+// ApplySettings takes a freshly loaded configuration and applies what can change
 // without a restart: log.level, the admin tokens file, the JWT secret and key
 // files, the TLS certificate files, drift.callbacks, and whatever else is
-// registered with AddReloadHook. Every other key that differs from the
+// registered with AddSettingsHook. Every other key that differs from the
 // configuration the node started with is reported as needing a restart and
 // keeps its running value. Comparing with the start-up configuration rather
 // than the previous reload keeps reporting a pending change on every SIGHUP
@@ -30,8 +30,8 @@ import (
 // themselves (auth.jwt.*, *.tls.*) and turning admin auth or TLS on or off
 // need a restart: they change what a listener is, not what it holds.
 
-// ReloadHook applies run-time settings from a reloaded configuration.
-type ReloadHook struct {
+// SettingsHook applies run-time settings from a reloaded configuration.
+type SettingsHook struct {
 	// Name is for errors and logs.
 	Name string
 	// Keys are the configuration keys the hook applies at run time: a
@@ -49,11 +49,11 @@ type ReloadHook struct {
 type settings struct {
 	mu    sync.Mutex // serializes reloads
 	level *slog.LevelVar
-	hooks []ReloadHook
+	hooks []SettingsHook
 }
 
 // SetLogLevel gives the node the level variable of its logger's handler, so
-// that Reload can change log.level. Without it, a changed log.level needs a
+// that ApplySettings can change log.level. Without it, a changed log.level needs a
 // restart.
 func (n *Node) SetLogLevel(v *slog.LevelVar) {
 	n.settings.mu.Lock()
@@ -61,24 +61,24 @@ func (n *Node) SetLogLevel(v *slog.LevelVar) {
 	n.settings.level = v
 }
 
-// AddReloadHook registers settings that Reload applies at run time.
-func (n *Node) AddReloadHook(h ReloadHook) {
+// AddSettingsHook registers settings that ApplySettings applies at run time.
+func (n *Node) AddSettingsHook(h SettingsHook) {
 	n.settings.mu.Lock()
 	defer n.settings.mu.Unlock()
 	n.settings.hooks = append(n.settings.hooks, h)
 }
 
-// Reload applies cfg's run-time settings (see the section comment above) and
+// ApplySettings applies cfg's run-time settings (see the section comment above) and
 // returns what it applied and the changed keys that need a restart, both
 // sorted. err joins the settings that could not be applied; the others are
 // in force regardless. A cfg that does not validate changes nothing.
-func (n *Node) Reload(cfg config.Config) (applied, needRestart []string, err error) {
+func (n *Node) ApplySettings(cfg config.Config) (applied, needRestart []string, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("invalid configuration, nothing reloaded: %w", err)
 	}
 	n.settings.mu.Lock()
 	defer n.settings.mu.Unlock()
-	hooks := append([]ReloadHook{
+	hooks := append([]SettingsHook{
 		{Name: "log level", Keys: []string{"log.level"}, Apply: n.reloadLogLevel},
 		{Name: "admin tokens", Keys: []string{"auth.admin_tokens_file"}, Apply: n.reloadAdminTokens},
 		{Name: "jwt keys", Apply: n.reloadJWT},

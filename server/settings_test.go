@@ -41,7 +41,7 @@ func TestReloadSettings(t *testing.T) {
 	var hooked []string
 	n := startNode(t, cfg, func(n *Node) {
 		n.SetLogLevel(level)
-		n.AddReloadHook(ReloadHook{Name: "test", Keys: []string{"drift.callbacks"}, Apply: func(c config.Config) ([]string, []string, error) {
+		n.AddSettingsHook(SettingsHook{Name: "test", Keys: []string{"drift.callbacks"}, Apply: func(c config.Config) ([]string, []string, error) {
 			hooked = c.Drift.Callbacks
 			return []string{"drift.callbacks"}, nil, nil
 		}})
@@ -68,7 +68,7 @@ func TestReloadSettings(t *testing.T) {
 		next.Drift.Callbacks = []string{"https://hooks.example/drift"}
 		next.Raft.ElectionTimeout = 2 * time.Second
 		next.Feed.SendBuffer = 128
-		applied, needRestart, err := n.Reload(next)
+		applied, needRestart, err := n.ApplySettings(next)
 		if err != nil {
 			t.Fatalf("Reload: %v", err)
 		}
@@ -91,7 +91,7 @@ func TestReloadSettings(t *testing.T) {
 			t.Errorf("hook saw callbacks %v", hooked)
 		}
 		// A pending restart is reported again on the next reload.
-		_, needRestart, _ = n.Reload(next)
+		_, needRestart, _ = n.ApplySettings(next)
 		if !slices.Contains(needRestart, "raft.election_timeout") {
 			t.Errorf("second reload forgot the pending restart: %v", needRestart)
 		}
@@ -99,7 +99,7 @@ func TestReloadSettings(t *testing.T) {
 
 	t.Run("a broken tokens file keeps the previous tokens", func(t *testing.T) {
 		writeTokens(t, tokens, "superuser "+oldTok)
-		_, _, err := n.Reload(cfg)
+		_, _, err := n.ApplySettings(cfg)
 		if err == nil || !strings.Contains(err.Error(), "auth.admin_tokens_file") {
 			t.Fatalf("Reload with a broken tokens file = %v, want an error naming the key", err)
 		}
@@ -114,7 +114,7 @@ func TestReloadSettings(t *testing.T) {
 	t.Run("turning admin auth off needs a restart", func(t *testing.T) {
 		next := cfg
 		next.Auth.AdminTokensFile = ""
-		_, needRestart, err := n.Reload(next)
+		_, needRestart, err := n.ApplySettings(next)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestReloadSettings(t *testing.T) {
 	t.Run("an invalid configuration changes nothing", func(t *testing.T) {
 		next := cfg
 		next.Log.Level = "loud"
-		if _, _, err := n.Reload(next); err == nil {
+		if _, _, err := n.ApplySettings(next); err == nil {
 			t.Fatal("Reload of an invalid configuration succeeded")
 		}
 	})

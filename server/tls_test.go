@@ -357,7 +357,7 @@ func TestMutualTLSCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		applied, needRestart, err := n.Reload(cfg)
+		applied, needRestart, err := n.ApplySettings(cfg)
 		if err != nil {
 			t.Fatalf("Reload: %v", err)
 		}
