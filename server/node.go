@@ -507,6 +507,10 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 // acknowledged before the call.
 func (n *Node) ConsistentRead(ctx context.Context) error { return n.rn.ConsistentRead(ctx) }
 
+// ReadOwnWrites returns once the local replica holds every write this node
+// has acknowledged (raftnode.Node.ReadOwnWrites).
+func (n *Node) ReadOwnWrites(ctx context.Context) error { return n.rn.ReadOwnWrites(ctx) }
+
 // Join adds a voter with the given Raft address, through the leader.
 func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
 	return n.rn.Join(ctx, id, raftAddr)
