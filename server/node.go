@@ -237,7 +237,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		Shadow: n.shadow,
+		OwnWrites: n.rn.ReadOwnWrites, Shadow: n.shadow,
 	}); err != nil {
 		return nil, err
 	}
