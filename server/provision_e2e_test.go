@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -236,7 +237,8 @@ func TestMeasureProvisionToReady(t *testing.T) {
 				closeSidecar()
 			}
 			slices.Sort(took)
-			at := func(q float64) time.Duration { return took[min(len(took)-1, int(q*float64(len(took))))] }
+			// Nearest rank: the smallest value at or above q of the tries.
+			at := func(q float64) time.Duration { return took[max(0, int(math.Ceil(q*float64(len(took))))-1)] }
 			t.Logf("%s: write acknowledged → first set, %d tries on a follower: p50 %v, p99 %v, max %v",
 				tr.name, tries, at(0.50).Round(10*time.Microsecond), at(0.99).Round(10*time.Microsecond), took[len(took)-1].Round(10*time.Microsecond))
 		})
