@@ -87,6 +87,7 @@ type sidecarFlags struct {
 	org, team, employee  string
 	servers              []string
 	grace                time.Duration
+	unknownIdentityGrace time.Duration
 }
 
 func (sf *sidecarFlags) register(f *pflag.FlagSet) {
@@ -97,6 +98,8 @@ func (sf *sidecarFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&sf.team, "team", "", "scope team (grpc)")
 	f.StringVar(&sf.employee, "employee", "", "scope employee (grpc); the employee for ws when the server runs auth.mode none")
 	f.DurationVar(&sf.grace, "grace", client.DefaultGrace, "how long cached policies are served while disconnected before everything is blocked")
+	f.DurationVar(&sf.unknownIdentityGrace, "unknown-identity-grace", client.DefaultUnknownIdentityGrace,
+		"how long an employee the nodes do not know (yet) is retried before access counts as revoked; an inactive one is revoked at once")
 }
 
 // config is the SDK configuration the flags describe, TLS included.
@@ -104,11 +107,17 @@ func (sf *sidecarFlags) config(cmd *cobra.Command) (client.Config, error) {
 	if len(sf.servers) == 0 {
 		return client.Config{}, &usageError{fmt.Errorf("%s needs --servers (or %s_SERVERS): the nodes' gRPC (grpc) or HTTP (ws) addresses", sf.cmd, sf.env)}
 	}
+	if sf.unknownIdentityGrace < 0 {
+		return client.Config{}, &usageError{fmt.Errorf("--unknown-identity-grace %v is negative", sf.unknownIdentityGrace)}
+	}
 	cfg := client.Config{
 		Servers:   sf.servers,
 		Transport: sf.transport,
 		Employee:  sf.employee,
 		Grace:     sf.grace,
+		// Zero would mean the default to the SDK; the flag's zero means
+		// no retry.
+		UnknownIdentityGrace: max(sf.unknownIdentityGrace, time.Nanosecond),
 	}
 	if sf.transport != client.TransportWS {
 		cfg.Scope = client.Scope{Org: sf.org, Team: sf.team, Employee: sf.employee}

@@ -161,6 +161,9 @@ func (c *Client) Run(ctx context.Context) error {
 		tr = &grpcTransport{c: c}
 	}
 	attempt := 0
+	// unknownSince is when the first refusal of an unknown identity since
+	// the last sync came (zero: none); unknownUntil ends its grace.
+	var unknownSince, unknownUntil time.Time
 	for i := 0; ; i++ {
 		server := c.cfg.Servers[i%len(c.cfg.Servers)]
 		synced, err := tr.session(ctx, server)
@@ -168,19 +171,39 @@ func (c *Client) Run(ctx context.Context) error {
 			c.stop()
 			return nil
 		}
+		if synced {
+			unknownSince = time.Time{}
+		}
 		var ae *authError
 		var re *revokedError
+		unknown := false
 		switch {
 		case errors.As(err, &re):
 			return c.revoke(re.reason)
 		case errors.As(err, &ae) && !c.cfg.RetryUnauthorized:
-			return c.revoke(ae.msg)
+			if !ae.unknown {
+				return c.revoke(ae.msg)
+			}
+			unknown = true
+			now := time.Now()
+			if unknownSince.IsZero() {
+				unknownSince, unknownUntil = now, now.Add(c.cfg.UnknownIdentityGrace)
+				c.logger.Warn("the server knows no such employee yet: retrying until the grace ends",
+					"server", server, "err", err, "grace", c.cfg.UnknownIdentityGrace)
+			}
+			if !now.Before(unknownUntil) {
+				return c.revoke(fmt.Sprintf("%s (still unknown after %v)", ae.msg, now.Sub(unknownSince).Round(time.Millisecond)))
+			}
 		}
 		if synced {
 			attempt = 0
 		}
 		c.lost()
 		d := backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)
+		if unknown {
+			// One more try when the grace ends, not a backoff later.
+			d = max(min(d, time.Until(unknownUntil)), 0)
+		}
 		level := slog.LevelInfo // a streak of failed attempts is reported once at Warn
 		if attempt == 0 {
 			level = slog.LevelWarn
@@ -500,6 +523,9 @@ type transport interface {
 type authError struct {
 	msg string
 	err error
+	// unknown: the server knows no employee of the token (its reason
+	// UNKNOWN_EMPLOYEE), retried for Config.UnknownIdentityGrace.
+	unknown bool
 }
 
 func (e *authError) Error() string { return "authentication refused: " + e.msg }

@@ -32,6 +32,11 @@ const (
 	DefaultHealthInterval = 30 * time.Second
 	DefaultBackoffMin     = 100 * time.Millisecond
 	DefaultBackoffMax     = 10 * time.Second
+	// DefaultUnknownIdentityGrace is how long an identity the server does
+	// not know is retried before it counts as revoked: long enough for a
+	// provisioning script to create the employee after starting its proxy,
+	// or for a lagging node to catch up.
+	DefaultUnknownIdentityGrace = 30 * time.Second
 	// DefaultMaxMessageBytes bounds one received snapshot or message.
 	DefaultMaxMessageBytes = 64 << 20
 	// DefaultCELCostLimit is the CEL cost budget of one expression's
@@ -134,6 +139,16 @@ type Config struct {
 	// and WithStaticConnWindowSize), which spare a PING exchange per
 	// response; give such a connection the same.
 	GRPCConn *grpc.ClientConn
+	// UnknownIdentityGrace is how long a refusal at connect because the
+	// server knows no employee of the token (gRPC Unauthenticated with the
+	// ErrorInfo reason UNKNOWN_EMPLOYEE, WebSocket 401 with that reason) is
+	// retried, with the usual backoff and failover, before it counts as
+	// revoked: the employee may not have been created yet, or not reached
+	// the node. It runs in real time from the first such refusal since the
+	// last sync. Every other refusal (an inactive employee, another org, a
+	// bad token, a server that gives no reason) revokes at once, and so does
+	// a revocation on an open connection. Default 30s.
+	UnknownIdentityGrace time.Duration
 	// RetryUnauthorized treats an authentication refusal when connecting
 	// (gRPC PermissionDenied/Unauthenticated, WebSocket 401/403) as an
 	// ordinary connection failure: back off and retry, instead of revoking.
@@ -229,6 +244,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		def  time.Duration
 	}{
 		{"grace", &cfg.Grace, DefaultGrace},
+		{"unknown identity grace", &cfg.UnknownIdentityGrace, DefaultUnknownIdentityGrace},
 		{"health interval", &cfg.HealthInterval, DefaultHealthInterval},
 		{"shadow report interval", &cfg.ShadowReportInterval, DefaultShadowReportInterval},
 		{"backoff min", &cfg.BackoffMin, DefaultBackoffMin},

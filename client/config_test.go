@@ -31,6 +31,7 @@ func TestConfigValidation(t *testing.T) {
 		{"team scope without org", Config{Servers: []string{"a:1"}, Scope: Scope{Team: "red"}}, "needs an org"},
 		{"ws ignores the scope", Config{Servers: []string{"a:1"}, Transport: TransportWS, Employee: "e", Scope: Scope{Employee: "e"}}, ""},
 		{"negative grace", Config{Servers: []string{"a:1"}, Grace: -time.Second}, "grace"},
+		{"negative unknown identity grace", Config{Servers: []string{"a:1"}, UnknownIdentityGrace: -time.Second}, "unknown identity grace"},
 		{"backoff max below min", Config{Servers: []string{"a:1"}, BackoffMin: time.Second, BackoffMax: time.Millisecond}, "backoff max"},
 		{"shadow report interval too short", Config{Servers: []string{"a:1"}, ShadowReportInterval: 500 * time.Millisecond}, "shadow report interval"},
 		{"shadow report interval of 1s", Config{Servers: []string{"a:1"}, ShadowReportInterval: time.Second}, ""},
@@ -58,6 +59,9 @@ func TestConfigDefaults(t *testing.T) {
 	cfg, err := Config{Servers: []string{"a:1"}}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.UnknownIdentityGrace != DefaultUnknownIdentityGrace {
+		t.Errorf("unknown identity grace %v, want %v", cfg.UnknownIdentityGrace, DefaultUnknownIdentityGrace)
 	}
 	if cfg.ShadowReportInterval != DefaultShadowReportInterval {
 		t.Errorf("shadow report interval %v, want %v", cfg.ShadowReportInterval, DefaultShadowReportInterval)

@@ -56,10 +56,15 @@
 // client blocks everything from then on. It is caused by a revoke message or
 // close code 4403 on the feed, by codes.PermissionDenied or
 // codes.Unauthenticated ending a discovery stream, and by HTTP 401/403 on the
-// feed's handshake. Set Config.RetryUnauthorized to treat the last two (an
-// identity the server does not accept yet, e.g. an employee created after the
-// sidecar starts) as ordinary connection failures instead; a revoke message
-// and close code 4403 always revoke.
+// feed's handshake. One refusal is not final at once: an employee the node
+// does not know (Unauthenticated with the ErrorInfo reason UNKNOWN_EMPLOYEE,
+// a 401 whose error envelope has that reason), which may be created in a
+// moment, is retried with the usual backoff and failover for
+// Config.UnknownIdentityGrace (30s) from the first such refusal since the
+// last sync, and revokes only if it is still unknown then; the state stays
+// connecting (or disconnected, with the cached set) meanwhile. Set
+// Config.RetryUnauthorized to retry every refusal at connect for ever
+// instead; a revoke message and close code 4403 always revoke.
 //
 // OnStateChange is called for every transition, in order, from the goroutine
 // running Run, with no SDK lock held (a callback may call any method). When

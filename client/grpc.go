@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -243,9 +244,21 @@ func classifyGRPC(ctx context.Context, err error) error {
 	if errors.Is(err, io.EOF) {
 		return errStreamEnded
 	}
-	switch status.Code(err) {
+	switch st := status.Convert(err); st.Code() {
 	case codes.PermissionDenied, codes.Unauthenticated:
-		return &authError{msg: status.Convert(err).Message(), err: err}
+		return &authError{msg: st.Message(), err: err,
+			unknown: st.Code() == codes.Unauthenticated && hasReason(st, discoveryv1.ReasonUnknownEmployee)}
 	}
 	return err
+}
+
+// hasReason reports whether st carries an ErrorInfo of policyd's domain
+// with reason.
+func hasReason(st *status.Status, reason string) bool {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == discoveryv1.ErrorDomain && ei.GetReason() == reason {
+			return true
+		}
+	}
+	return false
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -45,6 +46,9 @@ type fakeDiscovery struct {
 	// times, or forever when refuseN is 0).
 	refuse  codes.Code
 	refuseN int
+	// refuseReason, when set, rides on the refusals as an ErrorInfo of
+	// policyd's domain.
+	refuseReason string
 	// healthCode, when set, fails every health check with this code.
 	healthCode codes.Code
 }
@@ -129,7 +133,16 @@ func (f *fakeDiscovery) StreamPolicies(stream grpc.BidiStreamingServer[discovery
 	f.auth = append(f.auth, strings.Join(md.Get("authorization"), ","))
 	f.opened++
 	if f.refuse != codes.OK && (f.refuseN == 0 || f.opened <= f.refuseN) {
+		reason := f.refuseReason
 		f.mu.Unlock()
+		if reason != "" {
+			st, err := status.New(f.refuse, `employee "alice": unknown employee`).WithDetails(
+				&errdetails.ErrorInfo{Domain: discoveryv1.ErrorDomain, Reason: reason})
+			if err != nil {
+				return err
+			}
+			return st.Err()
+		}
 		return status.Error(f.refuse, "employee alice is not active")
 	}
 	f.streams[s] = struct{}{}

@@ -305,20 +305,21 @@ func handshakeError(u *url.URL, resp *http.Response, err error) error {
 	if resp == nil {
 		return fmt.Errorf("connect %s: %w", redacted.String(), err)
 	}
-	msg := http.StatusText(resp.StatusCode)
+	msg, reason := http.StatusText(resp.StatusCode), ""
 	if resp.Body != nil {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		var env struct {
-			Error struct{ Code, Message string } `json:"error"`
+			Error struct{ Code, Message, Reason string } `json:"error"`
 		}
 		if json.Unmarshal(raw, &env) == nil && env.Error.Message != "" {
-			msg = env.Error.Message
+			msg, reason = env.Error.Message, env.Error.Reason
 		} else if s := strings.TrimSpace(string(raw)); s != "" {
 			msg = s
 		}
 	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-		return &authError{msg: fmt.Sprintf("%s: HTTP %d: %s", redacted.String(), resp.StatusCode, msg), err: err}
+		return &authError{msg: fmt.Sprintf("%s: HTTP %d: %s", redacted.String(), resp.StatusCode, msg), err: err,
+			unknown: resp.StatusCode == http.StatusUnauthorized && reason == feedv1.ReasonUnknownEmployee}
 	}
 	return fmt.Errorf("connect %s: HTTP %d %s: %w", redacted.String(), resp.StatusCode, msg, err)
 }

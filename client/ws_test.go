@@ -33,6 +33,8 @@ type fakeFeed struct {
 	// with rejectN 0) with this status and an error envelope.
 	reject  int
 	rejectN int
+	// rejectReason, when set, is the rejections' envelope reason.
+	rejectReason string
 }
 
 type feedRequest struct {
@@ -72,7 +74,7 @@ func (f *fakeFeed) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.requests = append(f.requests, feedRequest{query: r.URL.Query(), auth: r.Header.Get("Authorization")})
-	reject := f.reject
+	reject, reason := f.reject, f.rejectReason
 	if reject != 0 && f.rejectN > 0 {
 		f.rejectN--
 		if f.rejectN == 0 {
@@ -83,6 +85,10 @@ func (f *fakeFeed) serve(w http.ResponseWriter, r *http.Request) {
 	if reject != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(reject)
+		if reason != "" {
+			fmt.Fprintf(w, `{"error":{"code":"unauthorized","message":"employee \"alice\": unknown employee","reason":%q}}`, reason)
+			return
+		}
 		fmt.Fprintf(w, `{"error":{"code":"refused","message":"employee alice is inactive"}}`)
 		return
 	}

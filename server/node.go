@@ -237,7 +237,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		Shadow: n.shadow, Refusal: n.refusal,
+		OwnWrites: n.rn.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
@@ -506,6 +506,10 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 // ConsistentRead returns once the local replica holds every write
 // acknowledged before the call.
 func (n *Node) ConsistentRead(ctx context.Context) error { return n.rn.ConsistentRead(ctx) }
+
+// ReadOwnWrites returns once the local replica holds every write this node
+// has acknowledged (raftnode.Node.ReadOwnWrites).
+func (n *Node) ReadOwnWrites(ctx context.Context) error { return n.rn.ReadOwnWrites(ctx) }
 
 // Join adds a voter with the given Raft address, through the leader.
 func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {

@@ -67,6 +67,9 @@ type Backend interface {
 	// ConsistentRead returns once the local replica holds every write
 	// acknowledged before the call.
 	ConsistentRead(ctx context.Context) error
+	// ReadOwnWrites returns once the local replica holds every write this
+	// node has acknowledged, or ctx's error.
+	ReadOwnWrites(ctx context.Context) error
 	// Join and Remove change Raft membership through the leader.
 	Join(ctx context.Context, id, raftAddr string) (uint64, error)
 	Remove(ctx context.Context, id string) (uint64, error)
@@ -135,9 +138,6 @@ type API struct {
 	stop    context.CancelFunc
 	// tokens is cfg.Tokens, swapped by SetTokens on SIGHUP.
 	tokens atomic.Pointer[auth.AdminTokens]
-	// acked is the highest index of a write this node has acknowledged
-	// (see readOwnWrites).
-	acked watermark
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -459,22 +459,17 @@ func (a *API) maybeConsistent(r *http.Request) error {
 }
 
 // readOwnWrites waits until the local replica holds every write this node
-// has acknowledged. A write is answered as soon as the leader commits and
-// applies it; this node applies it when it learns of the commit, within a
-// raft.commit_timeout. A local read never answers with less than the
-// client (or any other client of this node) was told was written. A node
-// that cannot catch up (cut off after answering) refuses with 503 rather
-// than answer from before the write.
+// has acknowledged (Backend.ReadOwnWrites). A write is answered as soon as
+// the leader commits and applies it; this node applies it when it learns of
+// the commit, within a raft.commit_timeout. A local read never answers with
+// less than the client (or any other client of this node) was told was
+// written. A node that cannot catch up (cut off after answering) refuses
+// with 503 rather than answer from before the write.
 func (a *API) readOwnWrites(ctx context.Context) error {
-	idx := a.acked.v.Load()
-	st := a.b.Store()
-	if st.AppliedIndex() >= idx {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, readOwnWritesWait)
 	defer cancel()
-	if err := st.WaitApplied(ctx, idx); err != nil {
-		return &unavailableError{fmt.Sprintf("this node has not applied index %d, a write it acknowledged: %v; retry, or use ?consistent=true", idx, err)}
+	if err := a.b.ReadOwnWrites(ctx); err != nil {
+		return &unavailableError{fmt.Sprintf("this node has not applied a write it acknowledged: %v; retry, or use ?consistent=true", err)}
 	}
 	return nil
 }
@@ -482,18 +477,6 @@ func (a *API) readOwnWrites(ctx context.Context) error {
 // readOwnWritesWait bounds readOwnWrites: far longer than a commit timeout,
 // short enough to fail a read rather than hang it.
 const readOwnWritesWait = 5 * time.Second
-
-// watermark is a monotonic index.
-type watermark struct{ v atomic.Uint64 }
-
-func (w *watermark) raise(idx uint64) {
-	for {
-		cur := w.v.Load()
-		if idx <= cur || w.v.CompareAndSwap(cur, idx) {
-			return
-		}
-	}
-}
 
 type unavailableError struct{ msg string }
 

@@ -293,7 +293,6 @@ func (a *API) commit(r *http.Request, cmd *commandv1.Command) (*commandv1.Result
 	if err := raftfsm.ResultErr(res); err != nil {
 		return nil, err
 	}
-	a.acked.raise(res.GetIndex())
 	return res, nil
 }
 

@@ -20,11 +20,14 @@ const (
 	CodeInternal     = "internal"
 )
 
-// Envelope is the body of every error response: {"error": {"code", "message"}}.
+// Envelope is the body of every error response: {"error": {"code",
+// "message"}}, and "reason" where a client must tell one refusal apart from
+// others of its code (the feed's unknown employee).
 type Envelope struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
+		Reason  string `json:"reason,omitempty"`
 	} `json:"error"`
 }
 
@@ -38,6 +41,11 @@ func New(code, msg string) Envelope {
 // Write answers with status and the envelope of code and msg, plus the
 // headers that status calls for.
 func Write(w http.ResponseWriter, status int, code, msg string) {
+	WriteReason(w, status, code, "", msg)
+}
+
+// WriteReason is Write with the envelope's reason set ("" leaves it out).
+func WriteReason(w http.ResponseWriter, status int, code, reason, msg string) {
 	switch status {
 	case http.StatusServiceUnavailable:
 		// Long enough for an election to finish.
@@ -49,5 +57,7 @@ func Write(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(New(code, msg)) // the client may be gone; nothing useful to do
+	env := New(code, msg)
+	env.Error.Reason = reason
+	_ = json.NewEncoder(w).Encode(env) // the client may be gone; nothing useful to do
 }

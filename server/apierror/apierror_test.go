@@ -25,20 +25,24 @@ func TestWrite(t *testing.T) {
 		name       string
 		status     int
 		code, msg  string
+		reason     string
 		wantHeader http.Header
 		wantBody   string
 	}{
-		{"invalid", http.StatusBadRequest, CodeInvalid, "bad <input>",
+		{"invalid", http.StatusBadRequest, CodeInvalid, "bad <input>", "",
 			base, `{"error":{"code":"invalid","message":"bad \u003cinput\u003e"}}` + "\n"},
-		{"unavailable asks to retry", http.StatusServiceUnavailable, CodeUnavailable, "no leader",
+		{"unavailable asks to retry", http.StatusServiceUnavailable, CodeUnavailable, "no leader", "",
 			with("Retry-After", "1"), `{"error":{"code":"unavailable","message":"no leader"}}` + "\n"},
-		{"unauthorized names the scheme", http.StatusUnauthorized, CodeUnauthorized, "no token",
+		{"unauthorized names the scheme", http.StatusUnauthorized, CodeUnauthorized, "no token", "",
 			with("WWW-Authenticate", `Bearer realm="policyd"`), `{"error":{"code":"unauthorized","message":"no token"}}` + "\n"},
+		{"reason", http.StatusUnauthorized, CodeUnauthorized, "employee \"x\": unknown employee", "UNKNOWN_EMPLOYEE",
+			with("WWW-Authenticate", `Bearer realm="policyd"`),
+			`{"error":{"code":"unauthorized","message":"employee \"x\": unknown employee","reason":"UNKNOWN_EMPLOYEE"}}` + "\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			w := httptest.NewRecorder()
-			Write(w, tc.status, tc.code, tc.msg)
+			WriteReason(w, tc.status, tc.code, tc.reason, tc.msg)
 			if got, want := w.Code, tc.status; got != want {
 				t.Errorf("status = %d, want %d", got, want)
 			}

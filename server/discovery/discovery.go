@@ -767,7 +767,7 @@ func (s *Service) joinLocked(st *stream, id policy.Identity, set *policyset.Set,
 
 // scopeLocked is the scope st is to be served instead of id: id itself with
 // auth.mode none; with jwt, the identity of st's employee record, or why st
-// must end. The identity was resolved when the stream opened, before the
+// must end. The identity was resolved when the stream opened, after the
 // catch-up wait, and a change to the employee committed since may have been
 // dispatched before st was registered, so that recheckEmployees did not see
 // it; the store, which is never behind the dispatcher, does. Called under

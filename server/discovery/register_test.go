@@ -27,13 +27,13 @@ import (
 	"github.com/policyd/policyd/store"
 )
 
-// TestRegisterRechecksEmployee: a stream resolves its identity when it
-// opens and registers at its first request, after the catch-up wait. A
-// change to the employee committed and dispatched in between finds no
-// registered stream to move or end, so registration must see it in the
-// store: the stream is served its new team's policies instead of its old
-// team's, or refused (revoked, or moved to another org). CaughtUp holds the
-// stream in that window.
+// TestRegisterRechecksEmployee: a stream verifies its token, waits to catch
+// up, resolves its identity and registers at its first request. A change to
+// the employee committed and dispatched before registration finds no
+// registered stream to move or end, so the stream must see it in the store:
+// it is served its new team's policies instead of its old team's, or
+// refused (revoked, or moved to another org). CaughtUp holds the stream in
+// that window.
 func TestRegisterRechecksEmployee(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -53,9 +53,11 @@ func TestRegisterRechecksEmployee(t *testing.T) {
 			_, _, err := b.PutEmployee(m, &policy.Employee{ID: "e1", Org: "o1", Team: "t1", Status: policy.StatusInactive}, nil)
 			return err
 		}, codes.PermissionDenied, ""},
+		// Looked up after the wait, a deleted employee is as unknown as
+		// one never created.
 		{"deleted", func(b *store.Batch, m store.Meta) error {
 			return b.DeleteEmployee(m, "e1", nil)
-		}, codes.PermissionDenied, ""},
+		}, codes.Unauthenticated, ""},
 		{"unchanged: served", nil, codes.OK, "p-t1"},
 	}
 	for _, tt := range tests {
@@ -95,7 +97,7 @@ func TestRegisterRechecksEmployee(t *testing.T) {
 
 // registerHarness is a discovery service over a real store, policy index,
 // JWT verifier and gRPC connection, whose catch-up wait signals
-// authenticated and then waits for release.
+// authenticated (the token verified) and then waits for release.
 type registerHarness struct {
 	st            *store.Store
 	sub           *store.Subscription
@@ -108,6 +110,9 @@ type registerHarness struct {
 	authenticated chan struct{}
 	authOnce      sync.Once
 	release       chan struct{}
+	// catchUpErr, when set, is what the catch-up wait returns once
+	// released: a node that could not confirm it is current.
+	catchUpErr atomic.Pointer[error]
 	// serverWrites counts the writes on the server's connections, a
 	// syscall each.
 	serverWrites atomic.Int64
@@ -201,6 +206,9 @@ func newRegisterHarnessWith(t *testing.T, cfg config.Discovery) *registerHarness
 			h.authOnce.Do(func() { close(h.authenticated) }) // the first stream's
 			select {
 			case <-h.release:
+				if err := h.catchUpErr.Load(); err != nil {
+					return *err
+				}
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()

@@ -14,14 +14,26 @@
 //     message, or a token sent as the bearer.<jwt> subprotocol without also
 //     offering policyd.feed.v1 (see below);
 //   - 401 unauthorized: no token, a token that does not verify (signature,
-//     expiry, issuer, audience…), or an unknown employee;
+//     expiry, issuer, audience…), or an unknown employee, which alone has
+//     the envelope's reason UNKNOWN_EMPLOYEE (feedv1.ReasonUnknownEmployee:
+//     it may not have been created yet, and the SDK retries it for a while);
 //   - 403 forbidden: an inactive employee, or a token whose org differs
 //     from the employee record (its team claim is not checked: see
 //     Employees);
-//   - 503 unavailable: the node is shutting down, or the client resumes
-//     (?since=) from a version this node has not reached (see Resuming).
+//   - 503 unavailable: the node is shutting down, the client resumes
+//     (?since=) from a version this node has not reached (see Resuming),
+//     or the node cannot confirm it is current before reading the record.
 //
 // The mapping from errors to statuses lives in one function, statusOf.
+//
+// The token is verified first; then the node waits (up to catchUpWait)
+// until it holds every write it has acknowledged, the wait a local read of
+// the admin API makes, and only then reads the employee record, so that a
+// sidecar started right after its employee was created through this node
+// is admitted. A refusal for the record's sake (unknown, inactive, another
+// org) is confirmed by a consistent read (Deps.CaughtUp) and a second look
+// before it is answered, so that a node behind the cluster never refuses an
+// employee created or reactivated through another node.
 //
 // With auth.mode jwt the token comes from "Authorization: Bearer <jwt>" or,
 // for browsers, which cannot set headers, from a subprotocol
@@ -88,7 +100,7 @@
 // decided without reading the event log, or more than maxReplayEvents
 // events, or more messages than half the send buffer), or when the employee record changed after
 // since (the identity may have moved). A since ahead of this node's
-// applied index waits up to sinceWait for a consistent read (Deps.CaughtUp,
+// applied index waits up to catchUpWait for a consistent read (Deps.CaughtUp,
 // the gate the discovery stream uses): once the node holds everything the
 // cluster committed before the handshake, it resumes from since. If the
 // read fails or the node does not catch up in time, the handshake is

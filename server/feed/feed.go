@@ -64,9 +64,16 @@ type Deps struct {
 	// CaughtUp returns once the local replica holds every write committed
 	// before the call (the node's coalesced consistent read, shared with
 	// the discovery stream). A resume whose ?since= this node has not
-	// applied waits for it (see admit). Nil: only this node's applied
-	// index is waited for, as if the cluster had committed the since.
+	// applied waits for it (see admit), and so does a refusal for the
+	// employee record's sake (identify). Nil: a resume waits for this
+	// node's applied index only, as if the cluster had committed the
+	// since, and a refusal is answered at once.
 	CaughtUp func(ctx context.Context) error
+	// OwnWrites returns once the local replica holds every write this node
+	// has acknowledged (the wait local reads make, for read-your-writes).
+	// A handshake waits for it before it reads the employee record. Nil:
+	// no wait.
+	OwnWrites func(ctx context.Context) error
 	// Shadow takes the connections' shadow reports; nil: they are read
 	// and dropped.
 	Shadow *shadow.Aggregator

@@ -212,7 +212,7 @@ func FuzzHandshake(f *testing.F) {
 			if err == nil {
 				continue
 			}
-			status, _ := statusOf(err)
+			status, _, _ := statusOf(err)
 			if status < 400 || status >= 500 {
 				t.Fatalf("withToken %v: %v maps to status %d, want a 4xx", withToken, err, status)
 			}

@@ -21,9 +21,12 @@ import (
 	"github.com/policyd/policyd/utf8field"
 )
 
-// sinceWait is how long a handshake whose ?since= is ahead of this node
-// waits for the node to catch up before it is refused (errBehind).
-const sinceWait = 2 * time.Second
+// catchUpWait is how long a handshake waits for this node to catch up
+// (with the client's ?since=, with the writes it acknowledged, or with the
+// cluster before it refuses an identity) before it is refused with 503
+// (errBehind, errNotCurrent): long enough for a follower to learn a commit,
+// short enough to send the sidecar to another node soon.
+const catchUpWait = 2 * time.Second
 
 // Handshake errors beyond auth's sentinels.
 var (
@@ -38,31 +41,39 @@ var (
 	// the sidecar back to an older set: a policy deleted since, a grant
 	// revoked since, would be in force again until the node caught up.
 	errBehind = errors.New("this node is behind the client's version")
+	// errNotCurrent: this node could not confirm, within catchUpWait, that
+	// it holds the writes it acknowledged, or the cluster's, before it
+	// would refuse the identity (503). A refusal from a replica a commit
+	// behind would revoke a sidecar whose employee was just created.
+	errNotCurrent = errors.New("this node cannot confirm it is up to date")
 )
 
-// statusOf is the one mapping from handshake errors to the HTTP status and
-// the error envelope's code.
-func statusOf(err error) (int, string) {
+// statusOf is the one mapping from handshake errors to the HTTP status, the
+// error envelope's code and its reason ("" for none).
+func statusOf(err error) (status int, code, reason string) {
 	switch {
 	case errors.Is(err, errInvalid):
-		return http.StatusBadRequest, apierror.CodeInvalid
+		return http.StatusBadRequest, apierror.CodeInvalid, ""
 	case errors.Is(err, errMethod):
-		return http.StatusMethodNotAllowed, apierror.CodeInvalid
-	case errors.Is(err, errClosing), errors.Is(err, errBehind):
-		return http.StatusServiceUnavailable, apierror.CodeUnavailable
-	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials),
-		errors.Is(err, auth.ErrUnknownEmployee):
-		return http.StatusUnauthorized, apierror.CodeUnauthorized
+		return http.StatusMethodNotAllowed, apierror.CodeInvalid, ""
+	case errors.Is(err, errClosing), errors.Is(err, errBehind), errors.Is(err, errNotCurrent):
+		return http.StatusServiceUnavailable, apierror.CodeUnavailable, ""
+	case errors.Is(err, auth.ErrUnknownEmployee):
+		// A 401 as before the reason existed, so that an older SDK still
+		// stops; a newer one retries for a while (feedv1).
+		return http.StatusUnauthorized, apierror.CodeUnauthorized, feedv1.ReasonUnknownEmployee
+	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials):
+		return http.StatusUnauthorized, apierror.CodeUnauthorized, ""
 	case errors.Is(err, auth.ErrInactiveEmployee), errors.Is(err, auth.ErrForbidden):
-		return http.StatusForbidden, apierror.CodeForbidden
+		return http.StatusForbidden, apierror.CodeForbidden, ""
 	default:
-		return http.StatusInternalServerError, apierror.CodeInternal
+		return http.StatusInternalServerError, apierror.CodeInternal, ""
 	}
 }
 
 // reject answers a handshake that is refused before the upgrade.
 func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
-	status, code := statusOf(err)
+	status, code, reason := statusOf(err)
 	switch status {
 	case http.StatusMethodNotAllowed:
 		w.Header().Set("Allow", http.MethodGet)
@@ -72,7 +83,7 @@ func (h *Hub) reject(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusUnauthorized || status == http.StatusForbidden {
 		h.logger.Debug("feed handshake refused", "peer", r.RemoteAddr, "status", status, "err", err)
 	}
-	apierror.Write(w, status, code, err.Error())
+	apierror.WriteReason(w, status, code, reason, err.Error())
 }
 
 // handshake is an admitted request.
@@ -120,12 +131,23 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 		return hs, err
 	}
 	hs.since, hs.viaSubprotocol, hs.caps = req.since, req.viaSubprotocol, req.caps
-	if h.deps.Verifier == nil {
-		hs.ident, err = h.identifyByQuery(req.employee)
-	} else {
-		hs.ident, err = h.identifyByToken(req.token)
+	// The token is verified before anything waits; the employee record is
+	// read only once this node holds the writes it acknowledged, as a
+	// local read is, so that a sidecar started right after its employee
+	// was created (or reactivated) through this node is not refused by a
+	// replica a commit behind.
+	var claims *auth.Claims
+	if h.deps.Verifier != nil {
+		c, err := h.deps.Verifier.Verify(req.token)
+		if err != nil {
+			return hs, err
+		}
+		claims = &c
 	}
-	if err != nil {
+	if err := h.ownWrites(r); err != nil {
+		return hs, err
+	}
+	if hs.ident, err = h.identify(r, claims, req.employee); err != nil {
 		return hs, err
 	}
 	// After the token is verified, so that a bad token is a 401 whatever
@@ -140,9 +162,69 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 	return hs, nil
 }
 
+// ownWrites waits up to catchUpWait for the local replica to hold every
+// write this node has acknowledged (Deps.OwnWrites).
+func (h *Hub) ownWrites(r *http.Request) error {
+	if h.deps.OwnWrites == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), catchUpWait)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	if err := h.deps.OwnWrites(ctx); err != nil {
+		if h.ctx.Err() != nil {
+			return errClosing
+		}
+		return fmt.Errorf("%w: it has not applied the writes it acknowledged within %v (%w); try another node", errNotCurrent, catchUpWait, err)
+	}
+	return nil
+}
+
+// identify resolves the connection's identity: from verified claims
+// (auth.mode jwt) or ?employee= (none). A refusal for the record's sake
+// (unknown, inactive, another org) is confirmed first: the node waits for a
+// consistent read (Deps.CaughtUp) and reads the record again, so that a
+// replica behind the cluster (the employee created or reactivated through
+// another node) never refuses; the discovery stream reads the record after
+// the same wait. This costs a read only on the refusal path.
+func (h *Hub) identify(r *http.Request, claims *auth.Claims, employee string) (policy.Identity, error) {
+	id, err := h.lookup(claims, employee)
+	if !refusesRecord(err) || h.deps.CaughtUp == nil {
+		return id, err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), catchUpWait)
+	defer cancel()
+	stop := context.AfterFunc(h.ctx, cancel)
+	defer stop()
+	if cerr := h.deps.CaughtUp(ctx); cerr != nil {
+		if h.ctx.Err() != nil {
+			return id, errClosing
+		}
+		h.logger.Info("feed handshake: cannot confirm a refusal of the employee record", "peer", r.RemoteAddr, "refusal", err, "err", cerr)
+		return id, fmt.Errorf("%w (%w) before refusing the connection (%v); try another node", errNotCurrent, cerr, err)
+	}
+	return h.lookup(claims, employee)
+}
+
+// lookup resolves claims, or ?employee= when claims is nil, from the
+// employee record as this node holds it.
+func (h *Hub) lookup(claims *auth.Claims, employee string) (policy.Identity, error) {
+	if claims != nil {
+		return auth.Identify(*claims, h.deps.Store.FindEmployee)
+	}
+	return h.identifyByQuery(employee)
+}
+
+// refusesRecord reports whether err refuses a connection for what the
+// employee record says (or that there is none), as against its token.
+func refusesRecord(err error) bool {
+	return errors.Is(err, auth.ErrUnknownEmployee) || errors.Is(err, auth.ErrInactiveEmployee) || errors.Is(err, auth.ErrForbidden)
+}
+
 // resumeAhead decides a resume from a version this node has not applied.
 // Either this node lags the cluster (the client came from a node further
-// ahead): it gets up to sinceWait to catch up, and the client is then sent
+// ahead): it gets up to catchUpWait to catch up, and the client is then sent
 // elsewhere (errBehind) rather than back in time, since an init from here
 // would put back in force what was deleted after this node's state. Or the
 // cluster itself never committed that version: the client's set belongs to
@@ -151,7 +233,7 @@ func (h *Hub) admit(r *http.Request) (handshake, error) {
 // consistent read tells the two apart: once the node holds everything
 // committed before the handshake, a since still ahead was never committed.
 func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
-	ctx, cancel := context.WithTimeout(r.Context(), sinceWait)
+	ctx, cancel := context.WithTimeout(r.Context(), catchUpWait)
 	defer cancel()
 	stop := context.AfterFunc(h.ctx, cancel)
 	defer stop()
@@ -168,7 +250,7 @@ func (h *Hub) resumeAhead(r *http.Request, hs *handshake) error {
 	case err != nil && applied < hs.since:
 		h.logger.Info("feed resume ahead of this node, refused", "peer", r.RemoteAddr, "since", hs.since, "applied", applied, "err", err)
 		return fmt.Errorf("%w: it holds version %d, this node has applied %d and could not catch up within %v (%w); try another node",
-			errBehind, hs.since, applied, sinceWait, err)
+			errBehind, hs.since, applied, catchUpWait, err)
 	case applied < hs.since:
 		h.logger.Warn("feed resume from a version this cluster never committed (restored from an older backup?): sending init",
 			"peer", r.RemoteAddr, "since", hs.since, "applied", applied)
@@ -250,15 +332,6 @@ func checkSubprotocol(r *http.Request, viaSubprotocol bool) error {
 			errInvalid, feedv1.SubprotocolPrefix, feedv1.Subprotocol)
 	}
 	return nil
-}
-
-// identifyByToken verifies a JWT and resolves the employee.
-func (h *Hub) identifyByToken(token string) (policy.Identity, error) {
-	claims, err := h.deps.Verifier.Verify(token)
-	if err != nil {
-		return policy.Identity{}, err
-	}
-	return auth.Identify(claims, h.deps.Store.FindEmployee)
 }
 
 // identifyByQuery resolves ?employee= (auth.mode none, local development).

@@ -78,11 +78,32 @@ type fixture struct {
 	// readIndex stands in for the leader's commit index in the hub's
 	// CaughtUp (a consistent read); nil: the fixture's last applied index.
 	readIndex atomic.Pointer[func() (uint64, error)]
+	// ownWrites, when set, is the hub's Deps.OwnWrites; nil: no wait.
+	ownWrites atomic.Pointer[func(ctx context.Context) error]
+	// caughtUps and ownWaits count the hub's calls of each wait.
+	caughtUps, ownWaits atomic.Int64
+}
+
+// waitOwnWrites is the hub's Deps.OwnWrites.
+func (f *fixture) waitOwnWrites(ctx context.Context) error {
+	f.ownWaits.Add(1)
+	if fn := f.ownWrites.Load(); fn != nil {
+		return (*fn)(ctx)
+	}
+	return nil
+}
+
+// setOwnWrites makes the hub's waits for its own writes run fn until the
+// test ends.
+func (f *fixture) setOwnWrites(t *testing.T, fn func(ctx context.Context) error) {
+	f.ownWrites.Store(&fn)
+	t.Cleanup(func() { f.ownWrites.Store(nil) })
 }
 
 // caughtUp is the hub's Deps.CaughtUp: it waits until the store has applied
 // the read index.
 func (f *fixture) caughtUp(ctx context.Context) error {
+	f.caughtUps.Add(1)
 	idx := f.st.AppliedIndex()
 	if fn := f.readIndex.Load(); fn != nil {
 		var err error
@@ -154,7 +175,8 @@ func newFixture(t *testing.T, opts fixtureOpts) *fixture {
 	if opts.feed != nil {
 		opts.feed(&cfg)
 	}
-	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg, CaughtUp: f.caughtUp, Refusal: opts.refusal})
+	f.hub, err = New(cfg, logger, Deps{NodeID: "test-node", Store: st, Policies: f.idx, Verifier: verifier, Registry: f.reg, CaughtUp: f.caughtUp,
+		OwnWrites: f.waitOwnWrites, Refusal: opts.refusal})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -619,11 +641,18 @@ func (f *fixture) handshake(t *testing.T, method, query string, hdr map[string]s
 // body is not one.
 func envelopeCode(t testing.TB, body []byte) string {
 	t.Helper()
+	code, _ := envelope(t, body)
+	return code
+}
+
+// envelope is the code and the reason of the error envelope body.
+func envelope(t testing.TB, body []byte) (code, reason string) {
+	t.Helper()
 	var env struct {
-		Error struct{ Code, Message string } `json:"error"`
+		Error struct{ Code, Message, Reason string } `json:"error"`
 	}
 	if err := json.Unmarshal(body, &env); err != nil || env.Error.Code == "" || env.Error.Message == "" {
 		t.Fatalf("body %q is not an error envelope", body)
 	}
-	return env.Error.Code
+	return env.Error.Code, env.Error.Reason
 }

@@ -108,6 +108,9 @@ type Node struct {
 	// readyTerm is the term in which this node, as leader, has applied a
 	// barrier: reads at its commit index are linearizable only then.
 	readyTerm atomic.Uint64
+	// acked is the highest index of a write this node has acknowledged
+	// (ReadOwnWrites).
+	acked watermark
 	// removed is set while the Raft configuration no longer holds this
 	// node (removed.go).
 	removed atomic.Bool

@@ -86,6 +86,9 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 		res = resp.GetResult()
 		return nil
 	})
+	if err == nil {
+		n.acked.raise(res.GetIndex())
+	}
 	return res, err
 }
 

@@ -81,6 +81,19 @@ const (
 	CloseInvalidMessage = 4400
 )
 
+// Handshake refusal reasons. A refused handshake is a plain HTTP response
+// with a JSON body {"error": {"code", "message", "reason"}}; reason is set
+// only where a client must tell the refusal apart from others of its
+// status (docs/sidecars.md, refusal reasons).
+const (
+	// ReasonUnknownEmployee rides on a 401: the token verified, but the
+	// node holds no employee of its subject, which may not have been
+	// created yet. A client retries it for a bounded time before it
+	// counts as revoked; a 403 (an inactive employee) revokes at once. The
+	// same string as the discovery stream's ErrorInfo reason.
+	ReasonUnknownEmployee = "UNKNOWN_EMPLOYEE"
+)
+
 // Scope says who a policy is for; empty fields are wildcards.
 type Scope struct {
 	Org      string `json:"org"`
