@@ -28,6 +28,10 @@ var policydBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if testing.Short() {
+		fmt.Println("chaos: skipped under -short (make check): it runs clusters of real processes")
+		os.Exit(0)
+	}
 	if *flagBinary != "" {
 		policydBin = *flagBinary
 		os.Exit(m.Run())

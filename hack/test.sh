@@ -22,6 +22,44 @@ if [[ "$(ulimit -n)" != unlimited && "$(ulimit -n)" -lt 65536 ]]; then
 	ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 fi
 
+# go_files lists the module's hand-written .go files: generated files (marked
+# "// Code generated ... DO NOT EDIT.") and testdata are left out.
+go_files() {
+	find . \( -path ./.git -o -path ./bin -o -path ./build -o -path ./data -o -name testdata -o -name vendor \) -prune \
+		-o -type f -name '*.go' -print |
+		sort |
+		while IFS= read -r f; do
+			grep -qE '^// Code generated .* DO NOT EDIT\.$' "$f" || printf '%s\n' "$f"
+		done
+}
+
+# check_format fails on a hand-written file gofmt -s would change.
+check_format() {
+	local files unformatted
+	mapfile -t files < <(go_files)
+	if ((${#files[@]} > 0)); then
+		unformatted="$(gofmt -s -l "${files[@]}")"
+		if [[ -n "$unformatted" ]]; then
+			printf '%s\n' "$unformatted" >&2
+			fail "the files above are not gofmt-formatted; run: gofmt -s -w <file>"
+		fi
+	fi
+}
+
+# `hack/test.sh check` (make check) is the inner loop: formatting, vet and
+# the -short tests, which skip whatever starts clusters, processes,
+# Kubernetes or containers. It needs no tools beyond Go.
+if [[ "${1:-}" == check ]]; then
+	step "gofmt"
+	check_format
+	step "go vet"
+	go vet ./...
+	step "go test -short"
+	go test -short -count=1 ./...
+	step "ok"
+	exit 0
+fi
+
 step "tools"
 tools_bin="$(hack/tools.sh)"
 export PATH="$tools_bin:$PATH"
@@ -63,26 +101,8 @@ if [[ "$before" != "$after" ]]; then
 	fail "generated code out of date"
 fi
 
-# go_files lists the module's hand-written .go files: generated files (marked
-# "// Code generated ... DO NOT EDIT.") and testdata are left out.
-go_files() {
-	find . \( -path ./.git -o -path ./bin -o -path ./build -o -path ./data -o -name testdata -o -name vendor \) -prune \
-		-o -type f -name '*.go' -print |
-		sort |
-		while IFS= read -r f; do
-			grep -qE '^// Code generated .* DO NOT EDIT\.$' "$f" || printf '%s\n' "$f"
-		done
-}
-
 step "gofmt"
-mapfile -t files < <(go_files)
-if ((${#files[@]} > 0)); then
-	unformatted="$(gofmt -s -l "${files[@]}")"
-	if [[ -n "$unformatted" ]]; then
-		printf '%s\n' "$unformatted" >&2
-		fail "the files above are not gofmt-formatted; run: gofmt -s -w <file>"
-	fi
-fi
+check_format
 
 step "go vet"
 go vet ./...

@@ -62,6 +62,9 @@ func TestWarnings(t *testing.T) {
 // controllers: a Deployment gets its ReplicaSet, a Pod and its status, and
 // the process stops with the test that started it.
 func TestControllerManager(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts kube-apiserver, etcd and kube-controller-manager: not in -short (make check)")
+	}
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		t.Fatal(ErrNoAssets)
 	}

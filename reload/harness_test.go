@@ -3,6 +3,7 @@ package reload_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -42,6 +43,11 @@ var (
 const controllerUser = "policyd-reload"
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("skipped under -short (make check): needs kube-apiserver and etcd")
+		os.Exit(0)
+	}
 	var err error
 	testEnv, err = kubetest.Start(kubetest.Options{APIServerFlags: map[string]string{
 		// Without the watch cache, a ConfigMap watch from a compacted

@@ -37,6 +37,9 @@ func testLogger(t testing.TB) *slog.Logger { return servertest.Logger(t) }
 // startNode builds and starts a node and closes it when the test ends.
 func startNode(t testing.TB, cfg config.Config, beforeStart ...func(*Node)) *Node {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a node: not in -short (make check)")
+	}
 	n, err := New(cfg, testLogger(t), nil)
 	if err != nil {
 		t.Fatalf("start node %s: %v", cfg.NodeID, err)

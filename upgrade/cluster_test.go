@@ -67,6 +67,15 @@ type cluster struct {
 // startCluster starts size nodes of bin that bootstrap one cluster and waits
 // until it is healthy. The processes are stopped in t.Cleanup, and their
 // logs shown if the test failed.
+// skipShort skips a test that builds releases and runs clusters of them
+// under -short (make check).
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds releases and runs a cluster: not in -short (make check)")
+	}
+}
+
 func startCluster(t *testing.T, bin string, size int) *cluster {
 	t.Helper()
 	dir := t.TempDir()

@@ -21,6 +21,7 @@ const auditedCommit = "080209cdc0acbdc01f945cf9d634c425557ba81a" // api: rollout
 // reaches the log that would stop that node; once every node runs this
 // tree and registered version 4, the same rollout starts.
 func TestRolloutRefusedUntilUpgraded(t *testing.T) {
+	skipShort(t)
 	bins := buildBinaries(t, auditedCommit)
 	c := startCluster(t, bins.old, 3)
 	leader := c.waitHealthy()

@@ -17,6 +17,7 @@ import (
 )
 
 func TestRollingUpgrade(t *testing.T) {
+	skipShort(t)
 	rollingUpgrade(t, releaseCommit, releaseVersion)
 }
 
@@ -24,6 +25,7 @@ func TestRollingUpgrade(t *testing.T) {
 // drop the envelope's audit fields: the events of every write, in the
 // mixed cluster too, must be the same on every node.
 func TestRollingUpgradeFromTyped(t *testing.T) {
+	skipShort(t)
 	rollingUpgrade(t, typedCommit, 2)
 }
 

@@ -225,6 +225,9 @@ func (s *stack) converged(services ...string) error {
 // another node reaches the sidecar too; one container is cut off from the
 // network and the other two keep taking writes; reconnected, it catches up.
 func TestComposeCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an image and runs three containers: not in -short (make check)")
+	}
 	if out, err := exec.Command("docker", "info").CombinedOutput(); err != nil {
 		t.Skipf("docker info failed, so the compose scenario cannot run here: %v\n%s", err, out)
 	}

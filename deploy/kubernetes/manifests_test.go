@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -33,6 +34,11 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("skipped under -short (make check): needs kube-apiserver and etcd")
+		return 0
+	}
 	env, err := kubetest.Start(kubetest.Options{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
