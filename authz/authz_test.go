@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/policyd/policyd/client"
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -325,9 +325,10 @@ func TestOverloadedIsAServiceUnavailableDeny(t *testing.T) {
 	if a := answerOf(resp); a.Status != 503 {
 		t.Fatalf("second check = %+v, want a 503 deny", a)
 	}
-	if !servertest.Poll(5*time.Second, func() bool {
+	if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool {
 		return testutil.ToFloat64(s.metrics.rejected.WithLabelValues(reasonOverloaded)) == 1
-	}) {
+	})) !=
+		nil {
 		t.Fatal("policyd_authz_rejected_total{reason=overloaded} did not reach 1")
 	}
 	close(release)

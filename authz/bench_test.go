@@ -20,6 +20,7 @@ import (
 	"github.com/policyd/policyd/authz"
 	"github.com/policyd/policyd/authz/benchset"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -52,7 +53,7 @@ func startDecider(b *testing.B) *client.Client {
 			b.Errorf("close node: %v", err)
 		}
 	})
-	if !servertest.Poll(15*time.Second, func() bool { return n.Ready(b.Context()) == nil }) {
+	if poll.Until(context.Background(), 15*time.Second, poll.Holds(func() bool { return n.Ready(b.Context()) == nil })) != nil {
 		b.Fatal("node not ready after 15s")
 	}
 	api, err := adminclient.New(adminclient.Config{Servers: []string{"http://" + n.HTTPAddr()}})
@@ -81,7 +82,7 @@ func startDecider(b *testing.B) *client.Client {
 	})
 	// The node's policy index may take in the last writes after the first
 	// snapshot is sent; the update follows.
-	if !servertest.Poll(15*time.Second, func() bool { return c.State() == client.StateReady && len(c.Policies()) == len(set) }) {
+	if poll.Until(context.Background(), 15*time.Second, poll.Holds(func() bool { return c.State() == client.StateReady && len(c.Policies()) == len(set) })) != nil {
 		b.Fatalf("SDK in state %s with %d policies after 15s, want ready with %d", c.State(), len(c.Policies()), len(set))
 	}
 	return c

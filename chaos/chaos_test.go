@@ -26,6 +26,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // keys are the policies the clients contend on; few, so that operations
@@ -91,7 +92,7 @@ func TestChaos(t *testing.T) {
 	// Heal everything and wait for a converged cluster: same leader, three
 	// voters, same applied index and FSM digest everywhere.
 	f.healAll()
-	if err := poll(2*time.Minute, c.healthy); err != nil {
+	if err := poll.Until(context.Background(), 2*time.Minute, c.healthy); err != nil {
 		t.Fatalf("cluster did not converge after healing: %v", err)
 	}
 	digests := c.digests(t)
@@ -621,7 +622,7 @@ func checkSidecars(t *testing.T, c *cluster, run *runDir, cars []*sidecar, log *
 			t.Errorf("sidecar %s: read its final version: %v (version %q)", s.name, err, list.Version)
 			continue
 		}
-		err = poll(60*time.Second, func() error {
+		err = poll.Until(context.Background(), 60*time.Second, func() error {
 			ups := s.snapshot()
 			if len(ups) == 0 {
 				return errors.New("no update yet")
@@ -632,6 +633,7 @@ func checkSidecars(t *testing.T, c *cluster, run *runDir, cars []*sidecar, log *
 			}
 			return nil
 		})
+
 		if err != nil {
 			t.Errorf("sidecar %s did not end on the final set: %v", s.name, err)
 		}
@@ -735,10 +737,10 @@ func (f *faulter) loop(ctx context.Context) {
 		case "membership":
 			f.membership(ctx)
 		}
-		if err := poll(recoverTimeout, f.c.stable); err != nil {
+		if err := poll.Until(context.Background(), recoverTimeout, f.c.stable); err != nil {
 			f.fail("no leader with three voters %v after a %s fault healed: %v", recoverTimeout, kind, err)
 			f.healAll()
-			if err := poll(recoverTimeout, f.c.stable); err != nil {
+			if err := poll.Until(context.Background(), recoverTimeout, f.c.stable); err != nil {
 				f.fail("cluster did not recover: %v", err)
 				return
 			}
@@ -823,7 +825,7 @@ func (f *faulter) partition(ctx context.Context) {
 		if l {
 			f.partitionsOfLeader++
 			deadline := time.Now().Add(d)
-			err := poll(d+10*time.Second, func() error { return f.c.ledBy(others, nd.id) })
+			err := poll.Until(context.Background(), d+10*time.Second, func() error { return f.c.ledBy(others, nd.id) })
 			if err == nil {
 				f.leaderDeposed++
 				f.run.logf("majority elected a new leader")
@@ -874,7 +876,7 @@ func (f *faulter) transfer(ctx context.Context) {
 			others = append(others, n.idx)
 		}
 	}
-	if err := poll(10*time.Second, func() error { return f.c.ledBy(others, leader.id) }); err == nil {
+	if err := poll.Until(context.Background(), 10*time.Second, func() error { return f.c.ledBy(others, leader.id) }); err == nil {
 		f.transfersSeen++
 	} else {
 		f.run.logf("no new leader while %s was down: %v", leader.id, err)
@@ -899,21 +901,19 @@ func (f *faulter) membership(ctx context.Context) {
 	rcancel()
 	f.run.logf("remove answered %s", answer(err))
 	if err == nil {
-		if err := poll(20*time.Second, func() error { return f.c.memberCount(via, 2) }); err != nil {
+		if err := poll.Until(context.Background(), 20*time.Second, func() error { return f.c.memberCount(via, 2) }); err != nil {
 			f.fail("removed %s but the configuration still shows it: %v", nd.id, err)
 		}
 		wait(ctx, f.between(500*time.Millisecond, 3*time.Second))
 	}
 	join := adminclient.JoinRequest{ID: nd.id, RaftAddr: nd.proxy.addr()}
 	restarted := false
-	err = poll(30*time.Second, func() error {
+	err = poll.Until(context.Background(), 30*time.Second, func() error {
 		jctx, jcancel := context.WithTimeout(context.Background(), 20*time.Second)
 		_, err := via.api.Join(jctx, join)
 		jcancel()
 		if err != nil {
-			// A leader that removed itself shut its raft and Raft port
-			// down (ShutdownOnRemove), and a join refuses a node that
-			// does not answer: restart it first.
+
 			var ae *adminclient.Error
 			if errors.As(err, &ae) && ae.Status == http.StatusBadRequest && strings.Contains(ae.Message, "does not answer") && !restarted {
 				restarted = true
@@ -926,6 +926,7 @@ func (f *faulter) membership(ctx context.Context) {
 		}
 		return nil
 	})
+
 	if err != nil {
 		f.fail("re-add %s: %v", nd.id, err)
 		return
@@ -933,7 +934,7 @@ func (f *faulter) membership(ctx context.Context) {
 	f.run.logf("re-added %s", nd.id)
 	// A server that applied its own removal shut its raft down
 	// (ShutdownOnRemove); it needs a restart to take part again.
-	if err := poll(15*time.Second, f.c.stable); err != nil {
+	if err := poll.Until(context.Background(), 15*time.Second, f.c.stable); err != nil {
 		f.rejoinRestarts++
 		f.run.logf("%s did not catch up after the re-add (%v): restarting it", nd.id, err)
 		f.c.kill(nd)
@@ -996,7 +997,7 @@ func (f *faulter) healAll() {
 		f.c.restart(nd)
 	}
 	rejoined := map[*node]bool{}
-	err := poll(recoverTimeout, func() error {
+	err := poll.Until(context.Background(), recoverTimeout, func() error {
 		var errs []error
 		for _, nd := range f.c.nodes {
 			via := f.c.nodes[(nd.idx+1)%len(f.c.nodes)]
@@ -1016,12 +1017,13 @@ func (f *faulter) healAll() {
 		}
 		return errors.Join(errs...)
 	})
+
 	if err != nil {
 		f.fail("heal: membership: %v", err)
 	}
 	for nd := range rejoined {
 		f.run.logf("heal: re-added %s", nd.id)
-		if err := poll(15*time.Second, f.c.stable); err != nil {
+		if err := poll.Until(context.Background(), 15*time.Second, f.c.stable); err != nil {
 			f.rejoinRestarts++
 			f.c.kill(nd)
 			f.c.restart(nd)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/adminclient"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/loopback"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -333,7 +334,7 @@ func (c *cluster) leader() *node {
 // index with the same digest. It fails the test on timeout.
 func (c *cluster) waitHealthy(timeout time.Duration) {
 	c.t.Helper()
-	if err := poll(timeout, c.healthy); err != nil {
+	if err := poll.Until(context.Background(), timeout, c.healthy); err != nil {
 		c.t.Fatalf("cluster not healthy after %v: %v", timeout, err)
 	}
 }
@@ -370,20 +371,4 @@ func (c *cluster) healthy() error {
 		}
 	}
 	return nil
-}
-
-// poll calls cond until it returns nil or timeout passes, and returns its
-// last error then.
-func poll(timeout time.Duration, cond func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for an event
-	}
 }

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server/servertest"
 )
 
@@ -275,12 +276,13 @@ func TestGRPCAckNackAndLastGoodVersion(t *testing.T) {
 	waitForRequests := func(n int) []*discoveryv1.PolicyDiscoveryRequest {
 		t.Helper()
 		var reqs []*discoveryv1.PolicyDiscoveryRequest
-		waitFor(t, fmt.Sprintf("%d requests", n), func() error {
+		poll.Eventually(t, fmt.Sprintf("%d requests", n), func() error {
 			if reqs = f.reqs(); len(reqs) < n {
 				return fmt.Errorf("%d requests", len(reqs))
 			}
 			return nil
 		})
+
 		return reqs
 	}
 	f.publish("v2", tp("a", "Bash", "deny", "from v2"), tp("bad-one", "Write", "deny", ""))
@@ -330,12 +332,13 @@ func TestGRPCNackOfFirstSetStaysConnecting(t *testing.T) {
 	f := newFakeDiscovery("v1", tp("bad", "Bash", "deny", "", "("))
 	n := serveDiscovery(t, f, "")
 	c := runClient(t, Config{Servers: []string{n.addr}})
-	waitFor(t, "the NACK", func() error {
+	poll.Eventually(t, "the NACK", func() error {
 		if r := f.reqs(); len(r) < 2 {
 			return fmt.Errorf("%d requests", len(r))
 		}
 		return nil
 	})
+
 	nack := f.reqs()[1]
 	if nack.GetVersionInfo() != "" || nack.GetErrorDetail() == nil || nack.GetResponseNonce() != "n1" {
 		t.Fatalf("NACK = %v", nack)
@@ -361,12 +364,13 @@ func TestGRPCFailoverCarriesVersion(t *testing.T) {
 		t.Fatalf("connected to %s, want the first server %s", got, na.addr)
 	}
 	na.stop()
-	waitFor(t, "the ACK on the second node", func() error {
+	poll.Eventually(t, "the ACK on the second node", func() error {
 		if r := fb.reqs(); len(r) < 2 {
 			return fmt.Errorf("%d requests", len(r))
 		}
 		return nil
 	})
+
 	want := []*discoveryv1.PolicyDiscoveryRequest{
 		{ClientAddress: "sc", VersionInfo: "v1", Scope: &discoveryv1.Scope{}, Capabilities: []string{"rollouts", "shadow"}},
 		{ClientAddress: "sc", VersionInfo: "v1", ResponseNonce: "n1", Scope: &discoveryv1.Scope{}},
@@ -394,12 +398,13 @@ func TestGRPCStreamEndReconnects(t *testing.T) {
 			c := runClient(t, Config{Servers: []string{n.addr}})
 			c.waitState(t, StateReady)
 			f.endStreams(status.Error(code, "bye"))
-			waitFor(t, "a second stream", func() error {
+			poll.Eventually(t, "a second stream", func() error {
 				if opened, _ := f.counts(); opened < 2 {
 					return errors.New("not reconnected")
 				}
 				return nil
 			})
+
 			c.waitTransitions(t, "connecting->ready", "ready->disconnected", "disconnected->ready")
 		})
 	}
@@ -471,12 +476,13 @@ func TestGRPCHealthChecksAndToken(t *testing.T) {
 	n := serveDiscovery(t, f, "")
 	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sc-7", Token: "jwt-abc", HealthInterval: 10 * time.Millisecond})
 	c.waitState(t, StateReady)
-	waitFor(t, "three health checks", func() error {
+	poll.Eventually(t, "three health checks", func() error {
 		if _, h := f.counts(); h < 3 {
 			return fmt.Errorf("%d health checks", h)
 		}
 		return nil
 	})
+
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, a := range f.health {
@@ -499,12 +505,13 @@ func TestGRPCFailingHealthChecksReconnect(t *testing.T) {
 	n := serveDiscovery(t, f, "")
 	c := runClient(t, Config{Servers: []string{n.addr}, HealthInterval: 10 * time.Millisecond})
 	c.waitState(t, StateReady)
-	waitFor(t, "a new stream", func() error {
+	poll.Eventually(t, "a new stream", func() error {
 		if opened, _ := f.counts(); opened < 2 {
 			return errors.New("still on the first stream")
 		}
 		return nil
 	})
+
 	if got := c.rec.transitions(); len(got) < 2 || got[1] != "ready->disconnected" {
 		t.Fatalf("transitions %v", got)
 	}
@@ -525,12 +532,13 @@ func TestGRPCTokenSourcePerConnect(t *testing.T) {
 	}})
 	c.waitState(t, StateReady)
 	f.endStreams(status.Error(codes.Unavailable, "bye"))
-	waitFor(t, "a second stream", func() error {
+	poll.Eventually(t, "a second stream", func() error {
 		if opened, _ := f.counts(); opened < 2 {
 			return errors.New("not yet")
 		}
 		return nil
 	})
+
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if diff := cmp.Diff([]string{"Bearer tok-1", "Bearer tok-2"}, f.auth[:2]); diff != "" {
@@ -554,12 +562,13 @@ func TestGRPCSameVersionResentIsNotReapplied(t *testing.T) {
 	}})
 	c.waitState(t, StateReady)
 	f.publish("v1", set...)
-	waitFor(t, "the ACK of the resent set", func() error {
+	poll.Eventually(t, "the ACK of the resent set", func() error {
 		if r := f.reqs(); len(r) < 3 {
 			return fmt.Errorf("%d requests", len(r))
 		}
 		return nil
 	})
+
 	if ack := f.reqs()[2]; ack.GetVersionInfo() != "v1" || ack.GetResponseNonce() != "n2" || ack.GetErrorDetail() != nil {
 		t.Fatalf("answer to the resent set: %v", ack)
 	}
@@ -616,7 +625,7 @@ func TestGRPCSharedConn(t *testing.T) {
 	f.publish("v2", tp("a", "Bash", "deny", "y"))
 	f.endStreams(status.Error(codes.Unavailable, "bye"))
 	for _, c := range clients {
-		waitFor(t, "v2 and a reopened stream", func() error {
+		poll.Eventually(t, "v2 and a reopened stream", func() error {
 			if v := c.Version(); v != "v2" {
 				return fmt.Errorf("version %q", v)
 			}
@@ -625,13 +634,15 @@ func TestGRPCSharedConn(t *testing.T) {
 			}
 			return nil
 		})
+
 	}
-	waitFor(t, "health checks", func() error {
+	poll.Eventually(t, "health checks", func() error {
 		if _, h := f.counts(); h < 3 {
 			return fmt.Errorf("%d health checks", h)
 		}
 		return nil
 	})
+
 	if got := ln.accepted.Load(); got != 1 {
 		t.Fatalf("the node accepted %d connections, want 1 shared by every client", got)
 	}
@@ -666,12 +677,13 @@ func TestGRPCNoFlowControlPings(t *testing.T) {
 		f.publish(v, tp("a", "Bash", "deny", "from "+v))
 		// The ACK follows any PING the response caused on the wire, so
 		// once the node has it, the PING has been read too.
-		waitFor(t, "the ACK of "+v, func() error {
+		poll.Eventually(t, "the ACK of "+v, func() error {
 			if reqs := f.reqs(); len(reqs) < i+1 || reqs[i].GetVersionInfo() != v {
 				return fmt.Errorf("%d requests", len(reqs))
 			}
 			return nil
 		})
+
 	}
 	if got := rec.Pings(t); got != 0 {
 		t.Fatalf("the client sent %d PING frames for 4 responses, want 0", got)

@@ -13,24 +13,12 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// waitFor polls cond until it returns nil or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval, not a wait for an event
-	}
-	t.Fatalf("timed out waiting for %s: %v", what, err)
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -148,23 +136,25 @@ func (r *running) wait(t *testing.T) error {
 
 func (r *running) waitState(t *testing.T, want State) {
 	t.Helper()
-	waitFor(t, "state "+string(want), func() error {
+	poll.Eventually(t, "state "+string(want), func() error {
 		if got := r.State(); got != want {
 			return fmt.Errorf("state %s", got)
 		}
 		return nil
 	})
+
 }
 
 // waitTransitions waits until OnStateChange has reported exactly want.
 func (r *running) waitTransitions(t *testing.T, want ...string) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("transitions %v", want), func() error {
+	poll.Eventually(t, fmt.Sprintf("transitions %v", want), func() error {
 		if got := r.rec.transitions(); !slices.Equal(got, want) {
 			return fmt.Errorf("transitions %v", got)
 		}
 		return nil
 	})
+
 }
 
 // fakeClock is a Clock the test advances by hand.

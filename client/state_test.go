@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // TestStateMachineGraceAndRecovery walks seed 002's state machine against a
@@ -47,12 +49,13 @@ func TestStateMachineGraceAndRecovery(t *testing.T) {
 	addr := n.addr
 	n.stop()
 	r.waitState(t, StateDisconnected)
-	waitFor(t, "the grace timer", func() error {
+	poll.Eventually(t, "the grace timer", func() error {
 		if clock.armed() != 1 {
 			return errors.New("not armed")
 		}
 		return nil
 	})
+
 	assertEnforcing("disconnected, within grace")
 	clock.Advance(5*time.Minute - time.Second)
 	assertEnforcing("disconnected, 1s before grace ends")

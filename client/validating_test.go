@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/policyd/policyd/api/celenv"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // val is one validation of a ValidatingPolicy: expression, message, reason.
@@ -274,7 +275,7 @@ func TestGRPCNackOfPolicyTheSidecarCannotCompile(t *testing.T) {
 	r := runClient(t, Config{Servers: []string{n.addr}, CELEnvOptions: []cel.EnvOption{cel.ParserExpressionSizeLimit(10)}})
 	r.waitState(t, StateReady)
 	f.publish("v2", long)
-	waitFor(t, "the NACK", func() error {
+	poll.Eventually(t, "the NACK", func() error {
 		for _, req := range f.reqs() {
 			if msg := req.GetErrorDetail().GetMessage(); msg != "" {
 				if !strings.Contains(msg, "policy long: spec.validations[0].expression") {
@@ -285,6 +286,7 @@ func TestGRPCNackOfPolicyTheSidecarCannotCompile(t *testing.T) {
 		}
 		return fmt.Errorf("no NACK in %d requests", len(f.reqs()))
 	})
+
 	if got := r.Version(); got != "v1" {
 		t.Fatalf("version %q, want v1 kept", got)
 	}

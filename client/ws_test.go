@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // fakeFeed is a minimal WebSocket feed: each accepted connection is handed
@@ -227,12 +228,13 @@ func TestWSReconnectWithSince(t *testing.T) {
 			fc := ff.next(t)
 			fc.send(t, map[string]any{"type": "init", "version": 10, "digest": "d10", "policies": []any{feedPolicy("a", "Bash", "deny", "a")}})
 			fc.send(t, map[string]any{"type": "upsert", "version": 14, "digest": "d14", "policy": feedPolicy("b", "Bash", "deny", "b")})
-			waitFor(t, "the upsert", func() error {
+			poll.Eventually(t, "the upsert", func() error {
 				if r.Version() != "d14" {
 					return errors.New("not applied")
 				}
 				return nil
 			})
+
 			_ = fc.c.Close(code, "bye")
 			fc2 := ff.next(t)
 			if got := fc2.query.Get("since"); got != "14" {
@@ -240,12 +242,13 @@ func TestWSReconnectWithSince(t *testing.T) {
 			}
 			r.waitState(t, StateReady)
 			fc2.send(t, map[string]any{"type": "delete", "version": 15, "digest": "d15", "policy_name": "a"})
-			waitFor(t, "the replayed delete", func() error {
+			poll.Eventually(t, "the replayed delete", func() error {
 				if got := names(r.Policies()); len(got) != 1 || got[0] != "b" {
 					return fmt.Errorf("policies %v", got)
 				}
 				return nil
 			})
+
 			if diff := cmp.Diff([]string{"connecting->ready", "ready->disconnected", "disconnected->ready"}, r.rec.transitions()); diff != "" {
 				t.Fatalf("transitions (-want +got):\n%s", diff)
 			}
@@ -348,12 +351,13 @@ func TestWSRejectedMessageKeepsSet(t *testing.T) {
 	fc := ff.next(t)
 	fc.send(t, map[string]any{"type": "init", "version": 5, "digest": "d5", "policies": []any{feedPolicy("a", "Bash", "deny", "a")}})
 	fc.send(t, map[string]any{"type": "upsert", "version": 6, "digest": "d6", "policy": feedPolicy("b", "Bash", "deny", "", "(")})
-	waitFor(t, "the rejection", func() error {
+	poll.Eventually(t, "the rejection", func() error {
 		if r.Stats().Rejected != 1 {
 			return errors.New("not rejected yet")
 		}
 		return nil
 	})
+
 	if r.Version() != "d5" || len(r.Policies()) != 1 {
 		t.Fatalf("version %s, policies %v: the previous set is not in force", r.Version(), names(r.Policies()))
 	}

@@ -158,31 +158,6 @@ func (e *Env) Namespace(t testing.TB, labels, annotations map[string]string) str
 	return name
 }
 
-// Poll calls cond until it returns nil or timeout passes, and returns cond's
-// last error then.
-func Poll(timeout time.Duration, cond func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return nil
-		}
-		if !time.Now().Before(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond) // poll interval, not a wait for an event
-	}
-}
-
-// Eventually polls cond until it returns nil, failing t if timeout passes
-// first; what names the awaited state in the failure.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	if err := Poll(timeout, cond); err != nil {
-		t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-	}
-}
-
 // Warnings records the warnings the API server returns (deprecated fields,
 // Pod Security, admission webhooks' warnings); set it as a rest.Config's
 // WarningHandler.

@@ -11,6 +11,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func TestStartWithoutAssets(t *testing.T) {
@@ -19,31 +21,6 @@ func TestStartWithoutAssets(t *testing.T) {
 	if !errors.Is(err, ErrNoAssets) || env != nil {
 		t.Fatalf("Start() = %v, %v; want nil, ErrNoAssets", env, err)
 	}
-}
-
-func TestPoll(t *testing.T) {
-	t.Run("until cond holds", func(t *testing.T) {
-		calls := 0
-		err := Poll(time.Minute, func() error {
-			if calls++; calls < 3 {
-				return fmt.Errorf("call %d", calls)
-			}
-			return nil
-		})
-		if err != nil || calls != 3 {
-			t.Fatalf("Poll = %v after %d calls; want nil after 3", err, calls)
-		}
-	})
-	t.Run("last error after the timeout", func(t *testing.T) {
-		calls := 0
-		err := Poll(50*time.Millisecond, func() error {
-			calls++
-			return fmt.Errorf("call %d", calls)
-		})
-		if want := fmt.Sprintf("call %d", calls); err == nil || err.Error() != want || calls < 2 {
-			t.Fatalf("Poll = %v after %d calls; want %q and more than one call", err, calls, want)
-		}
-	})
 }
 
 func TestWarnings(t *testing.T) {
@@ -95,7 +72,7 @@ func TestControllerManager(t *testing.T) {
 		if _, err := env.Kube.AppsV1().Deployments(ns).Create(t.Context(), dep, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		Eventually(t, 60*time.Second, "a ReplicaSet, a Pod and the Deployment's status", func() error {
+		poll.Eventually(t, "a ReplicaSet, a Pod and the Deployment's status", func() error {
 			if err := cm.Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -115,7 +92,8 @@ func TestControllerManager(t *testing.T) {
 				return fmt.Errorf("%d ReplicaSets, %d Pods, observed generation %d of %d", len(rss.Items), len(pods.Items), d.Status.ObservedGeneration, d.Generation)
 			}
 			return nil
-		})
+		}, poll.Within(60*time.Second))
+
 	})
 	if cm == nil {
 		return

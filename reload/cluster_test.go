@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -56,7 +56,7 @@ func newCluster(t *testing.T, ns string, debounce time.Duration) *cluster {
 func (c *cluster) leader() int {
 	c.t.Helper()
 	li := -1
-	kubetest.Eventually(c.t, wait, "a leader", func() error {
+	poll.Eventually(c.t, "a leader", func() error {
 		li = -1
 		for i, n := range c.nodes {
 			if n != nil && n.IsLeader() {
@@ -67,7 +67,8 @@ func (c *cluster) leader() int {
 			return fmt.Errorf("no leader")
 		}
 		return nil
-	})
+	}, poll.Within(wait))
+
 	waitSynced(c.t, c.nodes[li])
 	return li
 }
@@ -110,13 +111,14 @@ func TestClusterFailover(t *testing.T) {
 		old := c.nodes[li]
 		cm = updateConfigMap(t, ns, "app", setData(map[string]string{"v": "2"}))
 		hash := reload.DataHash(cm)
-		kubetest.Eventually(t, wait, "the change to be queued", func() error {
+		poll.Eventually(t, "the change to be queued", func() error {
 			p, ok := pendingFor(old, t, "test", "app")
 			if !ok || p.Hash != hash {
 				return fmt.Errorf("queued %+v", p)
 			}
 			return nil
-		})
+		}, poll.Within(wait))
+
 		p, _ := pendingFor(old, t, "test", "app")
 		// The queue is replicated: every follower holds the same entry,
 		// and shows its own controller as not leading.
@@ -124,7 +126,7 @@ func TestClusterFailover(t *testing.T) {
 			if n == old {
 				continue
 			}
-			kubetest.Eventually(t, wait, n.ID()+" to hold the queued restart", func() error {
+			poll.Eventually(t, n.ID()+" to hold the queued restart", func() error {
 				v := n.view(t)
 				if v.Controller.State != reload.StateNotLeader {
 					return fmt.Errorf("controller %+v", v.Controller)
@@ -133,7 +135,8 @@ func TestClusterFailover(t *testing.T) {
 					return fmt.Errorf("queue %+v, want %+v", v.Queue, p)
 				}
 				return nil
-			})
+			}, poll.Within(wait))
+
 		}
 		if !time.Now().Before(p.DueAt) {
 			t.Skipf("the machine is too slow to stop the leader inside the %v window", debounce)

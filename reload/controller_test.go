@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/reload"
@@ -50,7 +51,7 @@ func cachedHash(n *node, t testing.TB, scope, cm string) string {
 func waitRestarts(t *testing.T, n *node, scope, cm string, want int) []store.ReloadRestart {
 	t.Helper()
 	var got []store.ReloadRestart
-	kubetest.Eventually(t, wait, fmt.Sprintf("%d restart(s) of %s/%s", want, scope, cm), func() error {
+	poll.Eventually(t, fmt.Sprintf("%d restart(s) of %s/%s", want, scope, cm), func() error {
 		v := n.view(t)
 		got = got[:0]
 		for _, r := range v.Restarts {
@@ -67,7 +68,8 @@ func waitRestarts(t *testing.T, n *node, scope, cm string, want int) []store.Rel
 			return fmt.Errorf("%d restarts", len(got))
 		}
 		return nil
-	})
+	}, poll.Within(wait))
+
 	return got
 }
 
@@ -86,12 +88,13 @@ func sentinel(t *testing.T, n *node, ns string, i int) {
 		cm = updateConfigMap(t, ns, name, setData(data))
 	}
 	want := reload.DataHash(cm)
-	kubetest.Eventually(t, wait, "the sentinel change to be handled", func() error {
+	poll.Eventually(t, "the sentinel change to be handled", func() error {
 		if got := cachedHash(n, t, "canary", name); got != want {
 			return fmt.Errorf("cached %q, want %q", got, want)
 		}
 		return nil
-	})
+	}, poll.Within(wait))
+
 }
 
 func TestRestartOnlyTheConfigMapsScope(t *testing.T) {
@@ -250,12 +253,13 @@ func TestDebounceCoalesces(t *testing.T) {
 		cm = updateConfigMap(t, ns, "app", setData(map[string]string{"v": fmt.Sprint(i)}))
 	}
 	want := reload.DataHash(cm)
-	kubetest.Eventually(t, wait, "the third change to be queued", func() error {
+	poll.Eventually(t, "the third change to be queued", func() error {
 		if got := cachedHash(n, t, "test", "app"); got != want {
 			return fmt.Errorf("cached %q", got)
 		}
 		return nil
-	})
+	}, poll.Within(wait))
+
 	if p, ok := pendingFor(n, t, "test", "app"); ok {
 		// Coalesced: one entry, for the last data, due a window after it.
 		if p.Hash != want || p.DueAt.Before(last.Add(debounce)) {
@@ -433,13 +437,14 @@ func TestPatchFailureRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm := updateConfigMap(t, ns, "app", setData(map[string]string{"v": "2"}))
-	kubetest.Eventually(t, wait, "two failed attempts", func() error {
+	poll.Eventually(t, "two failed attempts", func() error {
 		p, ok := pendingFor(n, t, "test", "app")
 		if !ok || p.Attempts < 2 {
 			return fmt.Errorf("queued %+v (%v)", p, ok)
 		}
 		return nil
-	})
+	}, poll.Within(wait))
+
 	v := n.view(t)
 	if len(v.Errors) < 2 || !strings.Contains(v.Errors[0].Error, "forbidden") {
 		t.Errorf("errors = %+v, want the forbidden patches", v.Errors)
@@ -494,12 +499,13 @@ func TestAuthFailureStopsController(t *testing.T) {
 			cfg := nodeConfig(t, "n1", ns, 0)
 			cfg.Kubernetes.Kubeconfig = kubeconfig(t, tc.opts)
 			n := startNode(t, cfg)
-			kubetest.Eventually(t, wait, "the controller to stop", func() error {
+			poll.Eventually(t, "the controller to stop", func() error {
 				if st := n.ReloadStatus(); st.State != reload.StateStopped {
 					return fmt.Errorf("status %+v", st)
 				}
 				return nil
-			})
+			}, poll.Within(wait))
+
 			v := n.view(t)
 			if !strings.HasPrefix(v.Controller.Reason, tc.reason) {
 				t.Errorf("status reason %q, want %s", v.Controller.Reason, tc.reason)

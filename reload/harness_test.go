@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/reload"
 	"github.com/policyd/policyd/server"
@@ -190,13 +191,14 @@ func startSingle(t *testing.T, cfg config.Config) *node {
 
 func waitSynced(t *testing.T, n *node) {
 	t.Helper()
-	kubetest.Eventually(t, 30*time.Second, n.ID()+"'s reload controller to sync", func() error {
+	poll.Eventually(t, n.ID()+"'s reload controller to sync", func() error {
 		st := n.ReloadStatus()
 		if st.State != reload.StateRunning || !st.Synced {
 			return fmt.Errorf("status %+v", st)
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 }
 
 // view is GET /v1/reload on n.

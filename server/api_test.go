@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/store"
 )
 
@@ -35,13 +36,14 @@ func singleNode(t *testing.T, mutate func(*config.Config)) (*Node, *api) {
 // its addresses.
 func waitLeads(t *testing.T, n *Node) {
 	t.Helper()
-	waitFor(t, 10*time.Second, n.ID()+" to lead and register", func() error {
+	poll.Eventually(t, n.ID()+" to lead and register", func() error {
 		if !n.IsLeader() {
 			return errors.New("not leader yet")
 		}
 		_, err := n.store.Member(n.ID())
 		return err
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // TestBadInputIsRejectedAndStoresNothing walks the malformed requests: each
@@ -304,7 +306,7 @@ func TestLostStateDBIsRebuilt(t *testing.T) {
 	}
 
 	n2 := startNode(t, cfg)
-	waitFor(t, 10*time.Second, "state rebuilt", func() error {
+	poll.Eventually(t, "state rebuilt", func() error {
 		for _, name := range []string{"before-snapshot", "after-snapshot"} {
 			if _, err := n2.store.GetPolicy(name); err != nil {
 				return err
@@ -318,5 +320,6 @@ func TestLostStateDBIsRebuilt(t *testing.T) {
 			return fmt.Errorf("digest %.8s, want %.8s", got, want)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 }

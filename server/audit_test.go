@@ -19,6 +19,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/adminapi"
@@ -51,7 +52,7 @@ func auditCluster(t *testing.T) *cluster {
 // waitCommandVersion waits until n writes this release's command version.
 func waitCommandVersion(t *testing.T, n *Node) {
 	t.Helper()
-	waitFor(t, 10*time.Second, n.ID()+" to write command version "+strconv.Itoa(raftfsm.CommandVersion), func() error {
+	poll.Eventually(t, n.ID()+" to write command version "+strconv.Itoa(raftfsm.CommandVersion), func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		st, err := n.Status(ctx)
@@ -61,15 +62,15 @@ func waitCommandVersion(t *testing.T, n *Node) {
 		if st.CommandVersion != raftfsm.CommandVersion {
 			return fmt.Errorf("command version %d", st.CommandVersion)
 		}
-		// Every member, not only the registered ones: each node's first
-		// registration resets the others' versions.
+
 		for _, m := range st.Members {
 			if m.CommandVersion != raftfsm.CommandVersion {
 				return fmt.Errorf("member %s registered command version %d", m.ID, m.CommandVersion)
 			}
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // as is the headers of a request made with token and, unless empty, a
@@ -428,7 +429,7 @@ func TestRetentionPruneIsAudited(t *testing.T) {
 	})
 	old := a.putPolicy("acme.old", "acme", "old")
 	var prune store.Event
-	waitFor(t, 10*time.Second, "a retention prune of the policy's event", func() error {
+	poll.Eventually(t, "a retention prune of the policy's event", func() error {
 		r := a.do(http.MethodGet, "/v1/events?actor="+raftfsm.ActorRetention, nil, nil)
 		var page store.EventPage
 		if r.status != http.StatusOK {
@@ -440,7 +441,8 @@ func TestRetentionPruneIsAudited(t *testing.T) {
 		}
 		prune = page.Events[0]
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	var data struct {
 		Count int `json:"count"`
 	}

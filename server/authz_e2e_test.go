@@ -30,6 +30,7 @@ import (
 
 	"github.com/policyd/policyd/authz"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -130,7 +131,7 @@ func startAuthz(t *testing.T, ccfg client.Config, acfg authz.Config, onState fun
 // closed its sidecar streams).
 func (s *authzSidecar) waitReady(t *testing.T) {
 	t.Helper()
-	if !servertest.Poll(20*time.Second, func() bool { return s.sdk.State() == client.StateReady }) {
+	if poll.Until(context.Background(), 20*time.Second, poll.Holds(func() bool { return s.sdk.State() == client.StateReady })) != nil {
 		t.Fatalf("sidecar %s, not ready", s.sdk.State())
 	}
 }
@@ -384,7 +385,7 @@ func bash(command string) authz.CheckRequest {
 func untilChanged[T any](t *testing.T, since time.Time, change string, want T, what func() T) {
 	t.Helper()
 	var got T
-	if !servertest.Poll(5*time.Second, func() bool { got = what(); return cmp.Equal(want, got) }) {
+	if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { got = what(); return cmp.Equal(want, got) })) != nil {
 		t.Fatalf("%s: not seen within 5 s of the write (-want +got):\n%s", change, cmp.Diff(want, got))
 	}
 	t.Logf("%s: decided %v after the write's response", change, time.Since(since).Round(time.Microsecond))
@@ -655,7 +656,7 @@ func TestAuthzE2E(t *testing.T) {
 		l := list.String()
 		apiFor(t, c.nodes[1]).put("/v1/policies/acme.red.heavy", validatingPolicy("acme.red.heavy", red, validation{
 			httpOnly(l + ".all(a, " + l + ".all(b, a + b >= 0))"), "unreachable", ""}))
-		if !servertest.Poll(5*time.Second, func() bool { return len(alice.sdk.Policies()) == 3 }) {
+		if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { return len(alice.sdk.Policies()) == 3 })) != nil {
 			t.Fatalf("the sidecar holds %d policies, want 3 with acme.red.heavy", len(alice.sdk.Policies()))
 		}
 		clients := make([]authv3.AuthorizationClient, conns)
@@ -769,7 +770,7 @@ func TestAuthzE2E(t *testing.T) {
 			t.Errorf("live heap grew by %d MiB at the peak, want < 256 MiB", grew>>20)
 		}
 		// Nothing of the checks lingers in the server.
-		if !servertest.Poll(10*time.Second, func() bool { return servertest.Goroutines("policyd/authz.(*Server).Check") == 0 }) {
+		if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return servertest.Goroutines("policyd/authz.(*Server).Check") == 0 })) != nil {
 			t.Errorf("%d goroutines still in the authz server after the checks", servertest.Goroutines("policyd/authz.(*Server).Check"))
 		}
 	})
@@ -783,7 +784,7 @@ func TestAuthzE2E(t *testing.T) {
 		}
 		apiFor(t, c.nodes[1]).put("/v1/employees/alice", []byte(`{"id":"alice","org":"acme","team":"red","status":"inactive"}`))
 		wrote := time.Now()
-		if !servertest.Poll(5*time.Second, func() bool { return alice.check(t, read).State == string(client.StateRevoked) }) {
+		if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { return alice.check(t, read).State == string(client.StateRevoked) })) != nil {
 			t.Fatalf("still %+v 5 s after the deactivation", alice.check(t, read))
 		}
 		t.Logf("revocation denied %v after the write's response", time.Since(wrote).Round(time.Millisecond))
@@ -875,7 +876,7 @@ func TestAuthzE2E(t *testing.T) {
 			t.Errorf("rm right after the stop: %d (-want +got):\n%s", a.rm.status, diff)
 		}
 
-		if !servertest.Poll(grace+5*time.Second, func() bool { return bob.check(t, read).State == string(client.StateDisconnected) }) {
+		if poll.Until(context.Background(), grace+5*time.Second, poll.Holds(func() bool { return bob.check(t, read).State == string(client.StateDisconnected) })) != nil {
 			t.Fatalf("read still %+v %v after the sidecar lost its node", bob.check(t, read), grace+5*time.Second)
 		}
 		denied := time.Since(a.lostAt)

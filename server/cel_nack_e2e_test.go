@@ -12,6 +12,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // TestSDKCELNackVisibleInRollout is issue 31's end-to-end case: a
@@ -63,13 +64,13 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 	put("acme.short", `request.m == "GET"`, 0) // 18 code points
 	s.hasPolicy(t, "acme.short")
 	good := s.Version()
-	waitFor(t, 10*time.Second, "the sidecar's ACK in GET /v1/rollout", func() error {
+	poll.Eventually(t, "the sidecar's ACK in GET /v1/rollout", func() error {
 		v, acked, _, err := rolloutOf()
 		if err == nil && (!acked || v != good) {
 			err = fmt.Errorf("version %.8s acked %v, want %.8s acked", v, acked, good)
 		}
 		return err
-	})
+	}, poll.Within(10*time.Second))
 
 	// A longer one: the server's environment takes it (the PUT succeeds),
 	// the sidecar's does not.
@@ -78,7 +79,7 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 		nacked string
 		nack   *adminclient.NackRef
 	)
-	waitFor(t, 10*time.Second, "the sidecar's NACK in GET /v1/rollout", func() error {
+	poll.Eventually(t, "the sidecar's NACK in GET /v1/rollout", func() error {
 		v, _, n, err := rolloutOf()
 		switch {
 		case err != nil:
@@ -88,7 +89,8 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 		}
 		nacked, nack = v, n
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	for _, want := range []string{"policy acme.long: spec.validations[0].expression: compile", "size exceeds limit"} {
 		if !strings.Contains(nack.Message, want) {
 			t.Errorf("NACK message %q does not mention %q", nack.Message, want)
@@ -119,7 +121,7 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 
 	// Fixing the policy lets the sidecar move on: it ACKs the next version.
 	put("acme.long", `request.m != "X"`, adminclient.AnyRevision)
-	waitFor(t, 10*time.Second, "the sidecar to take the fixed set and ACK it", func() error {
+	poll.Eventually(t, "the sidecar to take the fixed set and ACK it", func() error {
 		v, acked, _, err := rolloutOf()
 		switch {
 		case err != nil:
@@ -130,7 +132,8 @@ func TestSDKCELNackVisibleInRollout(t *testing.T) {
 			return fmt.Errorf("SDK at %.8s, rollout says %.8s acked", s.Version(), v)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	if d := s.Evaluate(t.Context(), client.Request{Request: map[string]any{"m": "X"}}); d.Allowed || d.Policy != "acme.long" {
 		t.Errorf("Evaluate(m=X) = %+v, want the fixed acme.long's denial", d)
 	}

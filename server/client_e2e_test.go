@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // These tests run the client SDK against a real 3-node cluster: writes go
@@ -80,14 +81,15 @@ func (s *sdkRun) counts() (transitions []string, updates int) {
 // hasPolicy waits until the SDK holds policy name.
 func (s *sdkRun) hasPolicy(t *testing.T, name string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the SDK to receive "+name, func() error {
+	poll.Eventually(t, "the SDK to receive "+name, func() error {
 		for _, p := range s.Policies() {
 			if p.Name == name {
 				return nil
 			}
 		}
 		return fmt.Errorf("SDK holds %d policies, not %s", len(s.Policies()), name)
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // connectedNode returns the index of the node whose address addrOf gives
@@ -111,13 +113,14 @@ func failover(t *testing.T, c *cluster, s *sdkRun, i int) {
 	before, _ := s.counts()
 	start := time.Now()
 	c.stop(i)
-	waitFor(t, 5*time.Second, "the SDK to fail over and be ready", func() error {
+	poll.Eventually(t, "the SDK to fail over and be ready", func() error {
 		tr, _ := s.counts()
 		if got := tr[len(before):]; !slices.Equal(got, []string{"ready->disconnected", "disconnected->ready"}) {
 			return fmt.Errorf("transitions since the stop: %v", got)
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
+
 	t.Logf("failover took %v (including the node's shutdown)", time.Since(start))
 }
 
@@ -263,12 +266,13 @@ func TestSDKGRPCDecodesOnlyChangedPolicies(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		version := s.Version()
 		put("acme.b", fmt.Sprintf("changes %d", i))
-		waitFor(t, 10*time.Second, "the SDK to take the change", func() error {
+		poll.Eventually(t, "the SDK to take the change", func() error {
 			if v := s.Version(); v == version {
 				return fmt.Errorf("still at version %s", v)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 		now := held()
 		if now["acme.a"] != before["acme.a"] {
 			t.Fatalf("change %d: the unchanged policy was decoded again", i)

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/raftnode"
 	"github.com/policyd/policyd/store"
@@ -367,7 +368,7 @@ func TestEventRetention(t *testing.T) {
 	for i := range 5 {
 		a.putPolicy(fmt.Sprintf("old-%d", i), "acme", "x")
 	}
-	waitFor(t, 15*time.Second, "old events pruned on every node", func() error {
+	poll.Eventually(t, "old events pruned on every node", func() error {
 		for _, n := range c.running() {
 			page, err := n.store.ListEvents(store.EventFilter{})
 			if err != nil {
@@ -378,7 +379,8 @@ func TestEventRetention(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	p := a.putPolicy("fresh", "acme", "x")
 	page, err := c.leader().store.ListEvents(store.EventFilter{})
 	if err != nil {
@@ -404,12 +406,13 @@ func TestNoLeaderIs503(t *testing.T) {
 			c.stop(i)
 		}
 	}
-	waitFor(t, 10*time.Second, "the survivor to lose its leader", func() error {
+	poll.Eventually(t, "the survivor to lose its leader", func() error {
 		if _, id := survivor.rn.Raft().LeaderWithID(); id != "" {
 			return fmt.Errorf("still sees leader %s", id)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	a := apiFor(t, survivor)
 	r := a.do(http.MethodPut, "/v1/policies/lost", toolPolicy("lost", "acme", "x"), nil)
 	if r.status != http.StatusServiceUnavailable {
@@ -444,12 +447,13 @@ func TestMembershipRemoveAndJoin(t *testing.T) {
 		t.Fatalf("remove: %d %s", r.status, r.body)
 	}
 	leader := c.leader()
-	waitFor(t, 10*time.Second, "member record removed", func() error {
+	poll.Eventually(t, "member record removed", func() error {
 		if _, err := leader.store.Member(victim.ID()); !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("member %s still recorded (%w)", victim.ID(), err)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	if leader.inConfiguration(victim.ID()) {
 		t.Fatal("removed node still in the raft configuration")
 	}
@@ -553,19 +557,20 @@ func TestLeaderTasksFollowLeadership(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(t, 10*time.Second, "probe on the first leader only", onlyOnLeader)
+	poll.Eventually(t, "probe on the first leader only", onlyOnLeader, poll.Within(10*time.Second))
 	for range 2 {
 		old := c.leader()
 		if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
 			t.Fatalf("transfer: %v", err)
 		}
-		waitFor(t, 10*time.Second, "leadership to move", func() error {
+		poll.Eventually(t, "leadership to move", func() error {
 			if c.leader() == old {
 				return fmt.Errorf("%s still leads", old.ID())
 			}
 			return nil
-		})
-		waitFor(t, 10*time.Second, "probe on the new leader only", onlyOnLeader)
+		}, poll.Within(10*time.Second))
+
+		poll.Eventually(t, "probe on the new leader only", onlyOnLeader, poll.Within(10*time.Second))
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -648,7 +653,7 @@ func TestRemoveTheLeader(t *testing.T) {
 		t.Fatalf("remove leader: %d %s", r.status, r.body)
 	}
 	var leader *Node
-	waitFor(t, 10*time.Second, "a new leader without the old one", func() error {
+	poll.Eventually(t, "a new leader without the old one", func() error {
 		for _, n := range c.running() {
 			if n != old && n.IsLeader() {
 				leader = n
@@ -656,8 +661,9 @@ func TestRemoveTheLeader(t *testing.T) {
 			}
 		}
 		return errors.New("no new leader")
-	})
-	waitFor(t, 10*time.Second, "old leader's record forgotten", func() error {
+	}, poll.Within(10*time.Second))
+
+	poll.Eventually(t, "old leader's record forgotten", func() error {
 		if _, err := leader.store.Member(old.ID()); err == nil {
 			return errors.New("still recorded")
 		} else if !errors.Is(err, store.ErrNotFound) {
@@ -667,7 +673,8 @@ func TestRemoveTheLeader(t *testing.T) {
 			return errors.New("still in the configuration")
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	apiFor(t, f).putPolicy("after-leader-removed", "acme", "x")
 }
 
@@ -688,11 +695,9 @@ func TestNewLeaderForgetsRemovedMembers(t *testing.T) {
 	if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
 		t.Fatalf("transfer leadership: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the removed node's record forgotten by the new leader", func() error {
+	poll.Eventually(t, "the removed node's record forgotten by the new leader", func() error {
 		for _, n := range c.running() {
-			// Any leader but the one that removed it: that one's term
-			// has ended with the transfer, and a later term of its own
-			// would run the task too.
+
 			if n == gone || !n.IsLeader() {
 				continue
 			}
@@ -704,7 +709,8 @@ func TestNewLeaderForgetsRemovedMembers(t *testing.T) {
 			return nil
 		}
 		return errors.New("no new leader")
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // TestFollowerReadsItsOwnWrites: a follower answers a PUT with the stored

@@ -22,6 +22,7 @@ import (
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/proxystatus"
@@ -599,14 +600,15 @@ func TestDiscoveryInactiveFlush(t *testing.T) {
 	if st := quiet.end(); st.Code() != codes.DeadlineExceeded {
 		t.Fatalf("quiet stream ended with %v, want DeadlineExceeded", st)
 	}
-	waitFor(t, 5*time.Second, "the flushed stream to leave /v1/clients", func() error {
+	poll.Eventually(t, "the flushed stream to leave /v1/clients", func() error {
 		for _, cl := range a.clients().Clients {
 			if cl.ClientAddress == "c-quiet" {
 				return fmt.Errorf("c-quiet still listed")
 			}
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
+
 	// The health-checked stream outlived several flushes and still works.
 	a.put("/v1/policies/f.a", scopedPolicy("f.a", policy.Scope{Org: "f"}, "a"))
 	if r := alive.next(); !slices.Equal(names(r), []string{"f.a"}) {
@@ -754,7 +756,7 @@ func TestDiscoveryBadInput(t *testing.T) {
 		s := openStream(t, cc, "c-bignack", org)
 		r := s.next()
 		s.send("", r.GetNonce(), &discoveryv1.ErrorDetail{Message: strings.Repeat("é", 1<<19)})
-		waitFor(t, 5*time.Second, "the NACK to be recorded", func() error {
+		poll.Eventually(t, "the NACK to be recorded", func() error {
 			for _, cl := range a.clients().Clients {
 				if cl.ClientAddress == "c-bignack" && cl.State == "nacked" {
 					if len(cl.NackMessage) > 1100 || !strings.HasPrefix(cl.NackMessage, "éé") {
@@ -764,7 +766,8 @@ func TestDiscoveryBadInput(t *testing.T) {
 				}
 			}
 			return fmt.Errorf("not nacked yet")
-		})
+		}, poll.Within(5*time.Second))
+
 	})
 
 	t.Run("a client that never reads is dropped without delaying others", func(t *testing.T) {
@@ -789,14 +792,15 @@ func TestDiscoveryBadInput(t *testing.T) {
 				t.Fatalf("reader needed %d responses for write %d", k, i)
 			}
 		}
-		waitFor(t, 10*time.Second, "the stuck stream to be dropped", func() error {
+		poll.Eventually(t, "the stuck stream to be dropped", func() error {
 			for _, cl := range a.clients().Clients {
 				if cl.ClientAddress == "c-stuck" {
 					return fmt.Errorf("c-stuck still connected")
 				}
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 	})
 
 	t.Run("1000 connects and disconnects leave nothing behind", func(t *testing.T) {
@@ -814,7 +818,7 @@ func TestDiscoveryBadInput(t *testing.T) {
 			}
 			cancel()
 		}
-		waitFor(t, 10*time.Second, "churned streams to be gone", func() error {
+		poll.Eventually(t, "churned streams to be gone", func() error {
 			for _, cl := range a.clients().Clients {
 				if strings.HasPrefix(cl.ClientAddress, "churn-") {
 					return fmt.Errorf("%s still listed", cl.ClientAddress)
@@ -824,7 +828,8 @@ func TestDiscoveryBadInput(t *testing.T) {
 				return fmt.Errorf("%d goroutines, baseline %d", g, baseline)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 	})
 }
 

@@ -33,6 +33,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -169,13 +170,14 @@ func TestFlood(t *testing.T) {
 	idle := floodIdle(n.HTTPAddr(), n.GRPCAddr(), conns)
 
 	// The never-reading clients are cut once their buffers fill up.
-	waitFor(t, 60*time.Second, "never-reading clients disconnected", func() error {
+	poll.Eventually(t, "never-reading clients disconnected", func() error {
 		ws, ds := servertest.Metric(t, n.reg, "policy_ws_connections_total"), servertest.Metric(t, n.reg, "policyd_discovery_streams")
 		if ws != 1 || ds != 1 {
 			return fmt.Errorf("%v feed connections and %v discovery streams open, want 1 each", ws, ds)
 		}
 		return nil
-	})
+	}, poll.Within(60*time.Second))
+
 	close(stopWrites)
 	if err := <-writesDone; err != nil {
 		t.Fatal(err)
@@ -236,7 +238,7 @@ func TestFlood(t *testing.T) {
 	// Memory and goroutines come back.
 	stopSampling()
 	var heapAfter uint64
-	waitFor(t, 30*time.Second, "heap back down", func() error {
+	poll.Eventually(t, "heap back down", func() error {
 		runtime.GC()
 		runtime.ReadMemStats(&ms)
 		heapAfter = ms.HeapAlloc
@@ -244,13 +246,15 @@ func TestFlood(t *testing.T) {
 			return fmt.Errorf("heap %d MiB, before the flood %d MiB", heapAfter>>20, heapBefore>>20)
 		}
 		return nil
-	})
-	waitFor(t, 30*time.Second, "goroutines back down", func() error {
+	}, poll.Within(30*time.Second))
+
+	poll.Eventually(t, "goroutines back down", func() error {
 		if g := runtime.NumGoroutine(); g > goroutinesBefore+floodGoroutineGap {
 			return fmt.Errorf("%d goroutines, %d before the flood", g, goroutinesBefore)
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	t.Logf("flood of %d idle connects (max_connections %d per listener), %d bad tokens, %d+%d oversized, %d+%d never-reading: "+
 		"%v; %d writes delivered; heap before %d MiB, peak %d MiB, after %d MiB; goroutines %d before, %d after; "+
 		"refused over the cap: http %v, grpc %v; idle connects closed by the node: %d",
@@ -333,9 +337,10 @@ func TestConnLimitsPerIP(t *testing.T) {
 			}
 			// A closed connection gives its address's slot back.
 			held[0]()
-			waitFor(t, 10*time.Second, "127.0.0.1 served again after one of its connections closed", func() error {
+			poll.Eventually(t, "127.0.0.1 served again after one of its connections closed", func() error {
 				return tc.probe("127.0.0.1")
-			})
+			}, poll.Within(10*time.Second))
+
 		})
 	}
 }
@@ -358,12 +363,12 @@ func TestConnLimitsFeed(t *testing.T) {
 	}
 	a.hc.CloseIdleConnections()
 	tok := feedE2EToken(t, alice)
-	waitFor(t, 10*time.Second, "the admin client's connection closed", func() error {
+	poll.Eventually(t, "the admin client's connection closed", func() error {
 		if v := servertest.Metric(t, n.reg, "policyd_connections_open", "listener", "http"); v != 0 {
 			return fmt.Errorf("%v HTTP connections open", v)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 
 	var feeds []*feedE2EClient
 	for range limit {
@@ -377,12 +382,13 @@ func TestConnLimitsFeed(t *testing.T) {
 	if v := servertest.Metric(t, n.reg, "policyd_connections_open", "listener", "http"); v != limit {
 		t.Fatalf("%v HTTP connections counted with %d feed connections open, want %d", v, limit, limit)
 	}
-	waitFor(t, 10*time.Second, "idle feed connections without goroutines (polled)", func() error {
+	poll.Eventually(t, "idle feed connections without goroutines (polled)", func() error {
 		if g := servertest.Goroutines("server/feed.(*conn)."); g != 0 {
 			return fmt.Errorf("%d goroutines run feed connection code", g)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	before := servertest.Metric(t, n.reg, "policyd_connections_rejected_total", "listener", "http", "reason", "max_connections")
 	if err := getHealthz(httpFrom("127.0.0.1", false), n.HTTPAddr()); err == nil {
 		t.Fatalf("HTTP request served with %d feed connections open (http.max_connections %d)", limit, limit)
@@ -392,9 +398,10 @@ func TestConnLimitsFeed(t *testing.T) {
 	}
 	// A feed connection that closes gives its slot back.
 	_ = feeds[0].ws.CloseNow()
-	waitFor(t, 10*time.Second, "HTTP served after a feed connection closed", func() error {
+	poll.Eventually(t, "HTTP served after a feed connection closed", func() error {
 		return getHealthz(httpFrom("127.0.0.1", false), n.HTTPAddr())
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // TestConnLimitsRaft: a flood of connects to a follower's Raft listener is
@@ -421,13 +428,13 @@ func TestConnLimitsRaft(t *testing.T) {
 		t.Cleanup(func() { _ = nc.Close() })
 	}
 	// At most limit of them are admitted, and Raft keeps those open.
-	waitFor(t, 10*time.Second, "the Raft listener full and the rest refused", func() error {
+	poll.Eventually(t, "the Raft listener full and the rest refused", func() error {
 		rejected := servertest.Metric(t, f.reg, "policyd_connections_rejected_total", "listener", "raft", "reason", "max_connections")
 		if v := open(); v != limit || rejected < flood-limit {
 			return fmt.Errorf("%v open (want %d), %v refused (want at least %d)", v, limit, rejected, flood-limit)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 
 	for i := range 5 {
 		a.putPolicy(fmt.Sprintf("acme.during-flood-%d", i), "acme", "committed while the follower's Raft listener is full")
@@ -479,10 +486,11 @@ current-context: none
 		t.Fatalf("refusals on the drift listener: %v, want 1", got)
 	}
 	_ = held[0].Close()
-	waitFor(t, 10*time.Second, "a drift connection after one closed", func() error {
+	poll.Eventually(t, "a drift connection after one closed", func() error {
 		_, err := handshake()
 		return err
-	})
+	}, poll.Within(10*time.Second))
+
 }
 
 // localDialer dials from ip, any 127.0.0.0/8 address on Linux loopback.
@@ -824,7 +832,7 @@ func newGoodStream(t *testing.T, n *Node, id policy.Identity, token string) *goo
 
 func (g *goodStream) waitVersion(t *testing.T, want string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "discovery stream on the final version", func() error {
+	poll.Eventually(t, "discovery stream on the final version", func() error {
 		if err, ok := g.err.Load().(error); ok {
 			t.Fatalf("well-behaved discovery stream failed: %v", err)
 		}
@@ -832,7 +840,8 @@ func (g *goodStream) waitVersion(t *testing.T, want string) {
 			return fmt.Errorf("at version %s, want %s", got, want)
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 }
 
 // idleFlood is the outcome of the idle connects.

@@ -15,6 +15,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -31,12 +32,13 @@ func foreignDataDir(t *testing.T, id string) (dir, clusterID string) {
 		t.Fatal(err)
 	}
 	n.Start()
-	waitFor(t, 10*time.Second, "the foreign cluster to lead and be named", func() error {
+	poll.Eventually(t, "the foreign cluster to lead and be named", func() error {
 		if !n.IsLeader() || n.ClusterID() == "" {
 			return fmt.Errorf("leader %v, cluster ID %q", n.IsLeader(), n.ClusterID())
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	a := apiFor(t, n)
 	if r := a.do(http.MethodPut, "/v1/employees/alice", []byte(`{"id":"alice","org":"acme","team":"red"}`), nil); r.status != http.StatusOK {
 		t.Fatalf("PUT employee: %d %s", r.status, r.body)
@@ -86,7 +88,7 @@ func errorLines(logs *servertest.LogBuffer) []string {
 func waitForeign(t *testing.T, n *Node, own, theirs string, wasReady bool) {
 	t.Helper()
 	a := apiFor(t, n)
-	waitFor(t, 15*time.Second, "/readyz to refuse the foreign data dir", func() error {
+	poll.Eventually(t, "/readyz to refuse the foreign data dir", func() error {
 		r := a.do(http.MethodGet, "/readyz", nil, nil)
 		if r.status == http.StatusOK && !wasReady {
 			t.Fatalf("/readyz answered 200 on a data dir of another cluster: %s", r.body)
@@ -98,7 +100,8 @@ func waitForeign(t *testing.T, n *Node, own, theirs string, wasReady bool) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 }
 
 // neverGot fails if the SDK ever received policy name.
@@ -157,12 +160,12 @@ func TestForeignDataDirRefused(t *testing.T) {
 	waitForeign(t, v, foreignID, mainID, false)
 	t.Logf("the node on the foreign data dir refuses to serve %v after its start", time.Since(start).Round(time.Millisecond))
 	// What it would serve otherwise: it leads the foreign configuration.
-	waitFor(t, 10*time.Second, v.ID()+" to lead the foreign configuration", func() error {
+	poll.Eventually(t, v.ID()+" to lead the foreign configuration", func() error {
 		if !v.IsLeader() {
 			return fmt.Errorf("not leader")
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 
 	// New sidecars are refused with try-another-node, before any set.
 	d := openStream(t, dialGRPC(t, v.GRPCAddr()), "new-grpc", policy.Scope{Org: "acme", Team: "red"})
@@ -185,12 +188,13 @@ func TestForeignDataDirRefused(t *testing.T) {
 	}
 	// The cluster's leader keeps trying the node's Raft address, and each
 	// try is refused there.
-	waitFor(t, 15*time.Second, "the node to refuse its peers' connections a few times", func() error {
+	poll.Eventually(t, "the node to refuse its peers' connections a few times", func() error {
 		if got := strings.Count(logs.String(), "peer connection refused"); got < 5 {
 			return fmt.Errorf("%d refusals", got)
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	for _, s := range sidecars {
 		s.neverGot(t, "acme.foreign")
 	}
@@ -225,7 +229,7 @@ func TestForeignDataDirFoundLate(t *testing.T) {
 	}
 	var logs servertest.LogBuffer
 	v := startOnForeignData(t, c, i, dir, &logs)
-	waitFor(t, 10*time.Second, "the node to serve with its peers down", func() error { return v.Ready(t.Context()) })
+	poll.Eventually(t, "the node to serve with its peers down", func() error { return v.Ready(t.Context()) }, poll.Within(10*time.Second))
 
 	d := openStream(t, dialGRPC(t, v.GRPCAddr()), "early-grpc", policy.Scope{Org: "acme", Team: "red"})
 	d.ack(d.next())

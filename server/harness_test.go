@@ -16,6 +16,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -64,20 +65,6 @@ func closeNode(t testing.TB, n *Node) {
 // inConfiguration reports whether id is in n's Raft configuration.
 func (n *Node) inConfiguration(id string) bool { return n.rn.InConfiguration(id) }
 
-// waitFor polls cond until it returns nil or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval, not a wait for an event
-	}
-	t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-}
-
 // cluster is a set of nodes on loopback. Node 0 bootstraps; the rest join.
 type cluster struct {
 	t           *testing.T
@@ -119,7 +106,7 @@ func newCluster(t *testing.T, size int, mutate func(*config.Config), beforeStart
 func (c *cluster) leader() *Node {
 	c.t.Helper()
 	var leader *Node
-	waitFor(c.t, 15*time.Second, "a leader all running nodes agree on", func() error {
+	poll.Eventually(c.t, "a leader all running nodes agree on", func() error {
 		leader = nil
 		for _, n := range c.running() {
 			if n.IsLeader() {
@@ -135,7 +122,8 @@ func (c *cluster) leader() *Node {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	return leader
 }
 
@@ -166,7 +154,7 @@ func (c *cluster) follower() *Node {
 // index, and every member has registered its addresses.
 func (c *cluster) waitConverged() {
 	c.t.Helper()
-	waitFor(c.t, 20*time.Second, "replicas to converge", func() error {
+	poll.Eventually(c.t, "replicas to converge", func() error {
 		nodes := c.running()
 		ref, refIdx, err := nodes[0].store.Digest()
 		if err != nil {
@@ -180,9 +168,7 @@ func (c *cluster) waitConverged() {
 			if idx != refIdx || d != ref {
 				return fmt.Errorf("%s at %d (%.8s), %s at %d (%.8s)", nodes[0].ID(), refIdx, ref, n.ID(), idx, d)
 			}
-			// The policy index takes in a commit after the store does
-			// (dispatchChanges); a stream opened before then is served
-			// the set as it was.
+
 			if got := n.policies.Applied(); got < idx {
 				return fmt.Errorf("%s's policy index at %d, its store at %d", n.ID(), got, idx)
 			}
@@ -195,7 +181,8 @@ func (c *cluster) waitConverged() {
 			return fmt.Errorf("%d of %d members registered", len(members), len(nodes))
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 }
 
 // stop closes node i (as a crash-free shutdown would).

@@ -15,6 +15,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -201,23 +202,25 @@ func TestSDKFollowsIdentityChanges(t *testing.T) {
 	}
 	connects := map[*sdkRun]uint64{}
 	for _, s := range sdks {
-		waitFor(t, 10*time.Second, "the SDK to hold the red team's set", func() error {
+		poll.Eventually(t, "the SDK to hold the red team's set", func() error {
 			if got := sdkNames(s.Client); !slices.Equal(got, red) {
 				return fmt.Errorf("%s holds %v", s.Stats().Server, got)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 		connects[s] = s.Stats().Connects
 	}
 
 	moveAlice(t, c.follower(), "acme", "blue")
 	for _, s := range sdks {
-		waitFor(t, 10*time.Second, "the SDK to hold exactly the blue team's set", func() error {
+		poll.Eventually(t, "the SDK to hold exactly the blue team's set", func() error {
 			if got := sdkNames(s.Client); !slices.Equal(got, blue) {
 				return fmt.Errorf("%s holds %v", s.Stats().Server, got)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 	}
 	// A change to the new team arrives too, which also shows that every
 	// ACK naming the old team was answered without ending the stream.

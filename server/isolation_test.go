@@ -24,6 +24,7 @@ import (
 	"github.com/policyd/policyd/adminclient"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -99,14 +100,14 @@ func TestTenantIsolationProperty(t *testing.T) {
 		readers.Wait()
 	})
 	// Every connection holds its first set before the writes start.
-	waitFor(t, 30*time.Second, "every connection's first set", func() error {
+	poll.Eventually(t, "every connection's first set", func() error {
 		for _, ic := range conns {
 			if ic.messages() == 0 {
 				return fmt.Errorf("%s has no message yet (last error: %w)", ic, ic.lastErr())
 			}
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
 
 	// Each writer owns its employees, so their moves are sequential and a
 	// move's answer is the move itself.
@@ -141,7 +142,7 @@ func TestTenantIsolationProperty(t *testing.T) {
 
 	// Converged: every connection holds exactly its final applicable set.
 	final := log.policiesAt(^uint64(0))
-	waitFor(t, 30*time.Second, "every connection to hold its applicable set", func() error {
+	poll.Eventually(t, "every connection to hold its applicable set", func() error {
 		for _, ic := range conns {
 			id := log.identityAt(ic.emp, ^uint64(0))
 			want := map[string]uint64{}
@@ -155,7 +156,8 @@ func TestTenantIsolationProperty(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	cancel()
 	readers.Wait()
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // TestLeaderProbeFailover crashes the leader of a cluster whose heartbeat
@@ -53,14 +54,15 @@ func TestLeaderProbeFailover(t *testing.T) {
 			if leader == old {
 				t.Fatal("the crashed node is still the leader")
 			}
-			waitFor(t, 5*time.Second, "survivors back on their own timeouts", func() error {
+			poll.Eventually(t, "survivors back on their own timeouts", func() error {
 				for _, n := range c.running() {
 					if got := n.rn.Raft().ReloadableConfig().HeartbeatTimeout; got != slow {
 						return fmt.Errorf("%s heartbeat timeout %v, want %v", n.ID(), got, slow)
 					}
 				}
 				return nil
-			})
+			}, poll.Within(5*time.Second))
+
 			// The new leader takes writes.
 			apiFor(t, leader).putPolicy("after-probe", "acme", "written after failover")
 		})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server/raftnode"
 )
 
@@ -35,10 +36,11 @@ func TestLogStoreKinds(t *testing.T) {
 			// its own.
 			c.cfgs[l].Raft.LogStore = tc.other
 			n := c.restart(l)
-			waitFor(t, 20*time.Second, "the restarted node to catch up", func() error {
+			poll.Eventually(t, "the restarted node to catch up", func() error {
 				_, err := n.store.GetPolicy("acme.after")
 				return err
-			})
+			}, poll.Within(20*time.Second))
+
 			if got, err := raftnode.ExistingLogStore(raftnode.Layout{Dir: c.cfgs[l].DataDir}.RaftDir()); err != nil || got != tc.kind {
 				t.Errorf("restarted node's log store = %q (%v), want %q", got, err, tc.kind)
 			}

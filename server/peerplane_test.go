@@ -24,6 +24,7 @@ import (
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/peer"
@@ -341,12 +342,13 @@ func TestJoinRefusesWhatWouldCostQuorum(t *testing.T) {
 	otherCfg.Raft.Bootstrap = true
 	secret(&otherCfg)
 	other := startNode(t, otherCfg)
-	waitFor(t, 15*time.Second, "the other cluster named", func() error {
+	poll.Eventually(t, "the other cluster named", func() error {
 		if other.ClusterID() == "" || n.ClusterID() == "" {
 			return errors.New("no cluster ID yet")
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -407,12 +409,13 @@ func TestOtherClustersDataDirRefused(t *testing.T) {
 	other := startNode(t, otherCfg)
 	waitLeads(t, other)
 	apiFor(t, other).putPolicy("other.only", "other", "y")
-	waitFor(t, 15*time.Second, "the other cluster named", func() error {
+	poll.Eventually(t, "the other cluster named", func() error {
 		if other.ClusterID() == "" {
 			return errors.New("no cluster ID yet")
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	otherID := other.ClusterID()
 	closeNode(t, other)
 
@@ -430,13 +433,14 @@ func TestOtherClustersDataDirRefused(t *testing.T) {
 		if n == intruder {
 			continue
 		}
-		waitFor(t, 10*time.Second, "members converge", func() error {
+		poll.Eventually(t, "members converge", func() error {
 			got, _, err := n.store.Digest()
 			if err != nil || got != want {
 				return fmt.Errorf("%s digest %.8s, want %.8s (%w)", n.ID(), got, want, err)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 		if _, err := n.store.GetPolicy("other.only"); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("%s holds the other cluster's policy: %v", n.ID(), err)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // TestMeasureReadyAfterRestart measures, on a 3-node cluster, the time from
@@ -53,12 +54,13 @@ func TestMeasureReadyAfterRestart(t *testing.T) {
 		restarted := c.restart(i)
 		up := time.Since(start)
 		a := apiFor(t, restarted)
-		waitFor(t, 10*time.Minute, name+" node's /readyz 200", func() error {
+		poll.Eventually(t, name+" node's /readyz 200", func() error {
 			if r := a.do(http.MethodGet, "/readyz", nil, nil); r.status != http.StatusOK {
 				return fmt.Errorf("/readyz %d %s", r.status, r.body)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Minute))
+
 		t.Logf("%s: restart to /readyz 200 in %v (New+Start %v), applied index %d",
 			name, time.Since(start).Round(time.Millisecond), up.Round(time.Millisecond), restarted.store.AppliedIndex())
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/proxystatus"
 	"github.com/policyd/policyd/server/servertest"
@@ -128,15 +129,16 @@ func TestHealthPerService(t *testing.T) {
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
 				var got healthpb.HealthCheckResponse_ServingStatus
-				if !servertest.Poll(10*time.Second, func() bool {
+				if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool {
 					got, _ = check(tc.service)
 					return got == tc.want
-				}) {
+				})) !=
+					nil {
 					t.Fatalf("health of %q = %v, want %v", tc.service, got, tc.want)
 				}
 			})
 		}
-		if !servertest.Poll(10*time.Second, func() bool { return a.do(http.MethodGet, "/readyz", nil, nil).status == w.readyz }) {
+		if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return a.do(http.MethodGet, "/readyz", nil, nil).status == w.readyz })) != nil {
 			t.Fatalf("/readyz is not %d", w.readyz)
 		}
 		for _, p := range []string{"/livez", "/healthz"} {
@@ -162,7 +164,7 @@ func TestSignalMetrics(t *testing.T) {
 	cfg := testConfig(t, "node1")
 	cfg.Raft.Bootstrap = true
 	n := startNode(t, cfg)
-	if !servertest.Poll(10*time.Second, func() bool { return servertest.Metric(t, n.reg, "policyd_ready") == 1 }) {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return servertest.Metric(t, n.reg, "policyd_ready") == 1 })) != nil {
 		t.Fatal("policyd_ready never 1 on a single-node cluster")
 	}
 	mfs, err := n.reg.Gather()
@@ -207,12 +209,13 @@ func TestSignalMetrics(t *testing.T) {
 	silent.next()
 	want := map[string]float64{stateConnected: 0, proxystatus.Pending: 1, proxystatus.Acked: 1, proxystatus.Nacked: 1}
 	got := map[string]float64{}
-	if !servertest.Poll(10*time.Second, func() bool {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool {
 		for st := range want {
 			got[st] = servertest.Metric(t, n.reg, "proxy_state", "state", st, "transport", "grpc")
 		}
 		return cmp.Equal(want, got)
-	}) {
+	})) !=
+		nil {
 		t.Fatalf("proxy_state{transport=grpc} (-want +got):\n%s", cmp.Diff(want, got))
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server/raftnode"
 )
 
@@ -46,12 +47,12 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 	for _, s := range []*sdkRun{grpcSidecar, wsSidecar} {
 		s.hasPolicy(t, "acme.deny-shell")
 	}
-	waitFor(t, 10*time.Second, "both sidecars on the victim", func() error {
+	poll.Eventually(t, "both sidecars on the victim", func() error {
 		if g, w := len(victim.discovery.Clients()), len(victim.feed.Clients()); g != 1 || w != 1 {
 			return fmt.Errorf("victim serves %d gRPC and %d WebSocket sidecars", g, w)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 
 	votes := make(chan any, 16)
 	for _, n := range others {
@@ -82,15 +83,16 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	va := apiFor(t, victim)
-	waitFor(t, 10*time.Second, "the removed node's /readyz to answer 503", func() error {
+	poll.Eventually(t, "the removed node's /readyz to answer 503", func() error {
 		if r := va.do(http.MethodGet, "/readyz", nil, nil); r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "removed from the cluster") {
 			return fmt.Errorf("/readyz %d %s", r.status, r.body)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	t.Logf("removed node not ready %v after the remove was requested", time.Since(start).Round(time.Millisecond))
 
-	waitFor(t, 15*time.Second, "the sidecars to move to other nodes", func() error {
+	poll.Eventually(t, "the sidecars to move to other nodes", func() error {
 		if g, w := len(victim.discovery.Clients()), len(victim.feed.Clients()); g+w > 0 {
 			return fmt.Errorf("the removed node still serves %d gRPC and %d WebSocket sidecars", g, w)
 		}
@@ -102,7 +104,8 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 			return fmt.Errorf("other nodes serve %d gRPC and %d WebSocket sidecars", g, w)
 		}
 		return nil
-	})
+	}, poll.Within(15*time.Second))
+
 	apiFor(t, leader).putPolicy("acme.after-remove", "acme", "still served")
 	for _, s := range []*sdkRun{grpcSidecar, wsSidecar} {
 		s.hasPolicy(t, "acme.after-remove")

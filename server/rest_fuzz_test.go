@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/utf8field"
 )
 
@@ -28,9 +29,10 @@ func FuzzAdminREST(f *testing.F) {
 	client := &http.Client{Timeout: 10 * time.Second}
 
 	sentinel := toolPolicy("sentinel.keep", "acme", "must survive")
-	waitFor(f, 10*time.Second, "sentinel policy stored", func() error {
+	poll.Eventually(f, "sentinel policy stored", func() error {
 		return put(client, base+"/v1/policies/sentinel.keep", sentinel)
-	})
+	}, poll.Within(10*time.Second))
+
 	before := get(f, client, base+"/v1/policies/sentinel.keep")
 
 	methods := []string{http.MethodGet, http.MethodPut, http.MethodDelete, http.MethodPost, http.MethodPatch, "BREW"}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/store"
@@ -99,14 +100,15 @@ func reasonOf(spec []byte) string {
 // holds waits until every sidecar holds acme.p1 with want(member).
 func (f *cohortFleet) holds(what string, want func(member string) string) {
 	f.t.Helper()
-	waitFor(f.t, 20*time.Second, what, func() error {
+	poll.Eventually(f.t, what, func() error {
 		for i, s := range f.sdks {
 			if got, w := reason(s), want(f.members[i]); got != w {
 				return fmt.Errorf("%s holds %q, want %q", f.members[i], got, w)
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 }
 
 // start starts a rollout of acme.p1 with reason and returns its id.
@@ -164,12 +166,13 @@ func TestRolloutStagesReachOnlyTheCohort(t *testing.T) {
 	f := newCohortFleet(t, 200)
 	id := f.start("v2", 0, "1s", 10, 50, 100)
 	for stage, pct := range []uint32{10, 50, 100} {
-		waitFor(t, 20*time.Second, fmt.Sprintf("stage %d", stage), func() error {
+		poll.Eventually(t, fmt.Sprintf("stage %d", stage), func() error {
 			if ro := f.get(id); int(ro.Stage) < stage || ro.State == store.RolloutCompleted {
 				return fmt.Errorf("%s at stage %d", ro.State, ro.Stage)
 			}
 			return nil
-		})
+		}, poll.Within(20*time.Second))
+
 		if stage < 2 {
 			f.action(id, "pause")
 		}
@@ -188,24 +191,26 @@ func TestRolloutStagesReachOnlyTheCohort(t *testing.T) {
 			}
 			return "v1"
 		})
-		waitFor(t, 20*time.Second, "the status counts the cohort", func() error {
+		poll.Eventually(t, "the status counts the cohort", func() error {
 			st := f.get(id).Status.Cohort
 			if st.Size+st.SizeWS != len(in) || st.Acked != st.Size {
 				return fmt.Errorf("status cohort %+v, want %d in all, every gRPC one acked", st, len(in))
 			}
 			return nil
-		})
+		}, poll.Within(20*time.Second))
+
 		t.Logf("stage %d (%d%%): %d of %d sidecars in the cohort", stage, pct, len(in), len(f.members))
 		if stage < 2 {
 			f.action(id, "resume")
 		}
 	}
-	waitFor(t, 20*time.Second, "completion", func() error {
+	poll.Eventually(t, "completion", func() error {
 		if ro := f.get(id); ro.State != store.RolloutCompleted {
 			return fmt.Errorf("%s at stage %d", ro.State, ro.Stage)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 	f.holds("every sidecar on the completed v2", func(string) string { return "v2" })
 	if p, err := f.c.running()[0].store.GetPolicy("acme.p1"); err != nil || reasonOf(p.Spec) != "v2" {
 		t.Fatalf("acme.p1 after completion: %v, %v", p, err)
@@ -235,12 +240,13 @@ func TestRolloutHaltAndRollback(t *testing.T) {
 	f.mu.Unlock()
 	bad := f.start("bad", 0.01, "1h", 25, 100)
 	var ro adminclient.StagedRollout
-	waitFor(t, 20*time.Second, "the halt", func() error {
+	poll.Eventually(t, "the halt", func() error {
 		if ro = f.get(bad); ro.State != store.RolloutRolledBack {
 			return fmt.Errorf("%s, cohort %+v", ro.State, ro.Status.Cohort)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 	if ro.Stage != 0 || !strings.Contains(ro.HaltReason, "nack ratio") {
 		t.Errorf("halted at stage %d (%q), want stage 0 on the NACK ratio", ro.Stage, ro.HaltReason)
 	}
@@ -299,14 +305,15 @@ func TestRolloutLeaderKilledMidStage(t *testing.T) {
 			break
 		}
 	}
-	waitFor(t, 20*time.Second, "a new leader", func() error {
+	poll.Eventually(t, "a new leader", func() error {
 		for _, n := range f.c.running() {
 			if n.IsLeader() {
 				return nil
 			}
 		}
 		return errors.New("no leader")
-	})
+	}, poll.Within(20*time.Second))
+
 	// Every sidecar is still on its side, and its history never crossed
 	// over: a member never went back to v1 once it had v2, and nobody else
 	// ever held v2.

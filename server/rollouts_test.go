@@ -16,6 +16,7 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/store"
 )
 
@@ -272,7 +273,7 @@ func TestRolloutLeaderFailover(t *testing.T) {
 		return &out, apiFor(t, n).client.Do(t.Context(), http.MethodGet, "/v1/rollouts/"+ro.ID, nil, nil, &out)
 	}
 	var mid *adminclient.StagedRollout
-	waitFor(t, 10*time.Second, "stage 1", func() (err error) {
+	poll.Eventually(t, "stage 1", func() (err error) {
 		if mid, err = get(c.follower()); err != nil {
 			return err
 		}
@@ -280,7 +281,8 @@ func TestRolloutLeaderFailover(t *testing.T) {
 			return fmt.Errorf("at stage %d", mid.Stage)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	if mid.Stage != 1 || mid.State != store.RolloutRunning {
 		t.Fatalf("mid-rollout: %+v", mid)
 	}
@@ -295,7 +297,7 @@ func TestRolloutLeaderFailover(t *testing.T) {
 	}
 	survivor := c.running()[0]
 	var end *adminclient.StagedRollout
-	waitFor(t, 20*time.Second, "completion under the new leader", func() (err error) {
+	poll.Eventually(t, "completion under the new leader", func() (err error) {
 		if end, err = get(survivor); err != nil {
 			return err
 		}
@@ -303,7 +305,8 @@ func TestRolloutLeaderFailover(t *testing.T) {
 			return fmt.Errorf("%s at stage %d", end.State, end.Stage)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 	if end.Stage != 2 {
 		t.Errorf("completed at stage %d, want 2 (the last)", end.Stage)
 	}

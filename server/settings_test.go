@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func writeTokens(t *testing.T, path string, lines ...string) {
@@ -51,12 +52,13 @@ func TestReloadSettings(t *testing.T) {
 		t.Helper()
 		return a.do(http.MethodGet, "/v1/policies", nil, map[string]string{"Authorization": "Bearer " + tok}).status
 	}
-	waitFor(t, 10*time.Second, "the node to lead", func() error {
+	poll.Eventually(t, "the node to lead", func() error {
 		if !n.IsLeader() {
 			return errors.New("not leader")
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	if got := status(oldTok); got != http.StatusOK {
 		t.Fatalf("old token before reload: %d", got)
 	}

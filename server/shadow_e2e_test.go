@@ -18,6 +18,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/adminapi"
 	"github.com/policyd/policyd/server/servertest"
@@ -104,7 +105,7 @@ func TestShadowE2E(t *testing.T) {
 	// from the others over the peer RPC.
 	a0 := apiFor(t, c.nodes[0])
 	var got adminapi.ShadowView
-	waitFor(t, 20*time.Second, "the exact shadow counts in the cluster view", func() error {
+	poll.Eventually(t, "the exact shadow counts in the cluster view", func() error {
 		r := a0.do(http.MethodGet, "/v1/policies/acme.shadow-curl/shadow", nil, nil)
 		if r.status != http.StatusOK {
 			return fmt.Errorf("GET shadow: %d %s", r.status, r.body)
@@ -115,7 +116,8 @@ func TestShadowE2E(t *testing.T) {
 			return fmt.Errorf("shadow view (-want +got):\n%s", diff)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second))
+
 	for i, s := range []*sdkRun{g, w} {
 		st := s.Stats()
 		if st.ShadowWouldBlock != 50 || st.ShadowWouldAllow != 50 || st.ShadowEvaluated != 500 {
@@ -256,12 +258,13 @@ func TestShadowE2E(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		waitFor(t, 5*time.Second, "the feed's bad reports to be counted", func() error {
+		poll.Eventually(t, "the feed's bad reports to be counted", func() error {
 			if a, l := wsRejected("absurd_count")-absurd0, wsRejected("rate_limited")-limited0; a != 1 || l != 1 {
 				return fmt.Errorf("absurd_count grew by %v, rate_limited by %v; want 1 and 1", a, l)
 			}
 			return nil
-		})
+		}, poll.Within(5*time.Second))
+
 		// The second report was read, so the first did not end the
 		// connection; nor did the second.
 		open := 0

@@ -12,6 +12,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func TestLastHeard(t *testing.T) {
@@ -77,7 +78,7 @@ func TestIsolatedNodeDropsItsSidecars(t *testing.T) {
 			c.crash(i)
 		}
 	}
-	waitFor(t, 10*bound, "the isolated node to close its sidecars' streams and the sidecars to block everything", func() error {
+	poll.Eventually(t, "the isolated node to close its sidecars' streams and the sidecars to block everything", func() error {
 		if !island.stale.Load() {
 			return fmt.Errorf("%s not stale yet", island.ID())
 		}
@@ -91,7 +92,8 @@ func TestIsolatedNodeDropsItsSidecars(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(10*bound))
+
 	// A new connection is refused at once, before any set-up.
 	resp, err := http.Get("http://" + island.HTTPAddr() + feedv1.Path + "?employee=alice")
 	if err != nil {
@@ -112,12 +114,13 @@ func TestIsolatedNodeDropsItsSidecars(t *testing.T) {
 		s.hasPolicy(t, "acme.deny-curl")
 		// The SDK puts a received set in force a moment before it marks
 		// the sync ready (install, then synced).
-		waitFor(t, 10*time.Second, name+" sidecar to be ready after the cluster came back", func() error {
+		poll.Eventually(t, name+" sidecar to be ready after the cluster came back", func() error {
 			if s.State() != client.StateReady || s.ShouldBlockAll() {
 				return fmt.Errorf("state %s, blocks all %v", s.State(), s.ShouldBlockAll())
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
+
 		tr, _ := s.counts()
 		t.Logf("%s sidecar transitions: %v", name, tr)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/tlsfiles/testca"
 )
 
@@ -323,20 +325,16 @@ func TestReloadOnFileChange(t *testing.T) {
 	}
 	addr := serve(t, r.ServerConfig())
 	rotate(t, ca, f, "after", "127.0.0.1")
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Eventually(t, "the server to present the rotated certificate", func() error {
 		leaf, err := dial(addr, r.ClientConfig("127.0.0.1"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if leaf.Subject.CommonName == "after" {
-			return
+		if leaf.Subject.CommonName != "after" {
+			return fmt.Errorf("it presents %q", leaf.Subject.CommonName)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server still presents %q 30s after the files changed", leaf.Subject.CommonName)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
+		return nil
+	}, poll.Within(30*time.Second))
 }
 
 func FuzzParseCAs(f *testing.F) {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/adminclient"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/loopback"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -279,14 +280,15 @@ func (c *cluster) waitCommandVersion(nd *node, want uint32) {
 	c.t.Helper()
 	var got uint32
 	var last error
-	if !servertest.Poll(30*time.Second, func() bool {
+	if poll.Until(context.Background(), 30*time.Second, poll.Holds(func() bool {
 		var st *adminclient.ClusterStatus
 		if st, last = c.status(nd); last != nil {
 			return false
 		}
 		got = st.CommandVersion
 		return got == want
-	}) {
+	})) !=
+		nil {
 		c.t.Fatalf("%s: command_version %d (%v), want %d", nd.id, got, last, want)
 	}
 }
@@ -317,10 +319,12 @@ func (c *cluster) waitHealthy() *node {
 	c.t.Helper()
 	var leader *node
 	var last error
-	if !servertest.Poll(90*time.Second, func() bool {
+	if poll.Until(context.Background(), 90*time.Second, poll.Holds(func() bool {
 		leader, last = c.healthy()
 		return last == nil || errors.Is(last, errExited)
-	}) || last != nil {
+	})) !=
+		nil ||
+		last != nil {
 		c.t.Fatalf("cluster not healthy: %v", last)
 	}
 	return leader

@@ -3,6 +3,7 @@
 package upgrade
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // scope is a policy's scope as the REST API shows it.
@@ -87,11 +88,12 @@ func (c *cluster) write(nd *node, method, path string, body any, ifMatch *uint64
 		hdr = http.Header{"If-Match": {strconv.Quote(strconv.FormatUint(*ifMatch, 10))}}
 	}
 	var err error
-	servertest.Poll(20*time.Second, func() bool {
+	_ = poll.Until(context.Background(), 20*time.Second, poll.Holds(func() bool {
 		err = nd.api.Do(c.ctx, method, path, hdr, raw, out)
 		var ae *adminclient.Error
 		return !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable
-	})
+	}))
+
 	var ae *adminclient.Error
 	switch {
 	case errors.As(err, &ae) && ae.Status == http.StatusConflict:
@@ -260,10 +262,12 @@ type policySet struct {
 func (c *cluster) checkConverged(m *model, when string) {
 	c.t.Helper()
 	var last error
-	if !servertest.Poll(30*time.Second, func() bool {
+	if poll.Until(context.Background(), 30*time.Second, poll.Holds(func() bool {
 		last = c.converged(m)
 		return last == nil || errors.Is(last, errExited)
-	}) || last != nil {
+	})) !=
+		nil ||
+		last != nil {
 		c.t.Fatalf("%s: nodes do not serve the acknowledged state: %v", when, last)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // budget bounds the scenario; buildBudget the image build before it, which
@@ -111,22 +113,14 @@ func (s *stack) published(service string) {
 }
 
 // waitFor polls cond until it returns nil, the timeout passes or the
-// scenario's budget runs out.
+// scenario's budget runs out, and logs how long it took.
 func (s *stack) waitFor(what string, timeout time.Duration, cond func() error) {
 	s.t.Helper()
 	start := time.Now()
-	deadline := start.Add(timeout)
-	var err error
-	for {
-		if err = cond(); err == nil {
-			s.t.Logf("%s: after %v", what, time.Since(start).Round(time.Millisecond))
-			return
-		}
-		if time.Now().After(deadline) || s.ctx.Err() != nil {
-			s.t.Fatalf("timed out after %v waiting for %s: %v", time.Since(start).Round(time.Millisecond), what, err)
-		}
-		time.Sleep(250 * time.Millisecond) // poll interval
+	if err := poll.Until(s.ctx, timeout, cond); err != nil {
+		s.t.Fatalf("%s: %v", what, err)
 	}
+	s.t.Logf("%s: after %v", what, time.Since(start).Round(time.Millisecond))
 }
 
 func (s *stack) request(method, url string, body []byte) (int, []byte, error) {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/kubetest"
 )
 
@@ -137,7 +138,7 @@ func (a *applier) installCRDs(ctx context.Context, t *testing.T) {
 	a.apply(ctx, t, crds)
 	crdRes := a.resource(t, crds[0])
 	for _, crd := range crds {
-		kubetest.Eventually(t, 30*time.Second, crd.obj.GetName()+" established", func() error {
+		poll.Eventually(t, crd.obj.GetName()+" established", func() error {
 			got, err := crdRes.Get(ctx, crd.obj.GetName(), metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -149,7 +150,8 @@ func (a *applier) installCRDs(ctx context.Context, t *testing.T) {
 				}
 			}
 			return fmt.Errorf("conditions %v", conds)
-		})
+		}, poll.Within(30*time.Second))
+
 	}
 	a.mapper.Reset()
 }

@@ -12,6 +12,7 @@ import (
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/policyset"
 	"github.com/policyd/policyd/server/proxystatus"
@@ -142,7 +143,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 		t.Fatalf("member got version %.8s with p-t1 %s, want the candidate", cand.GetVersionInfo(), reason(cand, "p-t1"))
 	}
 	ack(member)
-	if !servertest.Poll(5*time.Second, func() bool { return h.clientInfo(member).GetState() == proxystatus.Acked }) {
+	if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { return h.clientInfo(member).GetState() == proxystatus.Acked })) != nil {
 		t.Fatalf("member's ACK of the candidate not recorded: %v", h.clientInfo(member))
 	}
 	if got := h.clientInfo(member); !slices.Equal(got.GetRollouts(), []string{"r2:0"}) || !slices.Equal(got.GetCapabilities(), []string{"rollouts"}) {
@@ -166,7 +167,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 		t.Errorf("failover with the candidate's version: unchanged %v version %.8s, want unchanged", got.GetUnchanged(), got.GetVersionInfo())
 	}
 	cancel2()
-	if !servertest.Poll(5*time.Second, func() bool { return h.registered() == len(streams) }) {
+	if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { return h.registered() == len(streams) })) != nil {
 		t.Fatalf("the failed-over stream is still registered")
 	}
 
@@ -184,10 +185,11 @@ func TestRolloutCohortStreams(t *testing.T) {
 	if _, first := h.openWith(ctx, t, at50[1], "rollouts"); first.GetNonce() != laterGot.GetNonce() {
 		t.Errorf("a member opening at stage 1 got nonce %q (version %.8s), want the group's %q", first.GetNonce(), first.GetVersionInfo(), laterGot.GetNonce())
 	}
-	if !servertest.Poll(5*time.Second, func() bool {
+	if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool {
 		c := h.clientInfo(member)
 		return slices.Equal(c.GetRollouts(), []string{"r2:1"})
-	}) {
+	})) !=
+		nil {
 		t.Errorf("member's tags after stage 1: %v, want [r2:1]", h.clientInfo(member).GetRollouts())
 	}
 	if got := h.clientInfo(member); got.GetState() != proxystatus.Acked || got.GetVersionSent() != cand.GetVersionInfo() {
@@ -223,7 +225,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 		if got := recv(a); got.GetVersionInfo() != stableExtra {
 			t.Errorf("%s after the rollback: %.8s, want the stable %.8s", a, got.GetVersionInfo(), stableExtra)
 		}
-		if !servertest.Poll(5*time.Second, func() bool { return len(h.clientInfo(a).GetRollouts()) == 0 }) {
+		if poll.Until(context.Background(), 5*time.Second, poll.Holds(func() bool { return len(h.clientInfo(a).GetRollouts()) == 0 })) != nil {
 			t.Errorf("%s: tags after the rollback %v", a, h.clientInfo(a).GetRollouts())
 		}
 	}
@@ -234,7 +236,7 @@ func TestRolloutCohortStreams(t *testing.T) {
 		t.Errorf("%d groups after the rollback, want the one stable group", groups)
 	}
 	cancel()
-	if !servertest.Poll(10*time.Second, func() bool { return h.registered() == 0 }) {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return h.registered() == 0 })) != nil {
 		t.Fatalf("%d streams still registered after the clients left", h.registered())
 	}
 }

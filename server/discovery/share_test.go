@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -96,7 +97,7 @@ func TestScopesShareSnapshot(t *testing.T) {
 	}
 
 	cancel()
-	if !servertest.Poll(10*time.Second, func() bool { return h.registered() == 0 }) {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return h.registered() == 0 })) != nil {
 		t.Fatalf("%d streams still registered after the clients left", h.registered())
 	}
 	if got := h.setHolders(); len(got) != 0 {
@@ -175,7 +176,7 @@ func TestPushSharesRegisteredSnapshot(t *testing.T) {
 	}
 	// Observed once the send has returned, which may be after e1 read it.
 	const latency = "policyd_discovery_push_latency_seconds"
-	servertest.Poll(10*time.Second, func() bool { return servertest.Metric(t, h.reg, latency) >= 1 })
+	_ = poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return servertest.Metric(t, h.reg, latency) >= 1 }))
 	if n := servertest.Metric(t, h.reg, latency); n != 1 {
 		t.Errorf("push latency observed %v times, want 1 (e1's push)", n)
 	}

@@ -14,6 +14,7 @@ import (
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -24,7 +25,7 @@ func waitGoroutines(t *testing.T, want int) {
 	t.Helper()
 	const here = "policyd/server/discovery.(*"
 	var got int
-	if !servertest.Poll(10*time.Second, func() bool { got = servertest.Goroutines(here); return got == want }) {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { got = servertest.Goroutines(here); return got == want })) != nil {
 		t.Fatalf("%d goroutines in the discovery package, want %d", got, want)
 	}
 }
@@ -199,7 +200,7 @@ func TestStreamEnds(t *testing.T) {
 					change(h, t, i)
 				}
 				// Reading now would unblock the send: wait for the kill.
-				servertest.Poll(10*time.Second, func() bool { return h.registered() == 0 })
+				_ = poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool { return h.registered() == 0 }))
 			}, codes.ResourceExhausted},
 		{"no first request", func(c *config.Discovery) { c.MaxClientInactive = 200 * time.Millisecond }, false,
 			func(*testing.T, *registerHarness, discoveryv1.PolicyDiscoveryService_StreamPoliciesClient) {}, codes.DeadlineExceeded},

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/policyd/policyd/admission"
-	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -42,12 +42,13 @@ func newTestCluster(t *testing.T, callbacks []string) *testCluster {
 		t.Cleanup(func() { c.stop(n) })
 		c.nodes = append(c.nodes, n)
 		if i == 0 {
-			kubetest.Eventually(t, 30*time.Second, "node1 to lead", func() error {
+			poll.Eventually(t, "node1 to lead", func() error {
 				if !n.IsLeader() {
 					return errors.New("not leader")
 				}
 				return nil
-			})
+			}, poll.Within(30*time.Second))
+
 			continue
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
@@ -57,14 +58,15 @@ func newTestCluster(t *testing.T, callbacks []string) *testCluster {
 			t.Fatalf("join %s: %v", id, err)
 		}
 	}
-	kubetest.Eventually(t, 30*time.Second, "every node to be ready", func() error {
+	poll.Eventually(t, "every node to be ready", func() error {
 		for _, n := range c.nodes {
 			if err := n.Ready(t.Context()); err != nil {
 				return fmt.Errorf("%s: %w", n.ID(), err)
 			}
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	return c
 }
 
@@ -79,7 +81,7 @@ func (c *testCluster) stop(n *server.Node) {
 func (c *testCluster) leader() *server.Node {
 	c.t.Helper()
 	var l *server.Node
-	kubetest.Eventually(c.t, 30*time.Second, "a leader", func() error {
+	poll.Eventually(c.t, "a leader", func() error {
 		for _, n := range c.nodes {
 			if n.IsLeader() {
 				l = n
@@ -87,7 +89,8 @@ func (c *testCluster) leader() *server.Node {
 			}
 		}
 		return errors.New("no leader")
-	})
+	}, poll.Within(30*time.Second))
+
 	return l
 }
 
@@ -112,7 +115,7 @@ func (c *testCluster) register(label string) {
 // Deployment as the API server has it: any node's webhook may answer.
 func settledEverywhere(t *testing.T, nodes []*server.Node, ns string, rv string) {
 	t.Helper()
-	kubetest.Eventually(t, 30*time.Second, "every node's cache to hold the settled deployment", func() error {
+	poll.Eventually(t, "every node's cache to hold the settled deployment", func() error {
 		for _, n := range nodes {
 			u := n.DriftObjects().Cached(deploymentGVK, ns, "web")
 			if u == nil || u.GetResourceVersion() != rv {
@@ -120,7 +123,8 @@ func settledEverywhere(t *testing.T, nodes []*server.Node, ns string, rv string)
 			}
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 }
 
 // TestClusterReportsEachDriftOnce has the API server call the webhooks of
@@ -144,19 +148,20 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 		t.Fatalf("drift in log mode: %v", err)
 	}
 	var id string
-	kubetest.Eventually(t, 60*time.Second, "the report, after retries", func() error {
+	poll.Eventually(t, "the report, after retries", func() error {
 		reps := recv.reports(ns)
 		if len(reps) == 0 {
 			return errors.New("none accepted yet")
 		}
 		id = reps[0].Spec.ID
 		return nil
-	})
+	}, poll.Within(60*time.Second))
+
 	if got := recv.attemptsFor(id); got < 3 {
 		t.Errorf("%d POSTs of the report, want at least 3 (two refused, then accepted)", got)
 	}
 	var rec *store.DriftReport
-	kubetest.Eventually(t, 30*time.Second, "all three observations and the delivery, on every node", func() error {
+	poll.Eventually(t, "all three observations and the delivery, on every node", func() error {
 		for _, n := range c.nodes {
 			r, err := n.Store().DriftReport(id)
 			if err != nil {
@@ -168,7 +173,8 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 			rec = r
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	if len(rec.Deliveries) != 1 || rec.Deliveries[0].URL != recv.URL {
 		t.Errorf("deliveries = %+v", rec.Deliveries)
 	}
@@ -184,7 +190,7 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 		t.Fatalf("approved drift: %v", err)
 	}
 	var resolved admission.DriftReport
-	kubetest.Eventually(t, 60*time.Second, "the Resolved report of the approved drift", func() error {
+	poll.Eventually(t, "the Resolved report of the approved drift", func() error {
 		for _, rep := range recv.reports(ns) {
 			if rep.Spec.Phase == admission.ReportResolved {
 				resolved = rep
@@ -192,8 +198,9 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 			}
 		}
 		return errors.New("none accepted yet")
-	})
-	kubetest.Eventually(t, 30*time.Second, "all three observations of the approval, on every node", func() error {
+	}, poll.Within(60*time.Second))
+
+	poll.Eventually(t, "all three observations of the approval, on every node", func() error {
 		for _, n := range c.nodes {
 			rs, err := n.Store().DriftReports(store.DriftFilter{Phase: store.PhaseResolved})
 			if err != nil {
@@ -204,7 +211,8 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	if n := len(recv.reports(ns)); n != 2 || resolved.Spec.Request.User != controllerUser {
 		t.Fatalf("%d reports accepted after one drift and one approved drift seen by 3 nodes, want 2; Resolved %+v", n, resolved.Spec)
 	}
@@ -217,7 +225,7 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 		t.Fatalf("second drift: %v", err)
 	}
 	var id2 string
-	kubetest.Eventually(t, 60*time.Second, "the second report to be attempted", func() error {
+	poll.Eventually(t, "the second report to be attempted", func() error {
 		rs, err := c.nodes[0].Store().DriftReports(store.DriftFilter{Delivery: store.DeliveryRetrying})
 		if err != nil {
 			return err
@@ -229,7 +237,8 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 			}
 		}
 		return errors.New("no retrying report")
-	})
+	}, poll.Within(60*time.Second))
+
 	old := c.leader()
 	for i, n := range c.nodes {
 		if n == old {
@@ -240,7 +249,7 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 	c.stop(old)
 	newLeader := c.leader()
 	recv.setFail(0)
-	kubetest.Eventually(t, 90*time.Second, "the new leader to deliver the second report", func() error {
+	poll.Eventually(t, "the new leader to deliver the second report", func() error {
 		r, err := newLeader.Store().DriftReport(id2)
 		if err != nil {
 			return err
@@ -249,7 +258,8 @@ func TestClusterReportsEachDriftOnce(t *testing.T) {
 			return fmt.Errorf("delivery %s", r.Delivery)
 		}
 		return nil
-	})
+	}, poll.Within(90*time.Second))
+
 	count := 0
 	for _, rep := range recv.reports(ns) {
 		if rep.Spec.ID == id2 {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/policyd/policyd/admission"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -205,16 +206,16 @@ func (rc *realChain) createDeployment() {
 	}
 }
 
-// eventually is kubetest.Eventually that fails at once if the
+// eventually is poll.Eventually that fails at once if the
 // controller-manager has exited.
 func (rc *realChain) eventually(what string, cond func() error) {
 	rc.t.Helper()
-	kubetest.Eventually(rc.t, 90*time.Second, what, func() error {
+	poll.Eventually(rc.t, what, func() error {
 		if err := rc.kcm.Err(); err != nil {
 			rc.t.Fatal(err)
 		}
 		return cond()
-	})
+	}, poll.Within(90*time.Second))
 }
 
 // settled waits until the Deployment is at rest: its status observes its

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/policyd/policyd/admission"
-	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/server/servertest"
 	"github.com/policyd/policyd/store"
@@ -45,21 +45,22 @@ func TestDriftEnforceAndLog(t *testing.T) {
 			t.Errorf("warnings %q, want a drift warning", w)
 		}
 		var rep admission.DriftReport
-		kubetest.Eventually(t, 30*time.Second, "the Detected callback", func() error {
+		poll.Eventually(t, "the Detected callback", func() error {
 			reps := env.recv.reports(ns)
 			if len(reps) != 1 {
 				return fmt.Errorf("%d reports", len(reps))
 			}
 			rep = reps[0]
 			return nil
-		})
+		}, poll.Within(30*time.Second))
+
 		s := rep.Spec
 		if s.Phase != admission.ReportDetected || s.Parent.Kind != "Deployment" || s.Child.Name != "web-1" ||
 			s.Request.User != controllerUser || s.Request.Operation != "UPDATE" || len(s.ID) != 16 {
 			t.Errorf("report spec = %+v", s)
 		}
 		// GET /v1/drift lists it, delivered.
-		kubetest.Eventually(t, 30*time.Second, "GET /v1/drift to list the delivered report", func() error {
+		poll.Eventually(t, "GET /v1/drift to list the delivered report", func() error {
 			reports := listDrift(t, "?phase=Detected")
 			for _, r := range reports {
 				if r.ID == s.ID && r.Delivery == store.DeliveryDelivered {
@@ -67,7 +68,8 @@ func TestDriftEnforceAndLog(t *testing.T) {
 				}
 			}
 			return fmt.Errorf("report %s not delivered in %d listed", s.ID, len(reports))
-		})
+		}, poll.Within(30*time.Second))
+
 	})
 }
 
@@ -192,14 +194,15 @@ func TestApprovalsAndRejections(t *testing.T) {
 		}
 		// Approved before the controller acted, so no Detected report came
 		// first: the Resolved report is sent all the same.
-		kubetest.Eventually(t, 30*time.Second, "the Resolved report of the approved drift", func() error {
+		poll.Eventually(t, "the Resolved report of the approved drift", func() error {
 			reps := env.recv.reports(ns)
 			if len(reps) != 1 || reps[0].Spec.Phase != admission.ReportResolved || reps[0].Spec.Request.User != controllerUser {
 				return fmt.Errorf("reports %+v, want one Resolved for the controller's change", reps)
 			}
 			return nil
-		})
-		kubetest.Eventually(t, 30*time.Second, "the leader to consume the approval", c.noApprovals)
+		}, poll.Within(30*time.Second))
+
+		poll.Eventually(t, "the leader to consume the approval", c.noApprovals, poll.Within(30*time.Second))
 		c.settle()
 		_, err := c.scaleRS(c.ctrl, "web-1", 4)
 		if err := isForbidden(err, "drift"); err != nil {
@@ -219,7 +222,7 @@ func TestApprovalsAndRejections(t *testing.T) {
 		if _, err := c.scaleRS(c.ctrl, "web-1", 5); err != nil {
 			t.Fatalf("controller reconciling: %v, want allowed", err)
 		}
-		kubetest.Eventually(t, 30*time.Second, "the leader to prune the stale approval", c.noApprovals)
+		poll.Eventually(t, "the leader to prune the stale approval", c.noApprovals, poll.Within(30*time.Second))
 	})
 }
 
@@ -246,13 +249,14 @@ func TestFreeze(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = env.Kube.AppsV1().Deployments(c.ns).Patch(t.Context(), "web", "application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
 	})
-	kubetest.Eventually(t, 30*time.Second, "the webhook cache to see the deletion", func() error {
+	poll.Eventually(t, "the webhook cache to see the deletion", func() error {
 		u := c.node.DriftObjects().Cached(deploymentGVK, c.ns, "web")
 		if u == nil || u.GetDeletionTimestamp() == nil {
 			return errors.New("no deletionTimestamp yet")
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	if _, err := c.scaleRS(c.ctrl, "web-1", 0); err != nil {
 		t.Errorf("controller during the parent's deletion: %v, want allowed despite the freeze", err)
 	}
@@ -269,23 +273,25 @@ func TestSnoozeSuppressesCallbacksThenExpires(t *testing.T) {
 	if _, err := c.scaleRS(c.ctrl, "web-1", 2); err != nil {
 		t.Fatalf("snoozed drift in log mode: %v, want allowed", err)
 	}
-	kubetest.Eventually(t, 60*time.Second, "the snooze to expire", func() error {
+	poll.Eventually(t, "the snooze to expire", func() error {
 		if time.Now().Before(expiry.Add(time.Second)) {
 			return errors.New("still snoozed")
 		}
 		return nil
-	})
+	}, poll.Within(60*time.Second))
+
 	if _, err := c.scaleRS(c.ctrl, "web-1", 3); err != nil {
 		t.Fatalf("drift after the snooze in log mode: %v, want allowed", err)
 	}
 	// Effects of one node are proposed in order, so once the second drift's
 	// report arrived, a report of the first would have too.
-	kubetest.Eventually(t, 30*time.Second, "the report of the drift after the snooze", func() error {
+	poll.Eventually(t, "the report of the drift after the snooze", func() error {
 		if n := len(env.recv.reports(ns)); n == 0 {
 			return errors.New("no report yet")
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	reps := env.recv.reports(ns)
 	if len(reps) != 1 {
 		t.Fatalf("%d reports, want 1 (the snoozed drift must not be reported)", len(reps))
@@ -417,12 +423,13 @@ func TestObjectModeOverridesNamespace(t *testing.T) {
 		if w := c.ctrl.Take(); !slices.ContainsFunc(w, func(s string) bool { return strings.Contains(s, "drift") }) {
 			t.Errorf("warnings %q, want a drift warning", w)
 		}
-		kubetest.Eventually(t, 30*time.Second, "the Detected report", func() error {
+		poll.Eventually(t, "the Detected report", func() error {
 			if n := len(env.recv.reports(ns)); n != 1 {
 				return fmt.Errorf("%d reports", n)
 			}
 			return nil
-		})
+		}, poll.Within(30*time.Second))
+
 	})
 	t.Run("a child marked enforce in a log namespace, under a parent marked log, is denied", func(t *testing.T) {
 		c := newChain(t, env.newNamespace(t, "single", admission.ModeLog), env.node)

@@ -31,6 +31,7 @@ import (
 
 	"github.com/policyd/policyd/admission"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/kubetest"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/server/servertest"
@@ -143,7 +144,7 @@ func startStack(dir, label string, logger *slog.Logger, configure func(*config.C
 		return nil, fmt.Errorf("start policyd: %w", err)
 	}
 	s.node.Start()
-	if err := kubetest.Poll(30*time.Second, func() error {
+	if err := poll.Until(context.Background(), 30*time.Second, func() error {
 		if !s.node.IsLeader() {
 			return errors.New("not leader")
 		}
@@ -244,12 +245,13 @@ func (s *stack) newNamespace(t *testing.T, label, mode string) string {
 	})
 	if label == s.label {
 		// The mode annotation is read from the webhook's namespace cache.
-		kubetest.Eventually(t, 30*time.Second, "namespace in the webhook's cache", func() error {
+		poll.Eventually(t, "namespace in the webhook's cache", func() error {
 			if s.node.DriftObjects().Cached(namespaceGVK, "", name) == nil {
 				return errors.New("not cached")
 			}
 			return nil
-		})
+		}, poll.Within(30*time.Second))
+
 	}
 	return name
 }
@@ -349,7 +351,7 @@ func (c *chain) settle() *appsv1.Deployment {
 	c.t.Helper()
 	var d *appsv1.Deployment
 	hash := admission.UserHash(controllerUser)
-	kubetest.Eventually(c.t, 60*time.Second, "the deployment to settle", func() error {
+	poll.Eventually(c.t, "the deployment to settle", func() error {
 		var err error
 		if d, err = env.Kube.AppsV1().Deployments(c.ns).Get(c.t.Context(), "web", metav1.GetOptions{}); err != nil {
 			return err
@@ -387,7 +389,8 @@ func (c *chain) settle() *appsv1.Deployment {
 			return errors.New("webhook cache behind")
 		}
 		return nil
-	})
+	}, poll.Within(60*time.Second))
+
 	c.dep = d
 	return d
 }
@@ -421,13 +424,14 @@ func (c *chain) changeDeploymentSpec(image string) {
 	if _, err := env.Kube.AppsV1().Deployments(c.ns).Patch(c.t.Context(), "web", "application/strategic-merge-patch+json", []byte(body), metav1.PatchOptions{}); err != nil {
 		c.t.Fatalf("change deployment spec: %v", err)
 	}
-	kubetest.Eventually(c.t, 30*time.Second, "the webhook cache to see the new generation", func() error {
+	poll.Eventually(c.t, "the webhook cache to see the new generation", func() error {
 		u := c.node.DriftObjects().Cached(deploymentGVK, c.ns, "web")
 		if u == nil || u.GetGeneration() == c.dep.Generation {
 			return errors.New("cache behind")
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 }
 
 // noApprovals fails while the Deployment still carries approvals.

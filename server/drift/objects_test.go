@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/policyd/policyd/admission"
-	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server/drift"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -45,12 +45,13 @@ func TestObjectsParent(t *testing.T) {
 	if err != nil || p == nil || p.GetUID() != c.dep.UID {
 		t.Fatalf("Parent = %v, %v; want the deployment", p, err)
 	}
-	kubetest.Eventually(t, 30*time.Second, "the informer to hold the deployment", func() error {
+	poll.Eventually(t, "the informer to hold the deployment", func() error {
 		if o.Cached(deploymentGVK, ns, "web") == nil {
 			return errors.New("not cached")
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	for _, tc := range []struct {
 		name    string
 		ref     metav1.OwnerReference
@@ -154,12 +155,13 @@ func TestHandlerLatencyWarmInformers(t *testing.T) {
 	drift := review(controllerUser, scaled)
 	// Warm: the first review starts the informer; wait until it serves.
 	first := do(drift)
-	kubetest.Eventually(t, 30*time.Second, "warm informers", func() error {
+	poll.Eventually(t, "warm informers", func() error {
 		if o.Cached(deploymentGVK, ns, "web") == nil {
 			return errors.New("not cached")
 		}
 		return nil
-	})
+	}, poll.Within(30*time.Second))
+
 	if !first.Allowed || len(first.Warnings) == 0 {
 		t.Fatalf("review = %+v, want a logged drift (allowed with a warning)", first)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/policyd/policyd/admission"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
-	"github.com/policyd/policyd/kubetest"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/drift"
 	"github.com/policyd/policyd/server/servertest"
@@ -169,10 +169,11 @@ func TestSinkProposesInBackground(t *testing.T) {
 	if err := s.Submit(t.Context(), effects(time.Now(), "u")); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.Eventually(t, 10*time.Second, "both commands proposed", func() error {
+	poll.Eventually(t, "both commands proposed", func() error {
 		if n := p.proposed(); n != 2 {
 			return fmt.Errorf("%d of 2 proposed", n)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 }

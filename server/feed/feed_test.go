@@ -24,6 +24,7 @@ import (
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/servertest"
@@ -545,12 +546,13 @@ func TestRevocation(t *testing.T) {
 			if got := b.until("after"); len(got) != 0 {
 				t.Errorf("bob got %v", summary(got))
 			}
-			waitFor(t, msgTimeout, "revoked connections to leave the hub", func() error {
+			poll.Eventually(t, "revoked connections to leave the hub", func() error {
 				if n := len(f.hub.Clients()); n != 1 {
 					return fmt.Errorf("%d connections", n)
 				}
 				return nil
-			})
+			}, poll.Within(msgTimeout))
+
 			status, _, body := f.handshake(t, http.MethodGet, "", bearer(f.token("alice", "acme", "red")))
 			if status != tc.reconnect || envelopeCode(t, body) != tc.reconnCode {
 				t.Errorf("reconnect: %d %s, want %d %s", status, body, tc.reconnect, tc.reconnCode)
@@ -609,14 +611,15 @@ func TestResumeSince(t *testing.T) {
 		digest := f.wantDigest(alice)
 		c := f.dial(t, dialOpts{token: f.token("alice", "acme", "red"), query: fmt.Sprintf("since=%d", since)})
 		// The replay was written with the current digest.
-		waitFor(t, msgTimeout, "the replay to be written", func() error {
+		poll.Eventually(t, "the replay to be written", func() error {
 			for _, cl := range f.hub.Clients() {
 				if cl.Employee == "alice" && cl.VersionSent == digest {
 					return nil
 				}
 			}
 			return fmt.Errorf("no alice connection at digest %.8s: %v", digest, f.hub.Clients())
-		})
+		}, poll.Within(msgTimeout))
+
 		f.apply(f.putPolicy("marker-1", policy.Scope{}, "m"))
 		got := c.until("marker-1")
 		want := []string{"upsert:t-acme-red", "delete:moves-out", "delete:gets-deleted", "upsert:new-for-alice", "delete:came-and-went"}
@@ -792,12 +795,13 @@ func TestSlowConsumerDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	fast, _ := f.connect(t, bob, "")
-	waitFor(t, msgTimeout, "both connected", func() error {
+	poll.Eventually(t, "both connected", func() error {
 		if n := len(f.hub.Clients()); n != 2 {
 			return fmt.Errorf("%d connections", n)
 		}
 		return nil
-	})
+	}, poll.Within(msgTimeout))
+
 	big := strings.Repeat("x", 64<<10)
 	dropped := false
 	writes := 0
@@ -913,12 +917,13 @@ func TestBadTokenBurst(t *testing.T) {
 		t.Fatalf("statuses (-want +got):\n%s", diff)
 	}
 	f.hc.CloseIdleConnections()
-	waitFor(t, 5*time.Second, "goroutines back to the baseline", func() error {
+	poll.Eventually(t, "goroutines back to the baseline", func() error {
 		if n := runtime.NumGoroutine(); n > before+2 {
 			return fmt.Errorf("%d goroutines, %d before", n, before)
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
+
 	// The hub still works.
 	f.apply(f.putPolicy("after-burst", policy.Scope{}, "x"))
 	if m := warm.nextOf(feedv1.TypeUpsert); m.Policy.Name != "after-burst" {
@@ -1009,7 +1014,7 @@ func TestClientsAndMetrics(t *testing.T) {
 	a, _ := f.connect(t, alice, "")
 	f.connect(t, bob, "")
 	f.connect(t, carol, "")
-	waitFor(t, msgTimeout, "connection gauges", func() error {
+	poll.Eventually(t, "connection gauges", func() error {
 		if got := servertest.Metric(t, f.reg, "policy_ws_connections_total"); got != 3 {
 			return fmt.Errorf("policy_ws_connections_total %v, want 3", got)
 		}
@@ -1017,12 +1022,13 @@ func TestClientsAndMetrics(t *testing.T) {
 			return fmt.Errorf("policy_ws_connections_by_org{org=acme} %v, want 2", got)
 		}
 		return nil
-	})
+	}, poll.Within(msgTimeout))
+
 	sentBefore := servertest.Metric(t, f.reg, "policy_broadcast_count")
 	latencyBefore := servertest.Metric(t, f.reg, "policy_broadcast_latency_ms")
 	f.apply(f.putPolicy("counted", scopeOrg("acme"), "x"))
 	m := a.nextOf(feedv1.TypeUpsert)
-	waitFor(t, msgTimeout, "both acme messages counted", func() error {
+	poll.Eventually(t, "both acme messages counted", func() error {
 		if got := servertest.Metric(t, f.reg, "policy_broadcast_count") - sentBefore; got != 2 {
 			return fmt.Errorf("policy_broadcast_count grew by %v, want 2", got)
 		}
@@ -1030,7 +1036,8 @@ func TestClientsAndMetrics(t *testing.T) {
 			return fmt.Errorf("policy_broadcast_latency_ms observed %v more, want 2", got)
 		}
 		return nil
-	})
+	}, poll.Within(msgTimeout))
+
 	var cl *clusterv1.ClientInfo
 	for _, c := range f.hub.Clients() {
 		if c.Employee == "alice" {

@@ -32,6 +32,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/auth"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/policyset"
@@ -280,19 +281,12 @@ func (f *fixture) apply(cmds ...*commandv1.Command) uint64 {
 	// Wait until the hub has taken the batch in, so that a connection
 	// opened next starts after it (the feed is right either way, but a
 	// test then knows which messages to expect).
-	deadline := time.Now().Add(msgTimeout)
-	for {
+	poll.Eventually(f.t, fmt.Sprintf("the hub to take in index %d", last), poll.Holds(func() bool {
 		f.hub.mu.RLock()
-		done := f.hub.dispatched >= last
-		f.hub.mu.RUnlock()
-		if done {
-			return last
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("the hub did not take in index %d", last)
-		}
-		time.Sleep(time.Millisecond) // poll interval, not a wait for an event
-	}
+		defer f.hub.mu.RUnlock()
+		return f.hub.dispatched >= last
+	}), poll.Within(msgTimeout), poll.Every(time.Millisecond))
+	return last
 }
 
 func must(t testing.TB) func(*commandv1.Command, error) *commandv1.Command {
@@ -580,20 +574,6 @@ func (f *fixture) wantDigest(id policy.Identity) string {
 		f.t.Fatal(err)
 	}
 	return set.Version
-}
-
-// waitFor polls cond until it returns nil or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval, not a wait for an event
-	}
-	t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
 }
 
 // handshake sends a raw WebSocket handshake request (to check refusals

@@ -20,6 +20,7 @@ import (
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -58,12 +59,13 @@ func TestIdleConnectionsHaveNoGoroutines(t *testing.T) {
 			if mode.noPoll {
 				want = n
 			}
-			waitFor(t, msgTimeout, "idle connections", func() error {
+			poll.Eventually(t, "idle connections", func() error {
 				if got := connGoroutines(); got != want {
 					return fmt.Errorf("%d goroutines run feed connection code, want %d", got, want)
 				}
 				return nil
-			})
+			}, poll.Within(msgTimeout))
+
 			f.apply(f.putPolicy("after-idle", policy.Scope{}, "x"))
 			for _, c := range clients {
 				if m := c.nextOf(feedv1.TypeUpsert); m.Policy.Name != "after-idle" {
@@ -82,18 +84,19 @@ func TestClientClose(t *testing.T) {
 			f := newFixture(t, fixtureOpts{noPoll: mode.noPoll})
 			seedData(f)
 			c := f.dial(t, dialOpts{token: f.token("alice", "acme", "red"), noRead: true})
-			waitFor(t, msgTimeout, "connected", func() error {
+			poll.Eventually(t, "connected", func() error {
 				if n := len(f.hub.Clients()); n != 1 {
 					return fmt.Errorf("%d connections", n)
 				}
 				return nil
-			})
+			}, poll.Within(msgTimeout))
+
 			// The library's Close fails unless the server answers the
 			// close frame within its own 5 s.
 			if err := c.ws.Close(websocket.StatusNormalClosure, "bye"); err != nil {
 				t.Fatalf("close: %v", err)
 			}
-			waitFor(t, msgTimeout, "the connection gone", func() error {
+			poll.Eventually(t, "the connection gone", func() error {
 				if n := len(f.hub.Clients()); n != 0 {
 					return fmt.Errorf("%d connections", n)
 				}
@@ -101,7 +104,8 @@ func TestClientClose(t *testing.T) {
 					return fmt.Errorf("%d goroutines run feed connection code", n)
 				}
 				return nil
-			})
+			}, poll.Within(msgTimeout))
+
 		})
 	}
 }
@@ -164,12 +168,13 @@ func TestClientFrames(t *testing.T) {
 				}
 				// The SDK pings this way: no reader may stay blocked after
 				// a control frame.
-				waitFor(t, msgTimeout, "no connection goroutine", func() error {
+				poll.Eventually(t, "no connection goroutine", func() error {
 					if n := connGoroutines(); n != 0 {
 						return fmt.Errorf("%d goroutines run feed connection code", n)
 					}
 					return nil
-				})
+				}, poll.Within(msgTimeout))
+
 			})
 			t.Run("close frame", func(t *testing.T) {
 				c := f.rawDial(t, alice, nil)
@@ -202,7 +207,7 @@ func frames(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 // the local address addr has had a pong recorded.
 func (f *fixture) waitPong(t *testing.T, addr string) {
 	t.Helper()
-	waitFor(t, msgTimeout, "the pong recorded", func() error {
+	poll.Eventually(t, "the pong recorded", func() error {
 		for _, cl := range f.hub.Clients() {
 			if strings.HasPrefix(cl.ClientAddress, addr+"#") {
 				if cl.LastActiveUnixNano > cl.ConnectedAtUnixNano {
@@ -212,7 +217,8 @@ func (f *fixture) waitPong(t *testing.T, addr string) {
 			}
 		}
 		return fmt.Errorf("no connection from %s", addr)
-	})
+	}, poll.Within(msgTimeout))
+
 }
 
 // rawClient is a hand-made WebSocket client over a plain socket.
@@ -366,12 +372,13 @@ func TestHubCloseWithIdleConnections(t *testing.T) {
 	seedData(f)
 	a, _ := f.connect(t, alice, "")
 	b, _ := f.connect(t, bob, "")
-	waitFor(t, msgTimeout, "idle connections", func() error {
+	poll.Eventually(t, "idle connections", func() error {
 		if n := connGoroutines(); n != 0 {
 			return fmt.Errorf("%d goroutines run feed connection code", n)
 		}
 		return nil
-	})
+	}, poll.Within(msgTimeout))
+
 	ctx, cancel := context.WithTimeout(context.Background(), 2*shutdownGrace+msgTimeout)
 	defer cancel()
 	done := make(chan struct{})
@@ -406,13 +413,14 @@ func TestTLSConnectionsReadWithAGoroutine(t *testing.T) {
 		t.Fatalf("got %+v", m)
 	}
 	// Pongs are read: the connection outlives two ping intervals.
-	waitFor(t, msgTimeout, "a pong recorded", func() error {
+	poll.Eventually(t, "a pong recorded", func() error {
 		cl := f.hub.Clients()
 		if len(cl) != 1 || cl[0].LastActiveUnixNano <= cl[0].ConnectedAtUnixNano {
 			return fmt.Errorf("clients %v: want one with a pong recorded", cl)
 		}
 		return nil
-	})
+	}, poll.Within(msgTimeout))
+
 	if n := connGoroutines(); n < 1 {
 		t.Fatalf("%d goroutines run feed connection code, want its reader", n)
 	}

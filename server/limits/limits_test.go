@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -218,7 +220,7 @@ func TestListenerCaps(t *testing.T) {
 				client := capDial(t, ln.Addr().String(), from)
 				// The listener has decided once the dial is counted one way
 				// or the other.
-				eventually(t, fmt.Sprintf("dial %d decided", i), func() bool { return c.Open()+refusedSoFar() == i+1 })
+				poll.Eventually(t, fmt.Sprintf("dial %d decided", i), poll.Holds(func() bool { return c.Open()+refusedSoFar() == i+1 }))
 				if got := len(server) < c.Open(); got != tc.want[i] {
 					t.Fatalf("dial %d from %s: accepted %v, want %v", i, from, got, tc.want[i])
 				}
@@ -350,21 +352,5 @@ func TestCountedConnExposesSocket(t *testing.T) {
 	})
 	if err != nil || string(got) != "ping" {
 		t.Fatalf("read from the socket: %q, %v; want %q", got, err, "ping")
-	}
-}
-
-// eventually polls cond until it holds, failing the test after a deadline.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out waiting for: %s", what)
-		case <-tick.C:
-		}
 	}
 }

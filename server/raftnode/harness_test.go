@@ -9,20 +9,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/server/servertest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// waitFor polls cond until it returns nil or the deadline passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	var err error
-	if !servertest.Poll(timeout, func() bool { err = cond(); return err == nil }) {
-		t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-	}
 }
 
 // singleNode starts a bootstrapped one-node cluster on loopback, without
@@ -50,11 +42,12 @@ func singleNode(t *testing.T, mutate func(*config.Config)) (*Node, config.Config
 			t.Errorf("close node: %v", err)
 		}
 	})
-	waitFor(t, 10*time.Second, "the node to lead", func() error {
+	poll.Eventually(t, "the node to lead", func() error {
 		if !n.IsLeader() {
 			return errors.New("not leader yet")
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	return n, cfg
 }

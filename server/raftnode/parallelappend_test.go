@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // gatedStore holds the leader's StoreLogs of entries from index gate on
@@ -98,7 +100,7 @@ func TestLeaderAppendsInParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	leader := -1
-	waitFor(t, 10*time.Second, "a leader", func() error {
+	poll.Eventually(t, "a leader", func() error {
 		for i, r := range rafts {
 			if r.State() == raft.Leader {
 				leader = i
@@ -106,7 +108,8 @@ func TestLeaderAppendsInParallel(t *testing.T) {
 			}
 		}
 		return errors.New("no leader yet")
-	})
+	}, poll.Within(10*time.Second))
+
 	// The leader's no-op is committed; the next entry is held up on it.
 	if err := rafts[leader].Barrier(5 * time.Second).Error(); err != nil {
 		t.Fatal(err)
@@ -127,7 +130,7 @@ func TestLeaderAppendsInParallel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the leader never appended the entry")
 	}
-	waitFor(t, 10*time.Second, "the followers to store the entry while the leader's append is held up", func() error {
+	poll.Eventually(t, "the followers to store the entry while the leader's append is held up", func() error {
 		for i, st := range stores {
 			if i == leader {
 				continue
@@ -137,7 +140,8 @@ func TestLeaderAppendsInParallel(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
+
 	if last, _ := ls.LastIndex(); last >= next {
 		t.Fatalf("the leader stored index %d before its append was released", last)
 	}

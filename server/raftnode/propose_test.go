@@ -8,6 +8,7 @@ import (
 	"time"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/raftfsm"
 	"github.com/policyd/policyd/server/servertest"
 )
@@ -36,10 +37,11 @@ func TestApplyAtRaftShutdownEnds(t *testing.T) {
 			t.Fatalf("apply %d after raft shutdown: got %v, want %v", i, err, ErrAmbiguous)
 		}
 	}
-	waitFor(t, 5*time.Second, "apply waiters to end", func() error {
+	poll.Eventually(t, "apply waiters to end", func() error {
 		if k := servertest.Goroutines("raftnode.(*Node).applyLocal.func"); k > 0 {
 			return fmt.Errorf("%d still waiting for raft", k)
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
+
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // TestReadGateStartsAfterArrival checks the property discovery relies on: a
@@ -27,12 +29,12 @@ func TestReadGateStartsAfterArrival(t *testing.T) {
 
 	first := make(chan error, 1)
 	go func() { first <- g.Wait(t.Context()) }()
-	waitFor(t, 5*time.Second, "first read to start", func() error {
+	poll.Eventually(t, "first read to start", func() error {
 		if started.Load() != 1 {
 			return errors.New("not started")
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
 
 	// These arrive while read 1 is in flight: read 1 must not answer them.
 	const late = 20
@@ -48,14 +50,15 @@ func TestReadGateStartsAfterArrival(t *testing.T) {
 			answered.Add(1)
 		}()
 	}
-	waitFor(t, 5*time.Second, "late waiters queued", func() error {
+	poll.Eventually(t, "late waiters queued", func() error {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		if len(g.waiting) != late {
 			return errors.New("not all queued")
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
+
 	release <- struct{}{} // ends read 1
 	if err := <-first; err != nil {
 		t.Fatalf("first Wait: %v", err)
