@@ -52,13 +52,21 @@ func statusOf(err error) (int, string) {
 
 func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, code := statusOf(err)
+	msg := err.Error()
 	switch {
 	case status == http.StatusServiceUnavailable:
 		// Expected during elections and start-up (readiness probes); not
 		// worth a warning per request.
 		a.logger.Debug("request unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
 	case status >= 500:
-		a.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		a.logger.Warn("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "request_id", requestID(r), "err", err)
 	}
-	apierror.Write(w, status, code, err.Error())
+	var ae *apiError
+	if status == http.StatusInternalServerError && !errors.As(err, &ae) {
+		// An error nothing above expects is this node's fault, and its
+		// text can name files and addresses: the client gets the request
+		// id, which the warning above is logged with.
+		msg = "internal error (request id " + requestID(r) + ")"
+	}
+	apierror.Write(w, status, code, msg)
 }

@@ -290,18 +290,30 @@ func (a *API) getRollout(w http.ResponseWriter, r *http.Request) error {
 	type shadowAnswer struct {
 		views []ShadowView
 		err   error
+		// panicked is a panic of the gathering goroutine, raised again
+		// on the request's own, where route recovers it as a 500: a
+		// panic left on the other goroutine would end the process.
+		panicked any
 	}
 	shadowCh := make(chan shadowAnswer, 1)
 	if len(puts) > 0 {
 		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					shadowCh <- shadowAnswer{panicked: p}
+				}
+			}()
 			views, err := a.shadowViews(r.Context(), puts)
-			shadowCh <- shadowAnswer{views, err}
+			shadowCh <- shadowAnswer{views: views, err: err}
 		}()
 	} else {
 		shadowCh <- shadowAnswer{}
 	}
 	clients, unreachable, err := a.b.Clients(r.Context())
 	sa := <-shadowCh
+	if sa.panicked != nil {
+		panic(sa.panicked)
+	}
 	if err != nil {
 		return err
 	}
