@@ -26,7 +26,7 @@ TOOLS = tools_bin="$$(hack/tools.sh)" && export PATH="$$tools_bin:$$PATH" &&
 all: build
 
 build:
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(BIN) .
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(GO_LDFLAGS)" -o $(BIN) ./cmd/policyd
 
 run: build
 	$(abspath $(BIN)) serve
@@ -73,7 +73,7 @@ fuzz:
 # by the policyd user); see the Dockerfile for a multi-stage variant.
 image:
 	rm -rf build/data && mkdir -p build/data
-	CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "$(GO_LDFLAGS)" -o build/policyd .
+	CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "$(GO_LDFLAGS)" -o build/policyd ./cmd/policyd
 	printf '%s\n' 'policyd:x:65532:65532::/data:/sbin/nologin' >build/passwd
 	printf '%s\n' 'policyd:x:65532:' >build/group
 	cp /etc/ssl/certs/ca-certificates.crt build/ca-certificates.crt

@@ -386,12 +386,12 @@ func resolveBinary(ctx context.Context, binary string, explicit bool, root, work
 		return "", fmt.Errorf("-binary: %w", err)
 	}
 	out := filepath.Join(workDir, "policyd")
-	fmt.Fprintf(stderr, "bench: %s not found; building %s (go build -o %s .)\n", binary, out, out)
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
+	fmt.Fprintf(stderr, "bench: %s not found; building %s (go build -o %s ./cmd/policyd)\n", binary, out, out)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/policyd")
 	cmd.Dir = root
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go build -o %s . in %s: %w", out, root, err)
+		return "", fmt.Errorf("go build -o %s ./cmd/policyd in %s: %w", out, root, err)
 	}
 	return out, nil
 }

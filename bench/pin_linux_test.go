@@ -37,7 +37,7 @@ func TestPinnedNodeAndLoad(t *testing.T) {
 	}
 	dir := t.TempDir()
 	binary := filepath.Join(dir, "policyd")
-	build := exec.CommandContext(t.Context(), "go", "build", "-o", binary, ".")
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", binary, "./cmd/policyd")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

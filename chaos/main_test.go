@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	policydBin = filepath.Join(dir, "policyd")
-	build := exec.Command("go", "build", "-o", policydBin, "github.com/policyd/policyd")
+	build := exec.Command("go", "build", "-o", policydBin, "github.com/policyd/policyd/cmd/policyd")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: go build: %v\n%s", err, out)
 		_ = os.RemoveAll(dir)

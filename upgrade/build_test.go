@@ -4,7 +4,9 @@ package upgrade
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,7 +93,13 @@ func extract(root, commit, dir string) error {
 // -trimpath, so the release's packages that did not change come from the
 // build cache.
 func goBuild(dir, out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", out, ".")
+	// The main package is cmd/policyd; a release from before the CLI left
+	// the module root has it at the root.
+	pkg := "./cmd/policyd"
+	if _, err := os.Stat(filepath.Join(dir, "cmd", "policyd")); errors.Is(err, fs.ErrNotExist) {
+		pkg = "."
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-o", out, pkg)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -15,13 +15,13 @@ import (
 // may import: raft, its log stores and bbolt.
 var forbiddenImports = []string{"github.com/hashicorp/raft", "go.etcd.io/bbolt"}
 
-// TestOnlyRaftnodeImportsRaft fails if package main, the server root or
-// any other server sub-package (the listeners among them) imports
+// TestOnlyRaftnodeImportsRaft fails if the command (cmd/policyd and
+// internal/cli), the server root or any other server sub-package (the listeners among them) imports
 // hashicorp/raft, raft-boltdb, raft-wal or bbolt in its non-test files:
 // raftnode is the one owner of Raft and the data directory.
 func TestOnlyRaftnodeImportsRaft(t *testing.T) {
 	root := filepath.Join("..", "..")
-	dirs := []string{root, filepath.Join(root, "server")}
+	dirs := []string{filepath.Join(root, "cmd", "policyd"), filepath.Join(root, "internal", "cli"), filepath.Join(root, "server")}
 	entries, err := os.ReadDir(filepath.Join(root, "server"))
 	if err != nil {
 		t.Fatal(err)
@@ -52,8 +52,8 @@ func TestOnlyRaftnodeImportsRaft(t *testing.T) {
 		}
 	}
 	// A wrong root would check nothing.
-	if _, err := os.Stat(filepath.Join(root, "main.go")); err != nil || checked < 10 {
-		t.Fatalf("checked %d files; package main at %s: %v", checked, root, err)
+	if _, err := os.Stat(filepath.Join(root, "cmd", "policyd", "main.go")); err != nil || checked < 10 {
+		t.Fatalf("checked %d files; cmd/policyd/main.go under %s: %v", checked, root, err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -386,7 +386,7 @@ func TestRolloutExitCode(t *testing.T) {
 			}))
 			defer srv.Close()
 			var stdout, stderr bytes.Buffer
-			err := run(t.Context(), []string{"--server", srv.URL, "rollout", "--wait", "2s"}, &stdout, &stderr)
+			err := Run(t.Context(), []string{"--server", srv.URL, "rollout", "--wait", "2s"}, &stdout, &stderr)
 			switch {
 			case tc.fail == "" && err != nil:
 				t.Fatalf("rollout: %v\n%s", err, stderr.String())

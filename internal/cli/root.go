@@ -1,33 +1,34 @@
-// Command policyd is the policy control plane: `policyd serve` runs a node;
-// the other subcommands are clients of a node's admin REST API.
+// Package cli is the policyd command line: the cobra command tree that
+// cmd/policyd runs. `policyd serve` runs a node; watch and authz are
+// sidecars built on the client SDK; snapshot restore and recover work
+// offline on a data directory; every other command is a client of a node's
+// admin REST API through adminclient.
 //
-// main only maps errors to exit codes; the work lives in run.
-package main
+// Each top-level command lives in the file of its name (policy.go, watch.go,
+// ...); root.go holds Run, the exit codes and the one list of commands.
+package cli
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		var ue *usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+// ExitCode is the process exit code for Run's error: 0 for nil, 2 for a
+// usage error, 1 for any other failure.
+func ExitCode(err error) int {
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		return 2
 	}
+	return 1
 }
 
 // reportedError is a failure the command has already reported (serve logs
@@ -44,12 +45,13 @@ type usageError struct{ err error }
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
-// run executes one CLI invocation; ctx ends on SIGINT/SIGTERM.
+// Run executes one CLI invocation with args (without the program name);
+// ctx ends on SIGINT/SIGTERM. Errors are printed to stderr, once.
 //
-// Exit codes (main): 0 success; 1 a failure (an error answer, no server
+// Exit codes (ExitCode): 0 success; 1 a failure (an error answer, no server
 // reachable, some documents of an apply failed, a rollout not complete);
 // 2 a usage error (an unknown command or flag, a wrong argument count).
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root := groupCommand("policyd", "Replicated policy control plane for sidecars and agent proxies")
 	root.SilenceErrors = true
 	root.SetArgs(args)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -27,6 +27,10 @@ import (
 // `policyd serve` in a clean directory, then the CLI against it, and the
 // 3-node walkthrough with examples/cluster.
 
+// repoRoot is the module root, where the tests build the binary and read
+// examples/, deploy/ and the Makefile.
+var repoRoot = filepath.Join("..", "..")
+
 var (
 	buildOnce sync.Once
 	binPath   string
@@ -43,7 +47,9 @@ func policydBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "policyd")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		build := exec.Command("go", "build", "-o", binPath, "./cmd/policyd")
+		build.Dir = repoRoot
+		out, err := build.CombinedOutput()
 		if err != nil {
 			errBuild = fmt.Errorf("go build: %w\n%s", err, out)
 		}
@@ -331,7 +337,7 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 	dir := t.TempDir()
 	for i := 1; i <= 3; i++ {
 		name := fmt.Sprintf("node%d.yaml", i)
-		b, err := os.ReadFile(filepath.Join("examples", "cluster", name))
+		b, err := os.ReadFile(filepath.Join(repoRoot, "examples", "cluster", name))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -68,7 +68,7 @@ n2  r2:700  h2:800  g2:900  Voter     false   2
 			}))
 			defer srv.Close()
 			var stdout, stderr bytes.Buffer
-			if err := run(t.Context(), []string{"--server", srv.URL, "cluster", "status"}, &stdout, &stderr); err != nil {
+			if err := Run(t.Context(), []string{"--server", srv.URL, "cluster", "status"}, &stdout, &stderr); err != nil {
 				t.Fatalf("cluster status: %v\n%s", err, stderr.String())
 			}
 			if diff := cmp.Diff(tc.want, stdout.String()); diff != "" {

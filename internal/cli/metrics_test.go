@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -52,7 +52,7 @@ func TestPrometheusRulesUseExistingMetrics(t *testing.T) {
 		t.Errorf("policyd_build_info = %v, want the build's %+v", got, want)
 	}
 
-	raw, err := os.ReadFile(filepath.Join("deploy", "prometheus", "alerts.yml"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "prometheus", "alerts.yml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestPrometheusRulesUseExistingMetrics(t *testing.T) {
 	}
 
 	if promtool, err := exec.LookPath("promtool"); err == nil {
-		out, err := exec.Command(promtool, "check", "config", filepath.Join("deploy", "prometheus", "prometheus.yml")).CombinedOutput()
+		out, err := exec.Command(promtool, "check", "config", filepath.Join(repoRoot, "deploy", "prometheus", "prometheus.yml")).CombinedOutput()
 		if err != nil {
 			t.Fatalf("promtool check config: %v\n%s", err, out)
 		}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func builtInfo(t *testing.T, path, stamped string) buildinfo.Info {
 // make build's version is git describe's.
 func TestBuildVersionAgrees(t *testing.T) {
 	made := filepath.Join(t.TempDir(), "policyd")
-	if out, err := exec.Command("make", "build", "BIN="+made).CombinedOutput(); err != nil {
+	if out, err := exec.Command("make", "-C", repoRoot, "build", "BIN="+made).CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, out)
 	}
 	// The Makefile stamps git describe's version, or "dev" outside a git

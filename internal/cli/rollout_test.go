@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -77,7 +77,7 @@ func (a *rolloutAPI) seen() (string, [][]byte) {
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	err := run(t.Context(), args, &stdout, &stderr)
+	err := Run(t.Context(), args, &stdout, &stderr)
 	return stdout.String() + stderr.String(), err
 }
 
