@@ -155,10 +155,3 @@ func (c *adminClient) canonical(cmd *cobra.Command, path string) ([]byte, error)
 	}
 	return append(b, '\n'), nil
 }
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -72,4 +73,27 @@ func peerList(servers []config.Peer) []map[string]string {
 		out[i] = map[string]string{"id": s.ID, "address": s.Address}
 	}
 	return out
+}
+
+// short abbreviates a policy-set version (a SHA-256) for tables.
+func short(v string) string {
+	if len(v) > 12 {
+		return v[:12]
+	}
+	return v
+}
+
+func printUnreachable(w io.Writer, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "unreachable nodes (their clients are missing): %s\n", strings.Join(nodes, ", "))
+	return err
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
