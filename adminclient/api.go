@@ -109,6 +109,54 @@ func (c *Client) DeleteEmployee(ctx context.Context, id string, ifMatchRev int64
 	return &out, c.Do(ctx, http.MethodDelete, "/v1/employees/"+url.PathEscape(id), ifMatch(ifMatchRev), nil, &out)
 }
 
+// entityPath is the path of key in collection, "policies" or "employees".
+func entityPath(collection, key string) string {
+	return "/v1/" + url.PathEscape(collection) + "/" + url.PathEscape(key)
+}
+
+// consistentQuery is the query of a read through the leader, or none.
+func consistentQuery(consistent bool) string {
+	if consistent {
+		return "?consistent=true"
+	}
+	return ""
+}
+
+// History lists the revisions of key in collection ("policies" or
+// "employees") that the event log still holds; consistent reads through
+// the leader.
+func (c *Client) History(ctx context.Context, collection, key string, consistent bool) (*History, error) {
+	var out History
+	return &out, c.Do(ctx, http.MethodGet, entityPath(collection, key)+"/history"+consistentQuery(consistent), nil, nil, &out)
+}
+
+// Document reads key in collection as JSON: revision rev as its write
+// stored it, or with rev 0 the entity as it is now. consistent reads
+// through the leader.
+func (c *Client) Document(ctx context.Context, collection, key string, rev uint64, consistent bool) (json.RawMessage, error) {
+	path := entityPath(collection, key)
+	if rev != 0 {
+		path += "/revisions/" + strconv.FormatUint(rev, 10)
+	}
+	var out json.RawMessage
+	if err := c.Do(ctx, http.MethodGet, path+consistentQuery(consistent), nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Revert writes revision req.To of key in collection back as a new
+// revision. Without req.IfMatch the current revision is read through the
+// leader, so that a write racing the revert fails it with 409.
+func (c *Client) Revert(ctx context.Context, collection, key string, req RevertRequest) (*Written, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode revert: %w", err)
+	}
+	var out Written
+	return &out, c.Do(ctx, http.MethodPost, entityPath(collection, key)+"/revert?consistent=true", nil, body, &out)
+}
+
 func (f EventFilter) query() url.Values {
 	q := url.Values{}
 	setNonEmpty(q, "type", f.Type)

@@ -137,6 +137,37 @@ type EventFilter struct {
 	Limit  int
 }
 
+// History is GET /v1/policies/{name}/history and /v1/employees/{id}/history:
+// the revisions the event log still holds, oldest first.
+type History struct {
+	EntityType string `json:"entity_type"`
+	ID         string `json:"id"`
+	// PrunedThrough is the highest event ID retention removed: older
+	// revisions are gone.
+	PrunedThrough uint64     `json:"pruned_through"`
+	Revisions     []Revision `json:"revisions"`
+}
+
+// Revision is one write of an entity, from its event.
+type Revision struct {
+	Revision  uint64    `json:"revision"`
+	Time      time.Time `json:"time"`
+	Action    string    `json:"action"`
+	Actor     string    `json:"actor,omitempty"`
+	RequestID string    `json:"request_id,omitempty"`
+	// RevertedTo is set when the write was a revert to that revision.
+	RevertedTo uint64 `json:"reverted_to,omitempty"`
+}
+
+// RevertRequest is POST /v1/policies/{name}/revert (and employees): write
+// revision To's content back as a new revision, compare-and-set on IfMatch
+// (0: the entity is deleted); nil: on the revision current when the node
+// takes the request.
+type RevertRequest struct {
+	To      uint64  `json:"to"`
+	IfMatch *uint64 `json:"if_match,omitempty"`
+}
+
 // ClusterStatus is GET /v1/cluster.
 type ClusterStatus struct {
 	NodeID         string   `json:"node_id"`

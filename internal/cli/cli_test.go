@@ -196,17 +196,18 @@ func TestCLIEndToEnd(t *testing.T) {
 
 	t.Run("client types round-trip real answers", func(t *testing.T) {
 		for path, v := range map[string]any{
-			"/v1/policies":            &adminclient.PolicyList{},
-			"/v1/policies/acme.first": &adminclient.Policy{},
-			"/v1/employees":           &adminclient.EmployeeList{},
-			"/v1/employees/alice":     &adminclient.Employee{},
-			"/v1/events?limit=50":     &adminclient.EventPage{},
-			"/v1/cluster":             &adminclient.ClusterStatus{},
-			"/v1/clients":             &adminclient.ClientList{},
-			"/v1/rollout":             &adminclient.Rollout{},
-			"/v1/reload":              &adminclient.ReloadView{},
-			"/v1/drift":               &adminclient.DriftList{},
-			"/v1/version":             &adminclient.VersionInfo{},
+			"/v1/policies":                    &adminclient.PolicyList{},
+			"/v1/policies/acme.first":         &adminclient.Policy{},
+			"/v1/policies/acme.first/history": &adminclient.History{},
+			"/v1/employees":                   &adminclient.EmployeeList{},
+			"/v1/employees/alice":             &adminclient.Employee{},
+			"/v1/events?limit=50":             &adminclient.EventPage{},
+			"/v1/cluster":                     &adminclient.ClusterStatus{},
+			"/v1/clients":                     &adminclient.ClientList{},
+			"/v1/rollout":                     &adminclient.Rollout{},
+			"/v1/reload":                      &adminclient.ReloadView{},
+			"/v1/drift":                       &adminclient.DriftList{},
+			"/v1/version":                     &adminclient.VersionInfo{},
 		} {
 			var raw json.RawMessage
 			if err := getJSON(c.http[1]+path, &raw); err != nil {

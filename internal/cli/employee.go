@@ -10,8 +10,10 @@ import (
 	"github.com/policyd/policyd/adminclient"
 )
 
+// employeeCommand is `policyd employee`: the shared resource commands and
+// the revision history.
 func employeeCommand(c *adminClient) *cobra.Command {
-	return resourceCommand(c, resource{
+	r := resource{
 		noun: "employee", plural: "employees", key: "id",
 		listFlags: []string{"org", "team"},
 		list: func(api *adminclient.Client, ctx context.Context, f map[string]string, consistent bool) (any, func(io.Writer) error, error) {
@@ -33,5 +35,8 @@ func employeeCommand(c *adminClient) *cobra.Command {
 		},
 		put: (*adminclient.Client).PutEmployee,
 		del: (*adminclient.Client).DeleteEmployee,
-	})
+	}
+	cmd := resourceCommand(c, r)
+	cmd.AddCommand(historyCommands(c, r)...)
+	return cmd
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -15,34 +13,25 @@ import (
 	"github.com/pmezard/go-difflib/difflib"
 	"github.com/spf13/cobra"
 
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/adminclient"
 )
 
-func init() { resourceExtras = append(resourceExtras, historyCommands) }
-
-// do sends a request through the API client and decodes the answer into
-// out.
-func (c *adminClient) do(ctx context.Context, method, path string, hdr http.Header, body []byte, out any) error {
-	api, err := c.client()
-	if err != nil {
-		return err
-	}
-	return api.Do(ctx, method, path, hdr, body, out)
-}
-
 // historyCommands builds history, diff and revert for one resource: the
-// revisions its event log still holds (issue 30). Their reads are
-// consistent (a read index through the leader): an operator comparing or
-// reverting revisions must see the latest.
+// revisions its event log still holds. Their reads are consistent (a read
+// index through the leader): an operator comparing or reverting revisions
+// must see the latest.
 func historyCommands(c *adminClient, r resource) []*cobra.Command {
-	base := "/v1/" + r.plural + "/"
 	arg := strings.ToUpper(r.key)
 
 	history := &cobra.Command{
 		Use: "history " + arg, Short: "List the revisions of a " + r.noun + " the event log still holds", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var h adminapi.History
-			if err := c.do(cmd.Context(), http.MethodGet, base+url.PathEscape(args[0])+"/history?consistent=true", nil, nil, &h); err != nil {
+			api, err := c.client()
+			if err != nil {
+				return err
+			}
+			h, err := api.History(cmd.Context(), r.plural, args[0], true)
+			if err != nil {
 				return err
 			}
 			return printValue(cmd.OutOrStdout(), c.output, h, func(w io.Writer) error {
@@ -68,21 +57,20 @@ func historyCommands(c *adminClient, r resource) []*cobra.Command {
 			if from == 0 {
 				return &usageError{errors.New("diff needs --from REVISION")}
 			}
-			key := base + url.PathEscape(args[0])
-			toName := strconv.FormatUint(to, 10)
-			var b []byte
-			var err error
-			if to == 0 {
-				// The current revision; a deleted entity has none.
-				b, err = c.canonical(cmd, key+"?consistent=true")
-				toName = "current"
-			} else {
-				b, err = c.canonical(cmd, key+"/revisions/"+strconv.FormatUint(to, 10)+"?consistent=true")
-			}
+			api, err := c.client()
 			if err != nil {
 				return err
 			}
-			a, err := c.canonical(cmd, key+"/revisions/"+strconv.FormatUint(from, 10)+"?consistent=true")
+			toName := strconv.FormatUint(to, 10)
+			if to == 0 {
+				// The current revision; a deleted entity has none.
+				toName = "current"
+			}
+			b, err := canonical(cmd.Context(), api, r.plural, args[0], to)
+			if err != nil {
+				return err
+			}
+			a, err := canonical(cmd.Context(), api, r.plural, args[0], from)
 			if err != nil {
 				return err
 			}
@@ -113,20 +101,17 @@ func historyCommands(c *adminClient, r resource) []*cobra.Command {
 			if revertTo == 0 {
 				return &usageError{errors.New("revert needs --to REVISION")}
 			}
-			key := base + url.PathEscape(args[0])
-			req := adminapi.RevertRequest{To: revertTo}
+			req := adminclient.RevertRequest{To: revertTo}
 			if ifMatch >= 0 {
 				v := uint64(ifMatch)
 				req.IfMatch = &v
 			}
-			body, err := json.Marshal(req)
+			api, err := c.client()
 			if err != nil {
-				return err
+				return fmt.Errorf("%s/%s: %w", r.noun, args[0], err)
 			}
-			var out struct {
-				Revision uint64 `json:"revision"`
-			}
-			if err := c.do(cmd.Context(), http.MethodPost, key+"/revert?consistent=true", nil, body, &out); err != nil {
+			out, err := api.Revert(cmd.Context(), r.plural, args[0], req)
+			if err != nil {
 				return fmt.Errorf("%s/%s: %w", r.noun, args[0], err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s/%s reverted to revision %d (new revision %d)\n", r.noun, args[0], revertTo, out.Revision)
@@ -138,13 +123,17 @@ func historyCommands(c *adminClient, r resource) []*cobra.Command {
 	return []*cobra.Command{history, diff, revert}
 }
 
-// canonical fetches an entity's JSON from path and returns it indented
-// with sorted keys, without the fields every write changes (revision and
-// timestamps), so that a diff shows the content.
-func (c *adminClient) canonical(cmd *cobra.Command, path string) ([]byte, error) {
-	var m map[string]any
-	if err := c.do(cmd.Context(), http.MethodGet, path, nil, nil, &m); err != nil {
+// canonical fetches revision rev of key (0: the current one) and returns
+// it indented with sorted keys, without the fields every write changes
+// (revision and timestamps), so that a diff shows the content.
+func canonical(ctx context.Context, api *adminclient.Client, collection, key string, rev uint64) ([]byte, error) {
+	raw, err := api.Document(ctx, collection, key, rev, true)
+	if err != nil {
 		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("decode %s/%s: %w", collection, key, err)
 	}
 	for _, f := range []string{"revision", "created_at", "updated_at"} {
 		delete(m, f)

@@ -11,8 +11,10 @@ import (
 	"github.com/policyd/policyd/adminclient"
 )
 
+// policyCommand is `policyd policy`: the shared resource commands, the
+// revision history and the shadow counts.
 func policyCommand(c *adminClient) *cobra.Command {
-	return resourceCommand(c, resource{
+	r := resource{
 		noun: "policy", plural: "policies", key: "name",
 		listFlags: []string{"org", "team", "employee", "kind"},
 		list: func(api *adminclient.Client, ctx context.Context, f map[string]string, consistent bool) (any, func(io.Writer) error, error) {
@@ -34,7 +36,11 @@ func policyCommand(c *adminClient) *cobra.Command {
 		},
 		put: (*adminclient.Client).PutPolicy,
 		del: (*adminclient.Client).DeletePolicy,
-	})
+	}
+	cmd := resourceCommand(c, r)
+	cmd.AddCommand(historyCommands(c, r)...)
+	cmd.AddCommand(shadowCommand(c))
+	return cmd
 }
 
 // scopeString renders a scope for tables: "global", or its set fields

@@ -26,12 +26,8 @@ type resource struct {
 	del               func(api *adminclient.Client, ctx context.Context, key string, ifMatch int64) (*adminclient.Deleted, error)
 }
 
-// resourceExtras adds subcommands kept in other files to policy and
-// employee (cmd_history.go: history, diff, revert), each registering from
-// an init function.
-var resourceExtras []func(c *adminClient, r resource) []*cobra.Command
-
-// resourceCommand builds list/get/apply/delete for one resource.
+// resourceCommand builds list/get/apply/delete for one resource; the
+// resource's own command adds the rest (history, shadow).
 func resourceCommand(c *adminClient, r resource) *cobra.Command {
 	root := groupCommand(r.noun, "Manage "+r.plural)
 
@@ -128,9 +124,6 @@ malformed), 2 usage.`,
 	del.Flags().Int64Var(&delRev, "if-match", -1, "only delete if the current revision is this")
 
 	root.AddCommand(list, get, apply, del)
-	for _, extra := range resourceExtras {
-		root.AddCommand(extra(c, r)...)
-	}
 	return root
 }
 

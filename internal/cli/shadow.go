@@ -10,15 +10,10 @@ import (
 	"github.com/policyd/policyd/adminclient"
 )
 
-func init() { resourceExtras = append(resourceExtras, shadowCommands) }
-
-// shadowCommands adds `policy shadow NAME`: a shadow policy's counts from
+// shadowCommand is `policy shadow NAME`: a shadow policy's counts from
 // the sidecars that evaluate it, summed across nodes (docs/rollouts.md).
-func shadowCommands(c *adminClient, r resource) []*cobra.Command {
-	if r.noun != "policy" {
-		return nil
-	}
-	return []*cobra.Command{{
+func shadowCommand(c *adminClient) *cobra.Command {
+	return &cobra.Command{
 		Use:   "shadow NAME",
 		Short: "Show where a shadow policy would have decided otherwise than the enforced policies",
 		Long: "Show a shadow policy's counts reported by the sidecars, summed across nodes: would_block " +
@@ -36,7 +31,7 @@ func shadowCommands(c *adminClient, r resource) []*cobra.Command {
 			}
 			return printValue(cmd.OutOrStdout(), c.output, v, func(w io.Writer) error { return shadowTable(w, v) })
 		},
-	}}
+	}
 }
 
 func shadowTable(w io.Writer, v *adminclient.ShadowView) error {
