@@ -52,11 +52,22 @@ func (e *usageError) Unwrap() error { return e.err }
 // reachable, some documents of an apply failed, a rollout not complete);
 // 2 a usage error (an unknown command or flag, a wrong argument count).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	root := groupCommand("policyd", "Replicated policy control plane for sidecars and agent proxies")
-	root.SilenceErrors = true
+	root := rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if re := (*reportedError)(nil); err != nil && !errors.As(err, &re) {
+		fmt.Fprintln(stderr, "policyd:", oneLine(err))
+	}
+	return err
+}
+
+// rootCommand is the whole command tree. Every top-level command is listed
+// here, and each is built in the file of its name.
+func rootCommand() *cobra.Command {
+	root := groupCommand("policyd", "Replicated policy control plane for sidecars and agent proxies")
+	root.SilenceErrors = true
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
 
 	cl := &adminClient{}
@@ -78,11 +89,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		versionCommand(cl),
 	)
 	usageArgs(root)
-	err := root.ExecuteContext(ctx)
-	if re := (*reportedError)(nil); err != nil && !errors.As(err, &re) {
-		fmt.Fprintln(stderr, "policyd:", oneLine(err))
-	}
-	return err
+	return root
 }
 
 // groupCommand is a command that only holds subcommands. Run alone it
