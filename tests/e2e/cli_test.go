@@ -1,4 +1,4 @@
-package cli
+package e2e
 
 import (
 	"bytes"
@@ -9,9 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net/http"
-	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -346,6 +343,14 @@ func TestCLIEndToEnd(t *testing.T) {
 	})
 }
 
+// applyResult is one document's outcome as apply -o json prints it.
+type applyResult struct {
+	Document string `json:"document"`
+	Key      string `json:"key"`
+	Revision uint64 `json:"revision"`
+	Error    string `json:"error"`
+}
+
 func getStatus(base string) (*adminclient.ClusterStatus, error) {
 	var st adminclient.ClusterStatus
 	return &st, getJSON(base+"/v1/cluster", &st)
@@ -362,86 +367,4 @@ spec:
   reason: r
   conditions: {patterns: ["rm -rf"]}
 `, name)
-}
-
-// TestRolloutExitCode: rollout fails while a NACK is pending or clients
-// have not answered, against canned answers of the API.
-func TestRolloutExitCode(t *testing.T) {
-	tests := []struct {
-		name   string
-		answer adminclient.Rollout
-		fail   string
-	}{
-		{"all acked", adminclient.Rollout{Done: true, Versions: []adminclient.RolloutVersion{{Version: "v1", Done: true, Acked: []adminclient.ClientRef{{Client: "a"}}}}}, ""},
-		{"nack", adminclient.Rollout{Done: true, Versions: []adminclient.RolloutVersion{{Version: "v1", Done: true, Nacked: []adminclient.NackRef{{ClientRef: adminclient.ClientRef{Client: "a"}, Message: "bad"}}}}}, "1 NACK(s) pending"},
-		{"pending", adminclient.Rollout{Versions: []adminclient.RolloutVersion{{Version: "v1", Pending: []adminclient.ClientRef{{Client: "a"}}}}}, "1 client(s) have not answered"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != "/v1/rollout" || r.URL.Query().Get("wait") != "2s" {
-					http.NotFound(w, r)
-					return
-				}
-				_ = json.NewEncoder(w).Encode(tc.answer)
-			}))
-			defer srv.Close()
-			var stdout, stderr bytes.Buffer
-			err := Run(t.Context(), []string{"--server", srv.URL, "rollout", "--wait", "2s"}, &stdout, &stderr)
-			switch {
-			case tc.fail == "" && err != nil:
-				t.Fatalf("rollout: %v\n%s", err, stderr.String())
-			case tc.fail != "" && (err == nil || !strings.Contains(err.Error(), tc.fail)):
-				t.Fatalf("rollout: %v, want an error with %q", err, tc.fail)
-			}
-			if !strings.Contains(stdout.String(), "VERSION") {
-				t.Errorf("no table:\n%s", stdout.String())
-			}
-		})
-	}
-}
-
-// TestReadDocuments: positions in streams and lists, empty documents, and
-// refusals of malformed input.
-func TestReadDocuments(t *testing.T) {
-	tests := []struct {
-		name, in string
-		want     []string // positions
-		err      string
-	}{
-		{"yaml stream", "name: a\n---\nname: b\n", []string{"document 1", "document 2"}, ""},
-		{"stray separators", "---\nname: a\n---\n---\nname: b\n", []string{"document 1", "document 3"}, ""},
-		{"list", "- name: a\n- name: b\n", []string{"document 1, item 1", "document 1, item 2"}, ""},
-		{"json values", `{"name": "a"} {"name": "b"}`, []string{"document 1", "document 2"}, ""},
-		{"json list", `[{"name": "a"}, {"name": "b"}]`, []string{"document 1, item 1", "document 1, item 2"}, ""},
-		{"malformed second", "name: a\n---\nname: [x\n", nil, "document 2: not valid YAML"},
-		{"malformed json", `{"name": "a"} {"name":`, nil, "document 2: not valid JSON"},
-		{"non-string key", "name: a\n---\n1: x\n", nil, "document 2: a mapping key is not a string"},
-		{"empty", "---\n", nil, "no document"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "in")
-			if err := os.WriteFile(path, []byte(tc.in), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			docs, err := readDocuments(path)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []string
-			for _, d := range docs {
-				got = append(got, d.pos)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("positions (-want +got):\n%s", diff)
-			}
-		})
-	}
 }
