@@ -35,7 +35,7 @@ import (
 	"github.com/policyd/policyd/server/servertest"
 )
 
-// These tests run `policyd authz` in-process, wired as cmd_authz.go wires
+// These tests run `policyd authz` in-process, wired as internal/cli/authz.go wires
 // it: an SDK client following one node of a real 3-node cluster in
 // auth.mode jwt, and an authz.Server deciding from it on loopback
 // listeners. A real gRPC client sends the CheckRequests Envoy sends, and

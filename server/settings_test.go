@@ -26,7 +26,8 @@ func writeTokens(t *testing.T, path string, lines ...string) {
 
 // TestReloadSettings applies run-time settings in process: admin tokens,
 // the log level, a registered hook, and the report of keys that need a
-// restart. (main_test.go does the same through SIGHUP on a real process.)
+// restart. (tests/e2e/sighup_test.go does the same through SIGHUP on a
+// real process.)
 func TestReloadSettings(t *testing.T) {
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	const (

@@ -178,7 +178,7 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 }
 
 // failingLog is a log store whose writes fail with err: a fake, for the
-// unit table below; TestFullDisk (package main) fills a real disk.
+// unit table below; TestFullDisk (tests/e2e) fills a real disk.
 type failingLog struct {
 	*raft.InmemStore
 	err error
