@@ -13,7 +13,7 @@
 #	COPY . .
 #	ARG VERSION=dev
 #	RUN CGO_ENABLED=0 go build -trimpath \
-#	      -ldflags "-s -w -X github.com/policyd/policyd/buildinfo.version=${VERSION}" -o /out/policyd ./cmd/policyd && \
+#	      -ldflags "-s -w -X github.com/policyd/policyd/internal/buildinfo.version=${VERSION}" -o /out/policyd ./cmd/policyd && \
 #	    echo 'policyd:x:65532:65532::/data:/sbin/nologin' >/out/passwd && \
 #	    echo 'policyd:x:65532:' >/out/group && \
 #	    mkdir -p /out/data && chown 65532:65532 /out/data

@@ -15,7 +15,7 @@ BIN ?= bin/policyd
 # How long `make fuzz` runs each fuzz target.
 FUZZTIME ?= 30s
 
-GO_LDFLAGS := -s -w -X github.com/policyd/policyd/buildinfo.version=$(VERSION)
+GO_LDFLAGS := -s -w -X github.com/policyd/policyd/internal/buildinfo.version=$(VERSION)
 
 # TOOLS puts protoc, the protoc plugins and golangci-lint on PATH; it fails
 # the recipe if hack/tools.sh fails.

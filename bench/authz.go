@@ -24,9 +24,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/authz"
-	"github.com/policyd/policyd/authz/benchset"
-	"github.com/policyd/policyd/loopback"
+	"github.com/policyd/policyd/internal/authz"
+	"github.com/policyd/policyd/internal/authz/benchset"
+	"github.com/policyd/policyd/internal/loopback"
 )
 
 // Issue 31's target for a decision through ext_authz gRPC on loopback.

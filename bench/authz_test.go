@@ -11,9 +11,9 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 
-	"github.com/policyd/policyd/authz"
-	"github.com/policyd/policyd/authz/benchset"
-	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/internal/authz"
+	"github.com/policyd/policyd/internal/authz/benchset"
+	"github.com/policyd/policyd/internal/policy"
 )
 
 func TestCheckGRPCAnswer(t *testing.T) {

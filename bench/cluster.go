@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/loopback"
+	"github.com/policyd/policyd/internal/loopback"
 )
 
 // stopGrace is how long a node gets to exit after SIGTERM before SIGKILL.

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/policyd/policyd/loopback"
+	"github.com/policyd/policyd/internal/loopback"
 )
 
 // etcdMembers is the size of the etcd cluster, the same as the writes
@@ -48,7 +48,7 @@ type etcdConfig struct {
 //
 // etcd runs with its defaults, which match policyd's durability: every
 // entry is fsynced to the WAL before it is acknowledged (policyd fsyncs
-// its Raft log, see server/raftnode/raft.go).
+// its Raft log, see internal/server/raftnode/raft.go).
 func etcdScenario() scenario {
 	return scenario{
 		name:    "etcd",

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
-	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/internal/policy"
 )
 
 func TestJSONTopString(t *testing.T) {

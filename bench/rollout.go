@@ -15,8 +15,8 @@ import (
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
-	"github.com/policyd/policyd/server/policyset"
-	"github.com/policyd/policyd/store"
+	"github.com/policyd/policyd/internal/server/policyset"
+	"github.com/policyd/policyd/internal/store"
 )
 
 // targetRollbackP99 is issue 32's target: from a halt condition being met to

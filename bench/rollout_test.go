@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/client"
-	"github.com/policyd/policyd/server/policyset"
+	"github.com/policyd/policyd/internal/server/policyset"
 )
 
 func TestParsePercents(t *testing.T) {

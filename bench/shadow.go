@@ -27,7 +27,7 @@ import (
 )
 
 // shadowNodeInterval is the node's least time between two reports of one
-// sidecar (server/shadow.DefaultMinInterval, not configurable); the
+// sidecar (internal/server/shadow.DefaultMinInterval, not configurable); the
 // sidecars report every shadowReportInterval, a second above it, so that
 // RPC jitter on a loaded machine does not make a report come too soon.
 const (

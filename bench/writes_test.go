@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/internal/policy"
 )
 
 func TestPolicyBody(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // fakeDiscovery is a minimal PolicyDiscoveryService: it sends the full set

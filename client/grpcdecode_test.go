@@ -20,7 +20,7 @@ import (
 //	go test ./client/ -run '^$' -fuzz '^FuzzDecodeResponse$' -fuzztime 60s
 
 // encodeResponse is a node's encoding of a response (deterministic, as
-// server/discovery encodes snapshots).
+// internal/server/discovery encodes snapshots).
 func encodeResponse(t testing.TB, version string, set ...Policy) []byte {
 	t.Helper()
 	resp := &discoveryv1.PolicyDiscoveryResponse{VersionInfo: version, Nonce: "n-" + version}

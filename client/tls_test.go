@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/policyd/policyd/tlsfiles/testca"
+	"github.com/policyd/policyd/internal/tlsfiles/testca"
 )
 
 func TestTLSFiles(t *testing.T) {

@@ -120,7 +120,7 @@ go test -race -count=1 -timeout 20m "${testflags[@]}" "${pkgs[@]}"
 # data dirs keep.
 step "chaos suite on the boltdb log store"
 if [[ -z "${PKGS:-}" ]]; then
-	go test -race -count=1 -timeout 20m "${testflags[@]}" -run '^TestChaos$' ./chaos -chaos.log-store=boltdb
+	go test -race -count=1 -timeout 20m "${testflags[@]}" -run '^TestChaos$' ./tests/chaos -chaos.log-store=boltdb
 else
 	echo "skipped: PKGS is set" >&2
 fi
@@ -130,7 +130,7 @@ fi
 # here without it.
 step "go test without -race: scheduling"
 if [[ -z "${PKGS:-}" ]]; then
-	go test -count=1 -run '^TestPushBatchesStreamsOfAConnection$' ./server/discovery
+	go test -count=1 -run '^TestPushBatchesStreamsOfAConnection$' ./internal/server/discovery
 else
 	echo "skipped: PKGS is set" >&2
 fi

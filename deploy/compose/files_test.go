@@ -14,9 +14,9 @@ import (
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/policyd/policyd/auth"
-	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/internal/auth"
+	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/policy"
 )
 
 // composeFile is the part of docker-compose.yml the tests read.

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/policyd/policyd/internal/kubetest"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/kubetest"
 )
 
 // restConfig is the one envtest API server of this package.

@@ -13,10 +13,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/net/netutil"
 
-	"github.com/policyd/policyd/authz"
 	"github.com/policyd/policyd/client"
-	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/tlsfiles"
+	"github.com/policyd/policyd/internal/authz"
+	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/tlsfiles"
 )
 
 // authzCommand is `policyd authz`: the SDK as a local decision point for a

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/policyd/policyd/server/adminapi"
+	"github.com/policyd/policyd/internal/server/adminapi"
 )
 
 // TestClusterStatusCommandVersion: `cluster status` prints the command

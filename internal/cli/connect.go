@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/buildinfo"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/buildinfo"
 )
 
 // adminClient holds the connection flags shared by every admin command and

@@ -10,7 +10,7 @@ import (
 	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/policyd/policyd/buildinfo"
+	"github.com/policyd/policyd/internal/buildinfo"
 )
 
 var bridgeOnce sync.Once

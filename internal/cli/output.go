@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/policyd/policyd/config"
+	"github.com/policyd/policyd/internal/config"
 )
 
 // Output formats of -o. "" is the default: a table for lists and status,

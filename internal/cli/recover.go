@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/server/raftnode"
+	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/server/raftnode"
 )
 
 func recoverCommand() *cobra.Command {

@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
-	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/server"
-	"github.com/policyd/policyd/server/raftnode"
+	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/server"
+	"github.com/policyd/policyd/internal/server/raftnode"
 )
 
 // shutdownTimeout bounds a graceful stop; Ctrl-C must not hang.

@@ -8,9 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/policyd/policyd/config"
-	"github.com/policyd/policyd/server/raftnode"
-	"github.com/policyd/policyd/store"
+	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/server/raftnode"
+	"github.com/policyd/policyd/internal/store"
 )
 
 func snapshotCommand(c *adminClient) *cobra.Command {

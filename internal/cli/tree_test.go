@@ -18,7 +18,7 @@ import (
 // The file of a command is its name without dashes, plus ".go", and its
 // function is that name plus "Command", compared without case: `policyd
 // snapshot` is snapshotCommand in snapshot.go, and a `proxy-status` would
-// be proxyStatusCommand in proxystatus.go (as the server/proxystatus
+// be proxyStatusCommand in proxystatus.go (as the internal/server/proxystatus
 // package spells it).
 func TestCommandFiles(t *testing.T) {
 	files, err := filepath.Glob("*.go")

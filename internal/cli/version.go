@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/buildinfo"
+	"github.com/policyd/policyd/internal/buildinfo"
 )
 
 // versionReport is what version prints with -o json/yaml.

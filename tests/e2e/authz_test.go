@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -14,9 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/loopback"
-	"github.com/policyd/policyd/server/servertest"
-	"github.com/policyd/policyd/tlsfiles/testca"
+	"github.com/policyd/policyd/internal/loopback"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/servertest"
+	"github.com/policyd/policyd/internal/tlsfiles/testca"
 )
 
 // TestAuthzUsageErrors: bad invocations exit 2 with a message, and a
@@ -107,7 +109,7 @@ func TestAuthzProcess(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if !servertest.Poll(20*time.Second, func() bool { code, _ := get(withCert, "GET", "/readyz", ""); return code == 200 }) {
+	if poll.Until(context.Background(), 20*time.Second, poll.Holds(func() bool { code, _ := get(withCert, "GET", "/readyz", ""); return code == 200 })) != nil {
 		t.Fatal("authz /readyz never answered 200")
 	}
 	if code, msg := get(noCert, "GET", "/healthz", ""); code != 0 {
@@ -139,10 +141,11 @@ func TestAuthzProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli(t, dir, "--server", admin, "policy", "apply", "-f", "policy.yaml")
-	if !servertest.Poll(10*time.Second, func() bool {
+	if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool {
 		code, body := get(withCert, "POST", "/v1/check", check)
 		return code == 200 && strings.Contains(body, `"policy":"acme.deny-shell"`) && strings.Contains(body, `"allowed":false`)
-	}) {
+	})) !=
+		nil {
 		_, body := get(withCert, "POST", "/v1/check", check)
 		t.Fatalf("the write did not change the decision: %s", body)
 	}

@@ -17,7 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // repoRoot is the module root, where the tests build the binary and read
@@ -33,6 +34,9 @@ var (
 // policydBinary builds the binary once per test run.
 func policydBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the binary: not in -short (make check)")
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "policyd-bin-")
 		if err != nil {
@@ -137,18 +141,17 @@ func (d *daemon) interrupt(t *testing.T) time.Duration {
 
 func waitReady(t *testing.T, base string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+	poll.Eventually(t, base+"/readyz to answer 200", func() error {
+		resp, err := http.Get(base + "/readyz") //nolint:noctx // a local daemon, bounded by the client's default dial
+		if err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-	t.Fatalf("%s/readyz never became ready", base)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	}, poll.Within(30*time.Second), poll.Every(50*time.Millisecond))
 }
 
 // cli runs the CLI and returns stdout, failing on a non-zero exit.

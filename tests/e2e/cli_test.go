@@ -14,12 +14,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // exitCode runs the CLI and returns its combined output and exit code.
@@ -133,13 +135,14 @@ func TestCLIEndToEnd(t *testing.T) {
 			t.Errorf("sidecar: %v", err)
 		}
 	}()
-	waitForCLI(t, "the sidecar to ACK", func() error {
+	poll.Eventually(t, "the sidecar to ACK", func() error {
 		out, code := run("clients", "--state", "acked", "--node", c.ids[1], "--scope", "acme/red")
 		if code != 0 || !strings.Contains(out, "e2e-sidecar") {
 			return fmt.Errorf("exit %d: %s", code, out)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	if out := must("clients", "--scope", "other"); strings.Contains(out, "e2e-sidecar") {
 		t.Errorf("--scope other lists the acme sidecar:\n%s", out)
 	}
@@ -279,22 +282,24 @@ func TestCLIEndToEnd(t *testing.T) {
 				t.Errorf("rejecting sidecar: %v", err)
 			}
 		}()
-		waitForCLI(t, "both sidecars to ACK", func() error {
+		poll.Eventually(t, "both sidecars to ACK", func() error {
 			if out, code := run("clients", "--state", "acked"); code != 0 || !strings.Contains(out, "e2e-rejecter") || !strings.Contains(out, "e2e-sidecar") {
 				return fmt.Errorf("exit %d: %s", code, out)
 			}
 			return nil
-		})
+		}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 		if out, code := exitCode(t, c.dir, policyDoc("acme.reject"), "--server", all, "policy", "apply", "-f", "-"); code != 0 {
 			t.Fatalf("apply: exit %d\n%s", code, out)
 		}
-		waitForCLI(t, "the NACK", func() error {
+		poll.Eventually(t, "the NACK", func() error {
 			out, code := run("clients", "--state", "nacked")
 			if code != 0 || !strings.Contains(out, "e2e-rejecter") || !strings.Contains(out, "acme.reject is not for me") {
 				return fmt.Errorf("exit %d: %s", code, out)
 			}
 			return nil
-		})
+		}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 		out, code := run("rollout", "--wait", "1s")
 		if code != 1 || !strings.Contains(out, "NACK e2e-rejecter") || !strings.Contains(out, "1 NACK(s) pending") {
 			t.Fatalf("rollout with a NACK pending: exit %d, want 1\n%s", code, out)
@@ -325,13 +330,14 @@ func TestCLIEndToEnd(t *testing.T) {
 	t.Run("failover to the second server", func(t *testing.T) {
 		c.daemons[0].kill(t)
 		list := c.http[0] + "," + c.http[1]
-		waitForCLI(t, "a write with the first server down", func() error {
+		poll.Eventually(t, "a write with the first server down", func() error {
 			out, code := exitCode(t, c.dir, policyDoc("acme.failover"), "--server", list, "policy", "apply", "-f", "-")
 			if code != 0 {
 				return fmt.Errorf("exit %d: %s", code, out)
 			}
 			return nil
-		})
+		}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 		if out, code := exitCode(t, c.dir, "", "--server", list, "policy", "get", "acme.failover"); code != 0 || !strings.Contains(out, "acme.failover") {
 			t.Fatalf("read with the first server down: exit %d\n%s", code, out)
 		}

@@ -17,7 +17,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/store/boltcheck"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/store/boltcheck"
 )
 
 // Damaged or full disks (docs/operations.md): real `policyd serve`
@@ -58,7 +59,7 @@ func policyNamesN(prefix string, n int) []string {
 // waitHolds waits until node i of c holds every name.
 func (c *procCluster) waitHolds(i int, names []string) {
 	c.t.Helper()
-	waitForCLI(c.t, fmt.Sprintf("%s to hold the %d acknowledged policies", c.ids[i], len(names)), func() error {
+	poll.Eventually(c.t, fmt.Sprintf("%s to hold the %d acknowledged policies", c.ids[i], len(names)), func() error {
 		got, err := c.policyNames(i)
 		if err != nil {
 			return err
@@ -69,7 +70,8 @@ func (c *procCluster) waitHolds(i int, names []string) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 }
 
 // refusal is how a node that must not run ended.
@@ -258,13 +260,14 @@ func TestDamagedDataRefused(t *testing.T) {
 				t.Fatalf("%d of %d writes acknowledged", len(acked), len(written))
 			}
 			if strings.HasPrefix(tc.raftExtra, snapshots) {
-				waitForCLI(t, "a raft snapshot", func() error {
+				poll.Eventually(t, "a raft snapshot", func() error {
 					s, _ := filepath.Glob(filepath.Join(c.dataDir(0), "raft", "snapshots", "*", "meta.json"))
 					if len(s) == 0 {
 						return errors.New("none yet")
 					}
 					return nil
-				})
+				}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 			}
 			c.daemons[0].interrupt(t)
 			rel := filepath.Join("data", c.ids[0], tc.file)
@@ -325,13 +328,14 @@ func TestDamagedLogRejoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.daemons[victim] = startDaemon(t, c.dir, "--config", c.configPath(victim), "--bootstrap=false")
-	waitForCLI(t, "the join to be accepted", func() error { // once the empty node listens
+	poll.Eventually(t, "the join to be accepted", func() error {
 		out, err := cliErr(t, c.dir, "--server", c.http[healthy], "cluster", "join", "--id", c.ids[victim], "--raft-addr", c.raft[victim])
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, out)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	c.waitHolds(victim, written)
 	c.converged(0, 1, 2)
 }

@@ -9,12 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/policyd/policyd/raftfsm"
-	"github.com/policyd/policyd/server/adminapi"
-	"github.com/policyd/policyd/store"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/raftfsm"
+	"github.com/policyd/policyd/internal/server/adminapi"
+	"github.com/policyd/policyd/internal/store"
 )
 
 var appliedRE = regexp.MustCompile(`applied \(revision (\d+)\)`)
@@ -27,10 +29,9 @@ var appliedRE = regexp.MustCompile(`applied \(revision (\d+)\)`)
 func TestHistoryDiffRevertCLI(t *testing.T) {
 	c := newProcCluster(t, 3)
 	c.leader(0, 1, 2)
-	waitForCLI(t, "every node to write command version 3", func() error {
+	poll.Eventually(t, "every node to write command version 3", func() error {
 		for i := range c.ids {
-			// Every member, not only the registered ones: each node's first
-			// registration resets the others' versions.
+
 			var st adminapi.ClusterStatus
 			if err := getJSON(c.http[i]+"/v1/cluster", &st); err != nil {
 				return err
@@ -45,7 +46,8 @@ func TestHistoryDiffRevertCLI(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	applyDoc := func(i int, kind, doc string) uint64 {
 		t.Helper()
 		out, err := cliInput(t, c.dir, doc, "--server", c.http[i], kind, "apply", "-f", "-")

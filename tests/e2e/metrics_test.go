@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"os"
@@ -19,7 +20,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // onlyWithFeature are metric prefixes the alert rules may use that a node
@@ -135,10 +136,11 @@ func TestRaftMetricsPeerLabel(t *testing.T) {
 
 	const heartbeat = "policyd_raft_replication_heartbeat"
 	var exposed map[string][]map[string]string
-	if !servertest.Poll(20*time.Second, func() bool {
+	if poll.Until(context.Background(), 20*time.Second, poll.Holds(func() bool {
 		exposed = scrape(t, "http://"+leader+"/metrics")
 		return len(exposed[heartbeat]) > 0
-	}) {
+	})) !=
+		nil {
 		var names []string
 		for n := range exposed {
 			if strings.Contains(n, "raft") {
@@ -176,12 +178,13 @@ func daemonAddr(t *testing.T, d *daemon, listener string) string {
 	t.Helper()
 	re := regexp.MustCompile(`msg="node started".* ` + listener + `=(\S+)`)
 	var addr string
-	if !servertest.Poll(30*time.Second, func() bool {
+	if poll.Until(context.Background(), 30*time.Second, poll.Holds(func() bool {
 		if m := re.FindStringSubmatch(d.logs.String()); m != nil {
 			addr = m[1]
 		}
 		return addr != ""
-	}) {
+	})) !=
+		nil {
 		t.Fatalf("no \"node started\" line:\n%s", d.logs)
 	}
 	return addr

@@ -17,7 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // These tests run the built binary exactly as the README tells a user to:
@@ -144,7 +145,7 @@ func TestReadmeSingleNode(t *testing.T) {
 	d2.kill(t)
 	d3 := startDaemon(t, dir)
 	waitReady(t, "http://127.0.0.1:8080")
-	waitForCLI(t, "the policy back after a crash", func() error {
+	poll.Eventually(t, "the policy back after a crash", func() error {
 		out, err := cliErr(t, dir, "policy", "get", "acme.deny-shell")
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, out)
@@ -156,7 +157,8 @@ func TestReadmeSingleNode(t *testing.T) {
 			return fmt.Errorf("got %s, want revision %d", out, p.Revision)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	if !strings.Contains(d3.logs.String(), "not closed cleanly: discarded") {
 		t.Errorf("no discard logged after the crash:\n%s", d3.logs)
 	}
@@ -207,7 +209,7 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 			HTTPAddr string `json:"http_addr"`
 		} `json:"members"`
 	}
-	waitForCLI(t, "three registered members", func() error {
+	poll.Eventually(t, "three registered members", func() error {
 		if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
 			return err
 		}
@@ -220,20 +222,22 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	// kill -9 the leader: a survivor takes writes once a new leader is
 	// elected, and the killed node catches up when it comes back.
 	leaderNum := int(st.LeaderID[len(st.LeaderID)-1] - '0')
 	ds[leaderNum-1].kill(t)
 	survivor := fmt.Sprintf("http://127.0.0.1:808%d", leaderNum%3+1)
-	waitForCLI(t, "a write through a survivor", func() error {
+	poll.Eventually(t, "a write through a survivor", func() error {
 		_, err := cliErr(t, dir, "--server", survivor, "policy", "apply", "-f", "policy.yaml")
 		return err
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	ds[leaderNum-1] = startDaemon(t, dir, "--config", fmt.Sprintf("node%d.yaml", leaderNum))
 	restarted := fmt.Sprintf("http://127.0.0.1:808%d", leaderNum)
 	waitReady(t, restarted)
-	waitForCLI(t, "the restarted node to catch up", func() error {
+	poll.Eventually(t, "the restarted node to catch up", func() error {
 		local, err := getRevision(restarted + "/v1/policies/acme.deny-shell")
 		if err != nil {
 			return err
@@ -246,7 +250,7 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 			return fmt.Errorf("restarted node at revision %d, cluster at %d", local, latest)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
 
 	// A fourth node, started with flags only and bootstrap off, joins at
 	// run time and receives the existing state.
@@ -255,10 +259,11 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 	if out := cli(t, dir, "--server", "http://127.0.0.1:8081", "cluster", "join", "--id", "node4", "--raft-addr", "127.0.0.1:7004"); !strings.Contains(out, "node4 joined") {
 		t.Fatalf("join: %s", out)
 	}
-	waitForCLI(t, "node4 to receive the policy", func() error {
+	poll.Eventually(t, "node4 to receive the policy", func() error {
 		_, err := getRevision("http://127.0.0.1:8084/v1/policies/acme.deny-shell")
 		return err
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	waitReady(t, "http://127.0.0.1:8084")
 	cli(t, dir, "--server", "http://127.0.0.1:8084", "cluster", "remove", "node4")
 
@@ -270,7 +275,7 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 		victim = "node2"
 	}
 	cli(t, dir, "--server", "http://127.0.0.1:8081", "cluster", "remove", victim)
-	waitForCLI(t, "two members", func() error {
+	poll.Eventually(t, "two members", func() error {
 		if err := json.Unmarshal([]byte(cli(t, dir, "--server", "http://127.0.0.1:8081", "-o", "json", "cluster", "status")), &st); err != nil {
 			return err
 		}
@@ -278,7 +283,8 @@ func TestReadmeClusterWalkthrough(t *testing.T) {
 			return fmt.Errorf("%d members", len(st.Members))
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	for _, d := range ds {
 		d.interrupt(t)
 	}
@@ -291,19 +297,6 @@ func getRevision(url string) (uint64, error) {
 		Revision uint64 `json:"revision"`
 	}
 	return p.Revision, getJSON(url, &p)
-}
-
-func waitForCLI(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // poll interval
-	}
-	t.Fatalf("timed out waiting for %s: %v", what, err)
 }
 
 // TestCLIUsageErrors: bad invocations fail with a message, not a panic.

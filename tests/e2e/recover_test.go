@@ -15,7 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/loopback"
+	"github.com/policyd/policyd/internal/loopback"
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // procCluster is a cluster of real `policyd serve` processes on loopback,
@@ -118,7 +119,7 @@ func (c *procCluster) status(i int) (clusterView, error) {
 func (c *procCluster) leader(nodes ...int) int {
 	c.t.Helper()
 	leader := -1
-	waitForCLI(c.t, "a leader every running node agrees on", func() error {
+	poll.Eventually(c.t, "a leader every running node agrees on", func() error {
 		var id string
 		for _, i := range nodes {
 			st, err := c.status(i)
@@ -136,7 +137,8 @@ func (c *procCluster) leader(nodes ...int) int {
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	return leader
 }
 
@@ -146,7 +148,7 @@ func (c *procCluster) leader(nodes ...int) int {
 func (c *procCluster) converged(nodes ...int) string {
 	c.t.Helper()
 	var digest string
-	waitForCLI(c.t, "nodes to converge", func() error {
+	poll.Eventually(c.t, "nodes to converge", func() error {
 		digest = ""
 		for _, i := range nodes {
 			st, err := c.status(i)
@@ -164,7 +166,8 @@ func (c *procCluster) converged(nodes ...int) string {
 			digest = st.Digest
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	return digest
 }
 
@@ -271,7 +274,7 @@ func TestRecoverFromQuorumLoss(t *testing.T) {
 			c.daemons[i].kill(t)
 		}
 	}
-	waitForCLI(t, "the survivor to lose its leader", func() error {
+	poll.Eventually(t, "the survivor to lose its leader", func() error {
 		resp, err := http.Get(c.http[survivor] + "/readyz")
 		if err != nil {
 			return err
@@ -281,7 +284,8 @@ func TestRecoverFromQuorumLoss(t *testing.T) {
 			return fmt.Errorf("still ready")
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	before, err := c.status(survivor)
 	if err != nil {
 		t.Fatal(err)
@@ -312,7 +316,7 @@ func TestRecoverFromQuorumLoss(t *testing.T) {
 	// Once it leads, the node forgets the member records of the two nodes
 	// that left the configuration, so the digest moves on; the policies,
 	// revisions and times included, must not.
-	waitForCLI(t, "the lost nodes' member records to be forgotten", func() error {
+	poll.Eventually(t, "the lost nodes' member records to be forgotten", func() error {
 		st, err := c.status(survivor)
 		if err != nil {
 			return err
@@ -321,7 +325,8 @@ func TestRecoverFromQuorumLoss(t *testing.T) {
 			return fmt.Errorf("digest %s unchanged", st.Digest)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	policiesAfter, err := c.policies(survivor)
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,8 @@ import (
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/client"
-	"github.com/policyd/policyd/tlsfiles/testca"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/tlsfiles/testca"
 )
 
 // TestSIGHUPReload runs `policyd serve` with mutual TLS on its HTTP listener,
@@ -70,7 +71,7 @@ auth:
 	}
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
 	defer hc.CloseIdleConnections()
-	waitForCLI(t, "the node to be ready over TLS", func() error {
+	poll.Eventually(t, "the node to be ready over TLS", func() error {
 		resp, err := hc.Get(base + "/readyz")
 		if err != nil {
 			return err
@@ -80,7 +81,7 @@ auth:
 			return fmt.Errorf("readyz %d", resp.StatusCode)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
 
 	adminCLI := func(token string, args ...string) (string, error) {
 		return cliInput(t, dir, `{"id": "alice", "org": "acme", "team": "red"}`, append(append(tlsFlags, "--token", token), args...)...)
@@ -154,12 +155,13 @@ auth:
 	if got := feed(secretA); got != http.StatusUnauthorized {
 		t.Errorf("JWT with the removed secret A after SIGHUP: %d", got)
 	}
-	waitForCLI(t, "a debug message after the level changed to debug", func() error {
+	poll.Eventually(t, "a debug message after the level changed to debug", func() error {
 		if !strings.Contains(d.logs.String(), "feed handshake refused") {
 			return fmt.Errorf("no debug line in the logs")
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	if got := serverCN(); got != "node1-rotated" {
 		t.Errorf("after SIGHUP the HTTP listener presents %q, want node1-rotated", got)
 	}
@@ -185,12 +187,13 @@ auth:
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitForCLI(t, "the refused reload to be logged", func() error {
+	poll.Eventually(t, "the refused reload to be logged", func() error {
 		if !strings.Contains(d.logs.String(), "configuration not reloaded") {
 			return fmt.Errorf("not logged yet")
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	if out, err := adminCLI(tokB, "policy", "list"); err != nil {
 		t.Errorf("token B after a refused reload: %v\n%s", err, out)
 	}
@@ -203,12 +206,13 @@ func hup(t *testing.T, d *daemon, nth int) {
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitForCLI(t, "the reload to be logged", func() error {
+	poll.Eventually(t, "the reload to be logged", func() error {
 		if got := strings.Count(d.logs.String(), `msg="configuration reloaded"`); got < nth {
 			return fmt.Errorf("%d reloads logged", got)
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 }
 
 // signJWT mints an HS256 sidecar token for alice of acme.

@@ -20,8 +20,9 @@ import (
 	"github.com/coder/websocket/wsjson"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
-	"github.com/policyd/policyd/server/raftnode"
-	"github.com/policyd/policyd/store"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/raftnode"
+	"github.com/policyd/policyd/internal/store"
 )
 
 var restoredRE = regexp.MustCompile(`applied index (\d+) \(the backup's (\d+) \+ \d+, a new history\), digest ([0-9a-f]{64})`)
@@ -144,14 +145,15 @@ func TestSnapshotSaveRestore(t *testing.T) {
 	if _, err := fmt.Sscanf(applied, "policy/acme.after-restore applied (revision %d)", &rev); err != nil || rev <= restoredIndex {
 		t.Fatalf("write after restore: %q (%v); want a revision above the restored index %d", applied, err, restoredIndex)
 	}
-	waitForCLI(t, "the new write on every node", func() error {
+	poll.Eventually(t, "the new write on every node", func() error {
 		for i := range 3 {
 			if _, err := getRevision(c.http[i] + "/v1/policies/acme.after-restore"); err != nil {
 				return err
 			}
 		}
 		return nil
-	})
+	}, poll.Within(20*time.Second), poll.Every(100*time.Millisecond))
+
 	// Now that the new history has passed the lost write's index, the same
 	// resume still gets init: a replay from there would add the new
 	// history's changes to a set that holds acme.lost.

@@ -13,8 +13,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/policyd/policyd/buildinfo"
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/buildinfo"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // builtInfo is what the binary at path must report: its build information
@@ -80,12 +81,13 @@ func TestBuildVersionAgrees(t *testing.T) {
 			// The CLI asks every member at the HTTP address it registered,
 			// which a new node does shortly after it is ready.
 			var out []byte
-			if !servertest.Poll(10*time.Second, func() bool {
+			if poll.Until(context.Background(), 10*time.Second, poll.Holds(func() bool {
 				cmd := exec.CommandContext(context.Background(), tc.bin, "version", "-o", "json", "--server", base)
 				cmd.Env = servertest.CleanEnv()
 				out, err = cmd.Output()
 				return err == nil
-			}) {
+			})) !=
+				nil {
 				t.Fatalf("policyd version: %v\n%s", err, out)
 			}
 			var rep struct {

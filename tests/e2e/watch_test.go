@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/server/servertest"
+	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // watchProc is a running `policyd watch --output json`.

@@ -1,6 +1,6 @@
 // Package feedv1 is the wire contract of the WebSocket policy feed
 // (GET /ws/policies, DESIGN part 5): the JSON messages, their type names,
-// the close codes and the request parameters. The server (server/feed) and
+// the close codes and the request parameters. The server (internal/server/feed) and
 // the SDK (client) both use these types, so the two cannot drift apart.
 //
 // Every message is one text frame holding one JSON object with a "type"

@@ -1,0 +1,266 @@
+package adminapi
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/policy"
+	"github.com/policyd/policyd/internal/raftfsm"
+	"github.com/policyd/policyd/internal/reload"
+	"github.com/policyd/policyd/internal/store"
+)
+
+// fakeBackend is a Backend over a real store in a temporary directory.
+// Propose applies each command through the real FSM at the next index, as a
+// one-node leader would, so that compare-and-set conflicts, missing
+// entities and read-backs are the store's own; every other method answers
+// from its fields. Any method can be made to fail (errs) or panic (panics),
+// by name, to walk the API's error paths.
+type fakeBackend struct {
+	st  *store.Store
+	fsm *raftfsm.FSM
+
+	mu sync.Mutex
+	// errs is what a method returns, by name ("Propose", "Status", ...).
+	errs map[string]error
+	// panics makes a method panic, by name; "*" makes every one panic.
+	panics map[string]bool
+	// proposed records every command Propose was given, in order.
+	proposed []*commandv1.Command
+	// result, when set, is Propose's answer instead of applying.
+	result *commandv1.Result
+	// noValue drops the stored value from Propose's answer, as a leader
+	// of an older release sends it.
+	noValue bool
+
+	status      *ClusterStatus
+	joinIndex   uint64
+	removeIndex uint64
+	clients     []*clusterv1.ClientInfo
+	unreachable []string
+	shadow      []*clusterv1.ShadowScopeCount
+	reload      reload.Status
+	leader      string
+}
+
+// newFake returns a fake over an empty store, closed when the test ends.
+func newFake(t *testing.T) *fakeBackend {
+	t.Helper()
+	// NoSync: the test owns the only copy and never reopens it.
+	st, err := store.OpenWithOptions(filepath.Join(t.TempDir(), "state.db"), discard(), store.Options{NoSync: true})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := st.Close(); err != nil {
+			t.Errorf("close store: %v", err)
+		}
+	})
+	return &fakeBackend{
+		st: st, fsm: raftfsm.New(st, discard()),
+		errs: map[string]error{}, panics: map[string]bool{},
+		status: &ClusterStatus{NodeID: "n1", State: "Leader", LeaderID: "n1", Members: []MemberStatus{{ID: "n1", Suffrage: "Voter", Leader: true}}},
+		leader: "n1",
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// fail makes method return err.
+func (f *fakeBackend) fail(method string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errs[method] = err
+}
+
+// panicIn makes method panic ("*": every method).
+func (f *fakeBackend) panicIn(method string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.panics[method] = true
+}
+
+// call is the start of every method: it panics or returns the configured
+// error.
+func (f *fakeBackend) call(method string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.panics[method] || f.panics["*"] {
+		panic("fake backend: " + method + " panics")
+	}
+	return f.errs[method]
+}
+
+// commands returns what Propose was given.
+func (f *fakeBackend) commands() []*commandv1.Command {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*commandv1.Command(nil), f.proposed...)
+}
+
+func (f *fakeBackend) Store() *store.Store {
+	_ = f.call("Store")
+	return f.st
+}
+
+func (f *fakeBackend) Validator() *policy.Validator {
+	_ = f.call("Validator")
+	return nil // the built-in kinds
+}
+
+func (f *fakeBackend) Propose(_ context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+	if err := f.call("Propose"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.proposed = append(f.proposed, proto.Clone(cmd).(*commandv1.Command))
+	res, noValue := f.result, f.noValue
+	f.mu.Unlock()
+	if res != nil {
+		return res, nil
+	}
+	res, err := f.apply(cmd)
+	if noValue && res != nil {
+		res.Value = nil
+	}
+	return res, err
+}
+
+// apply commits cmd at the next index through the FSM, stamped as a leader
+// stamps it.
+func (f *fakeBackend) apply(cmd *commandv1.Command) (*commandv1.Result, error) {
+	if err := raftfsm.CheckEnvelope(cmd); err != nil {
+		return nil, fmt.Errorf("propose: %w", err)
+	}
+	idx := f.st.AppliedIndex() + 1
+	cp := proto.Clone(cmd).(*commandv1.Command)
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC).Add(time.Duration(idx) * time.Second)
+	cp.ProcessedAtUnixNano, cp.OriginatedAtUnixNano = at.UnixNano(), at.UnixNano()
+	data, err := proto.Marshal(cp)
+	if err != nil {
+		return nil, fmt.Errorf("encode command: %w", err)
+	}
+	res, _ := f.fsm.Apply(&raft.Log{Index: idx, Term: 1, Type: raft.LogCommand, Data: data}).(*commandv1.Result)
+	return res, nil
+}
+
+// seed returns a function that commits a built command, failing the test
+// if it cannot be built or is refused: f.seed(t)(raftfsm.PutPolicy(p, nil)).
+func (f *fakeBackend) seed(t *testing.T) func(*commandv1.Command, error) *commandv1.Result {
+	return func(cmd *commandv1.Command, err error) *commandv1.Result {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("build seed command: %v", err)
+		}
+		res, err := f.apply(raftfsm.WithAudit(cmd, "token:seed", "seed"))
+		if err == nil {
+			err = raftfsm.ResultErr(res)
+		}
+		if err != nil {
+			t.Fatalf("seed: %v", err)
+		}
+		return res
+	}
+}
+
+func (f *fakeBackend) ConsistentRead(context.Context) error { return f.call("ConsistentRead") }
+func (f *fakeBackend) ReadOwnWrites(context.Context) error  { return f.call("ReadOwnWrites") }
+func (f *fakeBackend) Ready(context.Context) error          { return f.call("Ready") }
+
+func (f *fakeBackend) Join(context.Context, string, string) (uint64, error) {
+	return f.joinIndex, f.call("Join")
+}
+
+func (f *fakeBackend) Remove(context.Context, string) (uint64, error) {
+	return f.removeIndex, f.call("Remove")
+}
+
+func (f *fakeBackend) Status(context.Context) (*ClusterStatus, error) {
+	if err := f.call("Status"); err != nil {
+		return nil, err
+	}
+	return f.status, nil
+}
+
+func (f *fakeBackend) Clients(context.Context) ([]*clusterv1.ClientInfo, []string, error) {
+	if err := f.call("Clients"); err != nil {
+		return nil, nil, err
+	}
+	return f.clients, f.unreachable, nil
+}
+
+func (f *fakeBackend) ReloadStatus() reload.Status {
+	_ = f.call("ReloadStatus")
+	return f.reload
+}
+
+func (f *fakeBackend) ShadowCounts(_ context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
+	if err := f.call("ShadowCounts"); err != nil {
+		return nil, nil, err
+	}
+	var out []*clusterv1.ShadowScopeCount
+	for _, c := range f.shadow {
+		for _, n := range names {
+			if c.GetPolicy() == n {
+				out = append(out, c)
+			}
+		}
+	}
+	return out, f.unreachable, nil
+}
+
+// TransferLeadership is the optional leaderTransferer: it hands the lead
+// to id, or to "n2" when id is "".
+func (f *fakeBackend) TransferLeadership(_ context.Context, id string) (string, string, error) {
+	if err := f.call("TransferLeadership"); err != nil {
+		return "", "", err
+	}
+	if id == "" {
+		id = "n2"
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	from := f.leader
+	f.leader = id
+	return from, id, nil
+}
+
+var (
+	_ Backend          = (*fakeBackend)(nil)
+	_ leaderTransferer = (*fakeBackend)(nil)
+)
+
+// serve sends one request to a through a recorder: no network.
+func serve(a *API, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	a.ServeHTTP(w, r)
+	return w
+}
+
+// newRequest is httptest.NewRequest with a string body ("" for none) and
+// headers.
+func newRequest(method, target, body string, header map[string]string) *http.Request {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	r := httptest.NewRequest(method, target, rd)
+	for k, v := range header {
+		r.Header.Set(k, v)
+	}
+	return r
+}

@@ -1,0 +1,83 @@
+package raftnode
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// forbiddenImports are what only raftnode (and the store and FSM below it)
+// may import: raft, its log stores and bbolt.
+var forbiddenImports = []string{"github.com/hashicorp/raft", "go.etcd.io/bbolt"}
+
+// TestOnlyRaftnodeImportsRaft fails if the command (cmd/policyd and
+// internal/cli), the server root or any other server sub-package (the listeners among them) imports
+// hashicorp/raft, raft-boltdb, raft-wal or bbolt in its non-test files:
+// raftnode is the one owner of Raft and the data directory.
+func TestOnlyRaftnodeImportsRaft(t *testing.T) {
+	root := filepath.Join("..", "..", "..")
+	dirs := []string{filepath.Join(root, "cmd", "policyd"), filepath.Join(root, "internal", "cli"), filepath.Join(root, "internal", "server")}
+	entries, err := os.ReadDir(filepath.Join(root, "internal", "server"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && !slices.Contains([]string{"raftnode", "servertest"}, e.Name()) {
+			dirs = append(dirs, filepath.Join(root, "internal", "server", e.Name()))
+		}
+	}
+	checked := 0
+	for _, dir := range dirs {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			checked++
+			for _, imp := range importsOf(t, f) {
+				for _, bad := range forbiddenImports {
+					if strings.HasPrefix(imp, bad) {
+						t.Errorf("%s imports %s: only server/raftnode may", f, imp)
+					}
+				}
+			}
+		}
+	}
+	// A wrong root would check nothing.
+	if _, err := os.Stat(filepath.Join(root, "cmd", "policyd", "main.go")); err != nil || checked < 10 {
+		t.Fatalf("checked %d files; cmd/policyd/main.go under %s: %v", checked, root, err)
+	}
+}
+
+func importsOf(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, s := range f.Imports {
+		p, err := strconv.Unquote(s.Path.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// TestImportsOfSeesRaft makes sure the check above can fail: it finds the
+// imports in this package's own setup.
+func TestImportsOfSeesRaft(t *testing.T) {
+	if imps := importsOf(t, "raft.go"); !slices.Contains(imps, "github.com/hashicorp/raft") {
+		t.Fatalf("imports of raft.go = %v, want github.com/hashicorp/raft among them", imps)
+	}
+}
