@@ -79,6 +79,7 @@ func rootCommand() *cobra.Command {
 		eventsCommand(cl),
 		clusterCommand(cl),
 		clientsCommand(cl),
+		proxyStatusCommand(cl),
 		rolloutCommand(cl),
 		reloadCommand(cl),
 		driftCommand(cl),

@@ -164,6 +164,7 @@ func TestCLIEndToEnd(t *testing.T) {
 			{[]string{"events", "list", "--limit", "5"}, "ENTITY"},
 			{[]string{"cluster", "status"}, "COMMAND_VERSION"},
 			{[]string{"clients"}, "e2e-sidecar"},
+			{[]string{"proxy-status"}, "ACKED"},
 			{[]string{"rollout"}, "ACKED"},
 			{[]string{"reload", "status"}, "controller"},
 			{[]string{"drift", "list"}, "PHASE"},
