@@ -193,12 +193,12 @@ func TestRolloutStatusCommand(t *testing.T) {
 func TestRolloutExitCode(t *testing.T) {
 	tests := []struct {
 		name   string
-		answer adminclient.Rollout
+		answer adminclient.ProxyStatus
 		fail   string
 	}{
-		{"all acked", adminclient.Rollout{Done: true, Versions: []adminclient.RolloutVersion{{Version: "v1", Done: true, Acked: []adminclient.ClientRef{{Client: "a"}}}}}, ""},
-		{"nack", adminclient.Rollout{Done: true, Versions: []adminclient.RolloutVersion{{Version: "v1", Done: true, Nacked: []adminclient.NackRef{{ClientRef: adminclient.ClientRef{Client: "a"}, Message: "bad"}}}}}, "1 NACK(s) pending"},
-		{"pending", adminclient.Rollout{Versions: []adminclient.RolloutVersion{{Version: "v1", Pending: []adminclient.ClientRef{{Client: "a"}}}}}, "1 client(s) have not answered"},
+		{"all acked", adminclient.ProxyStatus{Done: true, Versions: []adminclient.ProxyStatusVersion{{Version: "v1", Done: true, Acked: []adminclient.ClientRef{{Client: "a"}}}}}, ""},
+		{"nack", adminclient.ProxyStatus{Done: true, Versions: []adminclient.ProxyStatusVersion{{Version: "v1", Done: true, Nacked: []adminclient.NackRef{{ClientRef: adminclient.ClientRef{Client: "a"}, Message: "bad"}}}}}, "1 NACK(s) pending"},
+		{"pending", adminclient.ProxyStatus{Versions: []adminclient.ProxyStatusVersion{{Version: "v1", Pending: []adminclient.ClientRef{{Client: "a"}}}}}, "1 client(s) have not answered"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

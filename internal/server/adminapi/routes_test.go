@@ -447,9 +447,7 @@ func checksFor(pattern string, rt routeTest) []check {
 			check{name: "body over 1 MiB", body: `{"id":"` + strings.Repeat("x", MaxBodyBytes) + `"}`, status: 413, code: "invalid", mention: "exceeds"},
 		)
 	}
-	for _, c := range rt.checks {
-		out = append(out, c)
-	}
+	out = append(out, rt.checks...)
 	for i := range out {
 		out[i] = like(out[i])
 	}

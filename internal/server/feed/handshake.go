@@ -202,7 +202,9 @@ func (h *Hub) identify(r *http.Request, claims *auth.Claims, employee string) (p
 			return id, errClosing
 		}
 		h.logger.Info("feed handshake: cannot confirm a refusal of the employee record", "peer", r.RemoteAddr, "refusal", err, "err", cerr)
-		return id, fmt.Errorf("%w (%w) before refusing the connection (%v); try another node", errNotCurrent, cerr, err)
+		// The refusal is text only: wrapped, it would map the answer to
+		// its 401 instead of the retryable 503.
+		return id, fmt.Errorf("%w (%w) before refusing the connection (%v); try another node", errNotCurrent, cerr, err) //nolint:errorlint // see above
 	}
 	return h.lookup(claims, employee)
 }
