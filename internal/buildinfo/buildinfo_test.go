@@ -1,36 +1,44 @@
 package buildinfo
 
 import (
-	"runtime"
+	"runtime/debug"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
-// TestRead: a test binary carries no stamp and no module version, so the
-// version falls back to "dev", and the Go version is the runtime's.
-func TestRead(t *testing.T) {
+// TestFromBuild: the stamp wins, then the module's version, then "dev"; the
+// commit is the VCS revision or "unknown".
+func TestFromBuild(t *testing.T) {
+	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "abc123"}}
 	tests := []struct {
 		name    string
+		bi      *debug.BuildInfo
 		stamped string
-		want    string
+		want    Info
 	}{
-		{"not stamped", "", "dev"},
-		{"stamped", "v1.2.3", "v1.2.3"},
+		{"no build information", nil, "", Info{Version: "dev", GoVersion: "unknown", Commit: "unknown"}},
+		{"a devel build without VCS", &debug.BuildInfo{GoVersion: "go1.26", Main: debug.Module{Version: "(devel)"}}, "",
+			Info{Version: "dev", GoVersion: "go1.26", Commit: "unknown"}},
+		{"VCS stamping: the pseudo-version", &debug.BuildInfo{GoVersion: "go1.26", Main: debug.Module{Version: "v0.0.0-20261202-abc123"}, Settings: vcs}, "",
+			Info{Version: "v0.0.0-20261202-abc123", GoVersion: "go1.26", Commit: "abc123"}},
+		{"the linker stamp wins", &debug.BuildInfo{GoVersion: "go1.26", Main: debug.Module{Version: "v0.0.0-20261202-abc123"}, Settings: vcs}, "v1.2.3",
+			Info{Version: "v1.2.3", GoVersion: "go1.26", Commit: "abc123"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			old := version
-			version = tc.stamped
-			t.Cleanup(func() { version = old })
-			in := Read()
-			if in.Version != tc.want {
-				t.Errorf("Version = %q, want %q", in.Version, tc.want)
-			}
-			if in.GoVersion != runtime.Version() {
-				t.Errorf("GoVersion = %q, want %q", in.GoVersion, runtime.Version())
-			}
-			if in.Commit == "" {
-				t.Error("Commit is empty, want a revision or \"unknown\"")
+			if diff := cmp.Diff(tc.want, FromBuild(tc.bi, tc.stamped)); diff != "" {
+				t.Errorf("FromBuild (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestRead: the running binary reports what its own build information and
+// stamp say, whether or not the toolchain stamped VCS information.
+func TestRead(t *testing.T) {
+	bi, _ := debug.ReadBuildInfo()
+	if diff := cmp.Diff(FromBuild(bi, version), Read()); diff != "" {
+		t.Errorf("Read (-build +read):\n%s", diff)
 	}
 }
