@@ -183,3 +183,20 @@ func cliInput(t *testing.T, dir, stdin string, args ...string) (string, error) {
 	err := cmd.Run()
 	return out.String(), err
 }
+
+// cliStdout runs the CLI and returns only what it wrote to stdout, the
+// stream a script pipes into jq; notes on stderr stay out of it.
+func cliStdout(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, policydBinary(t), args...)
+	cmd.Dir = dir
+	cmd.Env = servertest.CleanEnv()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("policyd %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String()
+}

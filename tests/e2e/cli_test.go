@@ -180,10 +180,13 @@ func TestCLIEndToEnd(t *testing.T) {
 					t.Errorf("-o table lacks %q:\n%s", tc.table, out)
 				}
 				var fromJSON, fromYAML map[string]any
-				if err := json.Unmarshal([]byte(must(append([]string{"-o", "json"}, tc.args...)...)), &fromJSON); err != nil {
+				stdout := func(args ...string) string {
+					return cliStdout(t, c.dir, append([]string{"--server", all}, args...)...)
+				}
+				if err := json.Unmarshal([]byte(stdout(append([]string{"-o", "json"}, tc.args...)...)), &fromJSON); err != nil {
 					t.Fatalf("-o json: %v", err)
 				}
-				y := must(append([]string{"-o", "yaml"}, tc.args...)...)
+				y := stdout(append([]string{"-o", "yaml"}, tc.args...)...)
 				if err := yaml.Unmarshal([]byte(y), &fromYAML); err != nil || strings.HasPrefix(strings.TrimSpace(y), "{") {
 					t.Fatalf("-o yaml is not YAML (%v):\n%s", err, y)
 				}
