@@ -289,7 +289,7 @@ func TestLostStateDBIsRebuilt(t *testing.T) {
 	waitLeads(t, n)
 	a := apiFor(t, n)
 	a.putPolicy("before-snapshot", "acme", "x")
-	if err := n.rn.Raft().Snapshot().Error(); err != nil {
+	if err := n.consensus.Raft().Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
 	a.putPolicy("after-snapshot", "acme", "x")

@@ -131,10 +131,10 @@ func TestFailoverCatchUpAndSnapshotInstall(t *testing.T) {
 	}
 	// Force compaction past what the stopped node has, so it must install a
 	// snapshot.
-	if err := newLeader.rn.Raft().Snapshot().Error(); err != nil {
+	if err := newLeader.consensus.Raft().Snapshot().Error(); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	first, err := newLeader.rn.LogStore().FirstIndex()
+	first, err := newLeader.consensus.LogStore().FirstIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestNoLeaderIs503(t *testing.T) {
 		}
 	}
 	poll.Eventually(t, "the survivor to lose its leader", func() error {
-		if _, id := survivor.rn.Raft().LeaderWithID(); id != "" {
+		if _, id := survivor.consensus.Raft().LeaderWithID(); id != "" {
 			return fmt.Errorf("still sees leader %s", id)
 		}
 		return nil
@@ -560,7 +560,7 @@ func TestLeaderTasksFollowLeadership(t *testing.T) {
 	poll.Eventually(t, "probe on the first leader only", onlyOnLeader, poll.Within(10*time.Second))
 	for range 2 {
 		old := c.leader()
-		if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
+		if err := old.consensus.Raft().LeadershipTransfer().Error(); err != nil {
 			t.Fatalf("transfer: %v", err)
 		}
 		poll.Eventually(t, "leadership to move", func() error {
@@ -686,13 +686,13 @@ func TestNewLeaderForgetsRemovedMembers(t *testing.T) {
 	c := newCluster(t, 3, nil)
 	old := c.leader()
 	gone := c.follower()
-	if err := old.rn.Raft().RemoveServer(raft.ServerID(gone.ID()), 0, 5*time.Second).Error(); err != nil {
+	if err := old.consensus.Raft().RemoveServer(raft.ServerID(gone.ID()), 0, 5*time.Second).Error(); err != nil {
 		t.Fatalf("remove %s from raft: %v", gone.ID(), err)
 	}
 	if _, err := old.store.Member(gone.ID()); err != nil {
 		t.Fatalf("the record should still be there before a new term: %v", err)
 	}
-	if err := old.rn.Raft().LeadershipTransfer().Error(); err != nil {
+	if err := old.consensus.Raft().LeadershipTransfer().Error(); err != nil {
 		t.Fatalf("transfer leadership: %v", err)
 	}
 	poll.Eventually(t, "the removed node's record forgotten by the new leader", func() error {

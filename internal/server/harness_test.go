@@ -63,7 +63,7 @@ func closeNode(t testing.TB, n *Node) {
 }
 
 // inConfiguration reports whether id is in n's Raft configuration.
-func (n *Node) inConfiguration(id string) bool { return n.rn.InConfiguration(id) }
+func (n *Node) inConfiguration(id string) bool { return n.consensus.InConfiguration(id) }
 
 // cluster is a set of nodes on loopback. Node 0 bootstraps; the rest join.
 type cluster struct {
@@ -117,7 +117,7 @@ func (c *cluster) leader() *Node {
 			return fmt.Errorf("no leader")
 		}
 		for _, n := range c.running() {
-			if _, id := n.rn.Raft().LeaderWithID(); string(id) != leader.ID() {
+			if _, id := n.consensus.Raft().LeaderWithID(); string(id) != leader.ID() {
 				return fmt.Errorf("%s sees leader %q, not %q", n.ID(), id, leader.ID())
 			}
 		}
@@ -196,7 +196,7 @@ func (c *cluster) stop(i int) {
 // once, with no leadership transfer, then the rest is cleaned up.
 func (c *cluster) crash(i int) {
 	c.t.Helper()
-	if err := c.nodes[i].rn.Raft().Shutdown().Error(); err != nil {
+	if err := c.nodes[i].consensus.Raft().Shutdown().Error(); err != nil {
 		c.t.Fatalf("crash %s: %v", c.nodes[i].ID(), err)
 	}
 	c.stop(i)

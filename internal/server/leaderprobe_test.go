@@ -21,9 +21,9 @@ func TestLeaderProbeFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("leader_probe=%v", probe), func(t *testing.T) {
 			c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.LeaderProbe = probe })
 			for _, n := range c.running() {
-				rc := n.rn.Raft().ReloadableConfig()
+				rc := n.consensus.Raft().ReloadableConfig()
 				rc.HeartbeatTimeout, rc.ElectionTimeout = slow, slow
-				if err := n.rn.Raft().ReloadConfig(rc); err != nil {
+				if err := n.consensus.Raft().ReloadConfig(rc); err != nil {
 					t.Fatalf("slow down %s: %v", n.ID(), err)
 				}
 			}
@@ -56,7 +56,7 @@ func TestLeaderProbeFailover(t *testing.T) {
 			}
 			poll.Eventually(t, "survivors back on their own timeouts", func() error {
 				for _, n := range c.running() {
-					if got := n.rn.Raft().ReloadableConfig().HeartbeatTimeout; got != slow {
+					if got := n.consensus.Raft().ReloadableConfig().HeartbeatTimeout; got != slow {
 						return fmt.Errorf("%s heartbeat timeout %v, want %v", n.ID(), got, slow)
 					}
 				}

@@ -46,7 +46,6 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/internal/auth"
@@ -64,6 +63,10 @@ import (
 	"github.com/policyd/policyd/internal/store"
 )
 
+// consensus is the Raft side of a node, embedded so that its methods are
+// the node's own rather than copied as forwarders.
+type consensus = raftnode.Node
+
 // Node is one running policyd server.
 type Node struct {
 	cfg    config.Config
@@ -71,9 +74,10 @@ type Node struct {
 	id     string
 	reg    *prometheus.Registry
 
-	// rn owns Raft, the data directory and the peer API; store is its
+	// consensus owns Raft, the data directory and the peer API; its
+	// methods (Propose, Join, Clients, …) are the node's own. store is its
 	// local replica.
-	rn        *raftnode.Node
+	*consensus
 	store     *store.Store
 	validator *policy.Validator
 
@@ -144,7 +148,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	// is a local, not the named result, which is nil on failure.)
 	defer func() {
 		if err != nil {
-			if rerr := n.release(func() error { return n.rn.Release() }); rerr != nil {
+			if rerr := n.release(func() error { return n.consensus.Release() }); rerr != nil {
 				logger.Warn("cleanup after failed start", "err", rerr)
 			}
 		}
@@ -169,10 +173,10 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 			return nil, fmt.Errorf("auth.jwt: %w", err)
 		}
 	}
-	if n.rn, err = raftnode.New(cfg, logger, id); err != nil {
+	if n.consensus, err = raftnode.New(cfg, logger, id); err != nil {
 		return nil, err
 	}
-	n.store = n.rn.Store()
+	n.store = n.consensus.Store()
 	// Subscribe before the index loads, so no commit falls between the two.
 	n.changes = n.store.SubscribeWithData()
 	if n.policies, err = policyset.New(n.store); err != nil {
@@ -207,7 +211,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if n.shadow, err = shadow.New(shadow.Config{}, logger.With("component", "shadow"), id, reg); err != nil {
 		return nil, err
 	}
-	if err = n.rn.Setup(raftnode.Deps{
+	if err = n.consensus.Setup(raftnode.Deps{
 		Validator: n.validator, Keys: n.keys, TLS: n.tls.raft, Conns: raftConns,
 		Addrs: func() (string, string) {
 			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
@@ -228,16 +232,16 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 
 	// One gate for both transports: sidecars of both kinds that fail over
 	// together share the consistent reads.
-	caughtUp := n.rn.NewReadGate()
+	caughtUp := n.consensus.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
-		NodeID: id, LeaderID: n.rn.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+		NodeID: id, LeaderID: n.consensus.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
 		CaughtUp: caughtUp, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		OwnWrites: n.rn.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
+		OwnWrites: n.consensus.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
@@ -287,11 +291,6 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	return n, nil
 }
 
-// AddLeaderTask registers work to run while this node leads. It must be
-// called before Start.
-func (n *Node) AddLeaderTask(t raftnode.LeaderTask) {
-	n.rn.AddLeaderTask(t)
-}
 
 // Start serves the listeners and starts the background loops. It returns at
 // once.
@@ -307,7 +306,7 @@ func (n *Node) Start() {
 				n.logger.Error("grpc server stopped", "err", err)
 			}
 		})
-		n.rn.Start()
+		n.consensus.Start()
 		n.goBackground("changes", n.dispatchChanges)
 		n.goBackground("discovery", func() { n.discovery.Run(n.ctx) })
 		n.goBackground("feed", func() { n.feed.Run(n.ctx) })
@@ -317,7 +316,7 @@ func (n *Node) Start() {
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		n.goBackground("health", n.healthLoop)
 		n.logger.Info("node started",
-			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.rn.RaftAddr(),
+			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.consensus.RaftAddr(),
 			"data_dir", n.cfg.DataDir, "applied_index", n.store.AppliedIndex())
 	})
 }
@@ -334,7 +333,7 @@ func (n *Node) goBackground(name string, fn func()) {
 // Close shuts the node down in order and waits for it. It is safe to call
 // more than once; ctx bounds the graceful parts.
 func (n *Node) Close(ctx context.Context) error {
-	if n.rn.Parked() {
+	if n.consensus.Parked() {
 		// Raft waits on a failed write that never returns: it cannot shut
 		// down, and the process exits instead.
 		return n.Fault()
@@ -362,11 +361,11 @@ func (n *Node) Close(ctx context.Context) error {
 		n.closeDrift(ctx)
 		// 2. Background loops and leader tasks.
 		n.cancel()
-		n.rn.Stop()
+		n.consensus.Stop()
 		n.wg.Wait()
 		// 3. Raft: hand leadership over so the cluster doesn't wait out an
 		// election timeout, then shut it down.
-		n.closeErr = n.release(n.rn.Close)
+		n.closeErr = n.release(n.consensus.Close)
 		n.logger.Info("shut down")
 	})
 	return n.closeErr
@@ -377,7 +376,7 @@ func (n *Node) Close(ctx context.Context) error {
 // path of a failed New.
 func (n *Node) release(closeRaft func() error) error {
 	var errs []error
-	if n.rn != nil {
+	if n.consensus != nil {
 		if err := closeRaft(); err != nil {
 			errs = append(errs, err)
 		}
@@ -439,7 +438,7 @@ func (n *Node) dispatchChanges() {
 			}
 		}
 		for _, c := range n.changes.Next() {
-			n.rn.NoteChange(c)
+			n.consensus.NoteChange(c)
 			if err := n.policies.Update(c); err != nil {
 				// The index would serve stale sets; start over from the store.
 				n.logger.Error("policy index update failed, reloading", "index", c.Index, "err", err)
@@ -463,8 +462,6 @@ func (n *Node) HTTPAddr() string { return n.httpLn.Addr().String() }
 // GRPCAddr is the bound gRPC address.
 func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
 
-// RaftAddr is the address peers use for Raft.
-func (n *Node) RaftAddr() string { return n.rn.RaftAddr() }
 
 // Store is the node's local replica. Reads from it are local and may trail
 // the leader; see ConsistentRead.
@@ -473,8 +470,6 @@ func (n *Node) Store() *store.Store { return n.store }
 // Validator validates policies and employees before they are proposed.
 func (n *Node) Validator() *policy.Validator { return n.validator }
 
-// IsLeader reports whether this node currently leads.
-func (n *Node) IsLeader() bool { return n.rn.IsLeader() }
 
 // advertised returns the configured advertise address, or the bound one.
 func advertised(configured string, ln net.Listener) string {
@@ -484,9 +479,6 @@ func advertised(configured string, ln net.Listener) string {
 	return ln.Addr().String()
 }
 
-// ClusterID is the cluster this node belongs to, "" until the first leader
-// has named it (DESIGN part 11).
-func (n *Node) ClusterID() string { return n.rn.ClusterID() }
 
 // Ready reports nil when this node is caught up (raftnode.Node.Ready: a
 // leader is known, the node is not removed and has applied the leader's
@@ -495,48 +487,27 @@ func (n *Node) Ready(ctx context.Context) error {
 	if n.stale.Load() {
 		return &staleError{}
 	}
-	return n.rn.Ready(ctx)
+	return n.consensus.Ready(ctx)
 }
 
-// Propose commits cmd through the leader (raftnode.Node.Propose).
-func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
-	return n.rn.Propose(ctx, cmd)
-}
 
-// ConsistentRead returns once the local replica holds every write
-// acknowledged before the call.
-func (n *Node) ConsistentRead(ctx context.Context) error { return n.rn.ConsistentRead(ctx) }
 
-// ReadOwnWrites returns once the local replica holds every write this node
-// has acknowledged (raftnode.Node.ReadOwnWrites).
-func (n *Node) ReadOwnWrites(ctx context.Context) error { return n.rn.ReadOwnWrites(ctx) }
 
-// Join adds a voter with the given Raft address, through the leader.
-func (n *Node) Join(ctx context.Context, id, raftAddr string) (uint64, error) {
-	return n.rn.Join(ctx, id, raftAddr)
-}
 
-// Remove removes a server from the cluster, through the leader.
-func (n *Node) Remove(ctx context.Context, id string) (uint64, error) { return n.rn.Remove(ctx, id) }
 
 // TransferLeadership hands leadership to voter id ("" lets raft choose); on
 // a follower it refuses with a conflict naming the leader.
 func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string, err error) {
-	from = n.rn.LeaderID()
-	if err := n.rn.TransferLeadership(id); err != nil {
+	from = n.consensus.LeaderID()
+	if err := n.consensus.TransferLeadership(id); err != nil {
 		if errors.Is(err, raftnode.ErrNotLeader) {
-			return "", "", fmt.Errorf("%w: node %s is not the leader (%q leads): send the transfer to the leader", store.ErrConflict, n.rn.ID(), from)
+			return "", "", fmt.Errorf("%w: node %s is not the leader (%q leads): send the transfer to the leader", store.ErrConflict, n.consensus.ID(), from)
 		}
 		return "", "", err
 	}
-	return from, n.rn.LeaderID(), nil
+	return from, n.consensus.LeaderID(), nil
 }
 
-// ShadowCounts gathers the shadow-policy counts of the named policies from
-// every member, per node, policy and scope.
-func (n *Node) ShadowCounts(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
-	return n.rn.Shadow(ctx, names)
-}
 
 // localShadow is this node's shadow-policy counts of the named policies.
 func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
@@ -550,22 +521,12 @@ func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
 	return out
 }
 
-// Clients lists the sidecars connected to every member of the cluster.
-func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
-	return n.rn.Clients(ctx)
-}
 
-// Faulted is closed when a write to the data directory has failed and the
-// node must end; Fault says which. Such a node cannot be closed: the
-// process exits.
-func (n *Node) Faulted() <-chan struct{} { return n.rn.Faulted() }
 
-// Fault is the write that ended the node, or nil.
-func (n *Node) Fault() error { return n.rn.Fault() }
 
 // Status describes the cluster as this node sees it.
 func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
-	rs, err := n.rn.Status(ctx)
+	rs, err := n.consensus.Status(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -236,14 +236,14 @@ func TestRaftRefusesStrangers(t *testing.T) {
 		{"wrong secret", secretPeer(t, "stranger", wrongSecret)},
 		{"no secret", &peer.Config{NodeID: "stranger"}},
 	}
-	term, last := n.rn.Raft().CurrentTerm(), n.rn.Raft().LastIndex()
+	term, last := n.consensus.Raft().CurrentTerm(), n.consensus.Raft().LastIndex()
 	for _, s := range strangers {
 		for _, rpc := range rpcs {
 			t.Run(s.name+"/"+rpc.name, func(t *testing.T) {
 				if err := rpc.send(strangerTransport(t, s.cfg)); err == nil {
 					t.Fatal("the node answered")
 				}
-				if gotTerm, gotLast, state := n.rn.Raft().CurrentTerm(), n.rn.Raft().LastIndex(), n.rn.Raft().State(); gotTerm != term || gotLast != last || state != raft.Leader {
+				if gotTerm, gotLast, state := n.consensus.Raft().CurrentTerm(), n.consensus.Raft().LastIndex(), n.consensus.Raft().State(); gotTerm != term || gotLast != last || state != raft.Leader {
 					t.Fatalf("term %d -> %d, last index %d -> %d, state %v", term, gotTerm, last, gotLast, state)
 				}
 			})
@@ -314,12 +314,12 @@ func TestLeaderVetsForwardedCommands(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			before := n.rn.Raft().LastIndex()
+			before := n.consensus.Raft().LastIndex()
 			_, err := c.Apply(t.Context(), &clusterv1.ApplyRequest{Command: tc.cmd})
 			if got := status.Code(err); got != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Apply = %v (%v), want InvalidArgument naming %q", got, err, tc.want)
 			}
-			if after := n.rn.Raft().LastIndex(); after != before {
+			if after := n.consensus.Raft().LastIndex(); after != before {
 				t.Fatalf("log grew from %d to %d", before, after)
 			}
 		})
@@ -378,7 +378,7 @@ func TestJoinRefusesWhatWouldCostQuorum(t *testing.T) {
 			if n.inConfiguration(tc.id) {
 				t.Fatalf("%s is in the configuration", tc.id)
 			}
-			a.putPolicy(fmt.Sprintf("after.%d", n.rn.Raft().LastIndex()), "acme", "quorum kept")
+			a.putPolicy(fmt.Sprintf("after.%d", n.consensus.Raft().LastIndex()), "acme", "quorum kept")
 		})
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
@@ -581,11 +581,11 @@ func TestPeerPlaneUnderAttack(t *testing.T) {
 
 	member := peerClient(t, addr, secretPeer(t, c.follower().ID(), clusterSecret))
 	huge := &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: bytes.Repeat([]byte("x"), 5<<20)}
-	before := leader.rn.Raft().LastIndex()
+	before := leader.consensus.Raft().LastIndex()
 	if _, err := member.Apply(t.Context(), &clusterv1.ApplyRequest{Command: huge}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized Apply = %v, want ResourceExhausted", err)
 	}
-	if after := leader.rn.Raft().LastIndex(); after != before {
+	if after := leader.consensus.Raft().LastIndex(); after != before {
 		t.Fatalf("log grew from %d to %d", before, after)
 	}
 	for range attacks {
@@ -619,12 +619,12 @@ func TestPeerPlaneRefusesInvalidUTF8(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.method+"/"+tc.field, func(t *testing.T) {
-			before := n.rn.Raft().LastIndex()
+			before := n.consensus.Raft().LastIndex()
 			err := cc.Invoke(t.Context(), tc.method, tc.req, new(emptypb.Empty), sendRaw)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("%s = %v, want InvalidArgument naming %s", tc.method, err, tc.field)
 			}
-			if after := n.rn.Raft().LastIndex(); after != before {
+			if after := n.consensus.Raft().LastIndex(); after != before {
 				t.Fatalf("log grew from %d to %d", before, after)
 			}
 		})

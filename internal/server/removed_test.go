@@ -72,8 +72,8 @@ func TestRemovedNodeKnowsIt(t *testing.T) {
 			}
 			return false
 		})
-		n.rn.Raft().RegisterObserver(o)
-		t.Cleanup(func() { n.rn.Raft().DeregisterObserver(o) })
+		n.consensus.Raft().RegisterObserver(o)
+		t.Cleanup(func() { n.consensus.Raft().DeregisterObserver(o) })
 	}
 
 	start := time.Now()

@@ -341,7 +341,7 @@ func TestMutualTLSCluster(t *testing.T) {
 		}
 		httpsAPI(t, leader, admin).putPolicy("acme.after-rogue", "acme", "x")
 		c.waitConverged()
-		if li, ai := rogue.rn.Raft().LastIndex(), rogue.store.AppliedIndex(); li != 0 || ai != 0 {
+		if li, ai := rogue.consensus.Raft().LastIndex(), rogue.store.AppliedIndex(); li != 0 || ai != 0 {
 			t.Fatalf("the rogue node has raft log index %d and applied index %d: it was replicated to", li, ai)
 		}
 	})

@@ -25,12 +25,12 @@ func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
 	return n.deps.LocalShadow(names)
 }
 
-// Shadow gathers the shadow-policy counts of the named policies from every
+// ShadowCounts gathers the shadow-policy counts of the named policies from every
 // member of the Raft configuration, asking the others in parallel over the
 // internal API (as Clients does). The counts are each node's, per policy
 // and scope, not summed; a member that does not answer in time is named in
 // unreachable.
-func (n *Node) Shadow(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
+func (n *Node) ShadowCounts(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
 	return askMembers(ctx, n, "report its shadow counts", n.localShadow(names),
 		func(ctx context.Context, c clusterv1.ClusterClient) ([]*clusterv1.ShadowScopeCount, error) {
 			resp, err := c.LocalShadow(ctx, &clusterv1.LocalShadowRequest{Policies: names})
