@@ -291,7 +291,6 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	return n, nil
 }
 
-
 // Start serves the listeners and starts the background loops. It returns at
 // once.
 func (n *Node) Start() {
@@ -462,14 +461,12 @@ func (n *Node) HTTPAddr() string { return n.httpLn.Addr().String() }
 // GRPCAddr is the bound gRPC address.
 func (n *Node) GRPCAddr() string { return n.grpcLn.Addr().String() }
 
-
 // Store is the node's local replica. Reads from it are local and may trail
 // the leader; see ConsistentRead.
 func (n *Node) Store() *store.Store { return n.store }
 
 // Validator validates policies and employees before they are proposed.
 func (n *Node) Validator() *policy.Validator { return n.validator }
-
 
 // advertised returns the configured advertise address, or the bound one.
 func advertised(configured string, ln net.Listener) string {
@@ -478,7 +475,6 @@ func advertised(configured string, ln net.Listener) string {
 	}
 	return ln.Addr().String()
 }
-
 
 // Ready reports nil when this node is caught up (raftnode.Node.Ready: a
 // leader is known, the node is not removed and has applied the leader's
@@ -489,11 +485,6 @@ func (n *Node) Ready(ctx context.Context) error {
 	}
 	return n.consensus.Ready(ctx)
 }
-
-
-
-
-
 
 // TransferLeadership hands leadership to voter id ("" lets raft choose); on
 // a follower it refuses with a conflict naming the leader.
@@ -508,7 +499,6 @@ func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string
 	return from, n.consensus.LeaderID(), nil
 }
 
-
 // localShadow is this node's shadow-policy counts of the named policies.
 func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
 	var out []*clusterv1.ShadowScopeCount
@@ -520,9 +510,6 @@ func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
 	}
 	return out
 }
-
-
-
 
 // Status describes the cluster as this node sees it.
 func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
