@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/internal/command"
 )
 
 // BenchmarkApplyPutPolicy4K applies batches of 4 KB policy writes over 10
@@ -24,7 +25,7 @@ func BenchmarkApplyPutPolicy4K(b *testing.B) {
 				for i := range cmds {
 					p := pol(fmt.Sprintf("bench-%d", i), "acme", "deny")
 					p.Spec = json.RawMessage(`{"action":"deny","reason":"` + strings.Repeat("x", 4000) + `","tool_name":"Bash"}`)
-					cmd := mustCmd(b)(PutPolicy(p, nil))
+					cmd := mustCmd(b)(command.PutPolicy(p, nil))
 					if audited {
 						cmd.Actor, cmd.RequestId = "token:ci-deployer", "0123456789abcdef0123456789abcdef"
 					}

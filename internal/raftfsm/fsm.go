@@ -1,7 +1,7 @@
 // Package raftfsm adapts the store to hashicorp/raft: it decodes each log
-// entry's command envelope, dispatches on its type byte, and applies a whole
-// batch of entries in one store transaction. It owns the command encoding and
-// Snapshot/Restore, and does no networking.
+// entry's command (internal/command), dispatches on its Body, and applies a
+// whole batch of entries in one store transaction. It owns Snapshot/Restore,
+// builds no commands and does no networking.
 //
 // Apply is deterministic: everything that must be equal on every replica
 // (timestamps, IDs other than the Raft index) travels in the command. An
@@ -18,14 +18,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"regexp"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -55,36 +54,61 @@ func New(st *store.Store, logger *slog.Logger) *FSM {
 // Restore returns the error it gave. Call it before raft starts.
 func (f *FSM) SetStoreFault(fault func(error) error) { f.fault = fault }
 
-// decodeFunc decodes one command type's payload into the function that
-// applies it. Decoding is separate from applying so that it can be fuzzed
-// and so that a bad payload is found before the batch is touched.
-type decodeFunc func(m store.Meta, payload []byte) (func(b *store.Batch) *commandv1.Result, error)
+// prepare checks a command's payload and returns the function that applies
+// it, or nil for an ignorable type this node does not know. Checking is
+// separate from applying so that the leader can refuse, before proposing,
+// what every replica would stop on (Check), and so that a bad payload is
+// found before the batch is touched. The switch covers every field of
+// commandv1.Body (TestEveryTypeApplies).
+func prepare(m store.Meta, c *command.Command) (func(*store.Batch) *commandv1.Result, error) {
+	switch k := c.Body.GetKind().(type) {
+	case nil:
+		return nil, nil
+	case *commandv1.Body_PutPolicy:
+		return preparePutPolicy(m, k.PutPolicy)
+	case *commandv1.Body_DeletePolicy:
+		return prepareDeletePolicy(m, k.DeletePolicy)
+	case *commandv1.Body_PutEmployee:
+		return preparePutEmployee(m, k.PutEmployee)
+	case *commandv1.Body_DeleteEmployee:
+		return prepareDeleteEmployee(m, k.DeleteEmployee)
+	case *commandv1.Body_RegisterMember:
+		return prepareRegisterMember(m, k.RegisterMember)
+	case *commandv1.Body_RemoveMember:
+		return prepareRemoveMember(m, k.RemoveMember)
+	case *commandv1.Body_PruneEvents:
+		return preparePruneEvents(m, k.PruneEvents)
+	case *commandv1.Body_SetClusterId:
+		return prepareSetClusterID(m, k.SetClusterId)
+	case *commandv1.Body_RolloutStart:
+		return prepareRolloutStart(m, k.RolloutStart)
+	case *commandv1.Body_RolloutTransition:
+		return prepareRolloutTransition(m, k.RolloutTransition)
+	case *commandv1.Body_ObserveDrift:
+		return prepareObserveDrift(m, k.ObserveDrift)
+	case *commandv1.Body_RecordDriftDelivery:
+		return prepareRecordDriftDelivery(m, k.RecordDriftDelivery)
+	case *commandv1.Body_CompleteDriftTasks:
+		return prepareCompleteDriftTasks(m, k.CompleteDriftTasks)
+	case *commandv1.Body_PruneDrift:
+		return preparePruneDrift(m, k.PruneDrift)
+	case *commandv1.Body_ReloadObserve:
+		return prepareReloadObserve(m, k.ReloadObserve)
+	case *commandv1.Body_ReloadRestarted:
+		return prepareReloadRestarted(m, k.ReloadRestarted)
+	case *commandv1.Body_ReloadRestartFailed:
+		return prepareReloadRestartFailed(m, k.ReloadRestartFailed)
+	default:
+		return nil, fmt.Errorf("command type %d has no apply", c.Type())
+	}
+}
 
-// decoders is the dispatch table. A type absent here is unknown.
-var decoders = map[Type]decodeFunc{
-	TypePutPolicy:      decodePutPolicy,
-	TypeDeletePolicy:   decodeDeletePolicy,
-	TypePutEmployee:    decodePutEmployee,
-	TypeDeleteEmployee: decodeDeleteEmployee,
-	TypeRegisterMember: decodeRegisterMember,
-	TypeRemoveMember:   decodeRemoveMember,
-	TypePruneEvents:    decodePruneEvents,
-	TypeSetClusterID:   decodeSetClusterID,
-
-	// Staged rollouts (docs/rollouts.md).
-	TypeRolloutStart:      decodeRolloutStart,
-	TypeRolloutTransition: decodeRolloutTransition,
-
-	// Drift (DESIGN part 7).
-	TypeObserveDrift:        decodeObserveDrift,
-	TypeRecordDriftDelivery: decodeRecordDriftDelivery,
-	TypeCompleteDriftTasks:  decodeCompleteDriftTasks,
-	TypePruneDrift:          decodePruneDrift,
-
-	// Reload (DESIGN part 6).
-	TypeReloadObserve:       decodeReloadObserve,
-	TypeReloadRestarted:     decodeReloadRestarted,
-	TypeReloadRestartFailed: decodeReloadRestartFailed,
+// Check refuses a command that every replica would stop on: what the FSM
+// checks before applying, run on the leader before the command enters the
+// log, on the decoded command rather than on its bytes.
+func Check(c *command.Command) error {
+	_, err := prepare(store.Meta{}, c)
+	return err
 }
 
 // Skipped is how many entries of an unknown type marked IgnoreUnknown this
@@ -145,7 +169,7 @@ func (f *FSM) applyOne(b *store.Batch, l *raft.Log) *commandv1.Result {
 
 // Entry is a decoded log entry, ready to apply.
 type Entry struct {
-	Type Type
+	Type command.Type
 	Meta store.Meta
 	// Apply writes the command into a batch; nil for an unknown type that
 	// carries IgnoreUnknown (the entry is skipped).
@@ -156,76 +180,33 @@ type Entry struct {
 // it. Any error means the entry is corrupt or comes from a node that knows
 // commands this one does not; the FSM stops on it rather than diverge.
 func DecodeEntry(index uint64, data []byte) (*Entry, error) {
-	var cmd commandv1.Command
-	if err := proto.Unmarshal(data, &cmd); err != nil {
-		return nil, fmt.Errorf("entry %d: decode command envelope: %w", index, err)
-	}
-	if cmd.GetType() > 0xff {
-		return nil, fmt.Errorf("entry %d: command type %d is not a byte", index, cmd.GetType())
-	}
-	e := &Entry{
-		Type: Type(cmd.GetType()),
-		Meta: store.Meta{
-			Index:        index,
-			ProcessedAt:  time.Unix(0, cmd.GetProcessedAtUnixNano()).UTC(),
-			OriginatedAt: time.Unix(0, cmd.GetOriginatedAtUnixNano()).UTC(),
-			Actor:        cmd.GetActor(),
-			RequestID:    cmd.GetRequestId(),
-			RevertedTo:   cmd.GetRevertedTo(),
-		},
-	}
-	dec, ok := decoders[e.Type]
-	if !ok {
-		if e.Type&IgnoreUnknown != 0 {
-			return e, nil
-		}
-		return nil, fmt.Errorf("entry %d: unknown command type %d (0x%02x) without the ignore flag; this node is older than the cluster", index, e.Type, uint8(e.Type))
-	}
-	apply, err := dec(e.Meta, cmd.GetPayload())
+	c, err := command.Unmarshal(data)
 	if err != nil {
 		return nil, fmt.Errorf("entry %d: %w", index, err)
 	}
-	e.Apply = apply
+	e := &Entry{
+		Type: c.Type(),
+		Meta: store.Meta{
+			Index:        index,
+			ProcessedAt:  time.Unix(0, c.ProcessedAtUnixNano).UTC(),
+			OriginatedAt: time.Unix(0, c.OriginatedAtUnixNano).UTC(),
+			Actor:        c.Actor,
+			RequestID:    c.RequestID,
+			RevertedTo:   c.RevertedTo,
+		},
+	}
+	if e.Apply, err = prepare(e.Meta, c); err != nil {
+		return nil, fmt.Errorf("entry %d: %w", index, err)
+	}
 	return e, nil
 }
 
-// MaxKeyLen bounds every name, id and org a command carries. The admin API's
-// rules are far stricter (253 characters); this bound only guarantees that
-// no accepted entry can fail in the store (bbolt keys are at most 32 KiB),
-// because an entry that fails to apply stops every replica.
-const MaxKeyLen = 1024
-
-// checkKeys rejects empty or oversize keys, as field/value pairs.
-func checkKeys(what string, kv ...string) error {
-	for i := 0; i+1 < len(kv); i += 2 {
-		field, v := kv[i], kv[i+1]
-		if field != "org" && v == "" {
-			return fmt.Errorf("%s: empty %s", what, field)
-		}
-		if len(v) > MaxKeyLen {
-			return fmt.Errorf("%s: %s is %d bytes, more than %d", what, field, len(v), MaxKeyLen)
-		}
-	}
-	return nil
-}
-
-func decodePayload(payload []byte, msg proto.Message) error {
-	if err := proto.Unmarshal(payload, msg); err != nil {
-		return fmt.Errorf("decode %T: %w", msg, err)
-	}
-	return nil
-}
-
-func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.PutPolicy
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	p, err := putPolicyOf(&c)
+func preparePutPolicy(m store.Meta, c *commandv1.PutPolicy) (func(*store.Batch) *commandv1.Result, error) {
+	p, err := putPolicyOf(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkKeys("put policy", "name", p.Name, "org", p.Scope.Org); err != nil {
+	if err := command.CheckKeys("put policy", "name", p.Name, "org", p.Scope.Org); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -244,7 +225,7 @@ func decodePutPolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv
 // entry of command version 1, its JSON (the proposer's canonical form).
 func putPolicyOf(c *commandv1.PutPolicy) (*policy.Policy, error) {
 	if pb := c.GetPolicy(); pb != nil {
-		return PolicyOf(pb), nil
+		return command.PolicyOf(pb), nil
 	}
 	p, err := policy.DecodeStored(c.GetPolicyJson())
 	if err != nil {
@@ -256,7 +237,7 @@ func putPolicyOf(c *commandv1.PutPolicy) (*policy.Policy, error) {
 // putEmployeeOf is putPolicyOf for an employee.
 func putEmployeeOf(c *commandv1.PutEmployee) (*policy.Employee, error) {
 	if pb := c.GetEmployee(); pb != nil {
-		return EmployeeOf(pb), nil
+		return command.EmployeeOf(pb), nil
 	}
 	var e policy.Employee
 	if err := json.Unmarshal(c.GetEmployeeJson(), &e); err != nil {
@@ -265,12 +246,8 @@ func putEmployeeOf(c *commandv1.PutEmployee) (*policy.Employee, error) {
 	return &e, nil
 }
 
-func decodeDeletePolicy(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.DeletePolicy
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	if err := checkKeys("delete policy", "name", c.GetName()); err != nil {
+func prepareDeletePolicy(m store.Meta, c *commandv1.DeletePolicy) (func(*store.Batch) *commandv1.Result, error) {
+	if err := command.CheckKeys("delete policy", "name", c.GetName()); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -281,16 +258,12 @@ func decodeDeletePolicy(m store.Meta, payload []byte) (func(*store.Batch) *comma
 	}, nil
 }
 
-func decodePutEmployee(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.PutEmployee
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	e, err := putEmployeeOf(&c)
+func preparePutEmployee(m store.Meta, c *commandv1.PutEmployee) (func(*store.Batch) *commandv1.Result, error) {
+	e, err := putEmployeeOf(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkKeys("put employee", "id", e.ID, "org", e.Org); err != nil {
+	if err := command.CheckKeys("put employee", "id", e.ID, "org", e.Org); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -302,12 +275,8 @@ func decodePutEmployee(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	}, nil
 }
 
-func decodeDeleteEmployee(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.DeleteEmployee
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	if err := checkKeys("delete employee", "id", c.GetId()); err != nil {
+func prepareDeleteEmployee(m store.Meta, c *commandv1.DeleteEmployee) (func(*store.Batch) *commandv1.Result, error) {
+	if err := command.CheckKeys("delete employee", "id", c.GetId()); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -315,12 +284,8 @@ func decodeDeleteEmployee(m store.Meta, payload []byte) (func(*store.Batch) *com
 	}, nil
 }
 
-func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.RegisterMember
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	if err := checkKeys("register member", "id", c.GetId()); err != nil {
+func prepareRegisterMember(m store.Meta, c *commandv1.RegisterMember) (func(*store.Batch) *commandv1.Result, error) {
+	if err := command.CheckKeys("register member", "id", c.GetId()); err != nil {
 		return nil, err
 	}
 	mem := store.Member{
@@ -338,12 +303,8 @@ func decodeRegisterMember(m store.Meta, payload []byte) (func(*store.Batch) *com
 	}, nil
 }
 
-func decodeRemoveMember(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.RemoveMember
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	if err := checkKeys("remove member", "id", c.GetId()); err != nil {
+func prepareRemoveMember(m store.Meta, c *commandv1.RemoveMember) (func(*store.Batch) *commandv1.Result, error) {
+	if err := command.CheckKeys("remove member", "id", c.GetId()); err != nil {
 		return nil, err
 	}
 	return func(b *store.Batch) *commandv1.Result {
@@ -351,11 +312,7 @@ func decodeRemoveMember(m store.Meta, payload []byte) (func(*store.Batch) *comma
 	}, nil
 }
 
-func decodePruneEvents(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.PruneEvents
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
+func preparePruneEvents(m store.Meta, c *commandv1.PruneEvents) (func(*store.Batch) *commandv1.Result, error) {
 	cutoff := time.Unix(0, c.GetCutoffUnixNano())
 	return func(b *store.Batch) *commandv1.Result {
 		n, err := b.PruneEventsRecorded(m, cutoff)
@@ -364,21 +321,14 @@ func decodePruneEvents(m store.Meta, payload []byte) (func(*store.Batch) *comman
 	}, nil
 }
 
-func decodeSetClusterID(m store.Meta, payload []byte) (func(*store.Batch) *commandv1.Result, error) {
-	var c commandv1.SetClusterID
-	if err := decodePayload(payload, &c); err != nil {
-		return nil, err
-	}
-	if !ClusterIDPattern.MatchString(c.GetId()) {
-		return nil, fmt.Errorf("cluster ID %q is not %s", c.GetId(), ClusterIDPattern)
+func prepareSetClusterID(m store.Meta, c *commandv1.SetClusterID) (func(*store.Batch) *commandv1.Result, error) {
+	if !command.ClusterIDPattern.MatchString(c.GetId()) {
+		return nil, fmt.Errorf("cluster ID %q is not %s", c.GetId(), command.ClusterIDPattern)
 	}
 	return func(b *store.Batch) *commandv1.Result {
 		return result(m.Index, 0, b.SetClusterID(m, c.GetId()))
 	}, nil
 }
-
-// ClusterIDPattern is what a cluster ID looks like: 32 lowercase hex digits.
-var ClusterIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // Snapshot captures the store as of the last applied entry. Persist streams it
 // while applies continue.

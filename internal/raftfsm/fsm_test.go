@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -33,16 +34,42 @@ func rev(v uint64) *uint64 { return &v }
 
 func testLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// mustCmd returns a function that unwraps a command constructor's results,
-// failing the test on error: mustCmd(t)(PutPolicy(p, nil)).
-func mustCmd(t testing.TB) func(*commandv1.Command, error) *commandv1.Command {
-	return func(cmd *commandv1.Command, err error) *commandv1.Command {
+// mustCmd returns a function that unwraps a command constructor's results
+// into the envelope a log entry carries, failing the test on error:
+// mustCmd(t)(command.PutPolicy(p, nil)).
+func mustCmd(t testing.TB) func(*command.Command, error) *commandv1.Command {
+	return func(c *command.Command, err error) *commandv1.Command {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("build command: %v", err)
 		}
-		return cmd
+		env, err := command.Encode(c)
+		if err != nil {
+			t.Fatalf("encode command: %v", err)
+		}
+		return env
 	}
+}
+
+// mustTyped is mustCmd for the typed command itself.
+func mustTyped(t testing.TB) func(*command.Command, error) *command.Command {
+	return func(c *command.Command, err error) *command.Command {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("build command: %v", err)
+		}
+		return c
+	}
+}
+
+// enc is c as the envelope a log entry carries.
+func enc(t testing.TB, c *command.Command) *commandv1.Command {
+	t.Helper()
+	env, err := command.Encode(c)
+	if err != nil {
+		t.Fatalf("encode command: %v", err)
+	}
+	return env
 }
 
 // stamp returns cmd with the proposer's timestamps for idx, encoded.
@@ -80,7 +107,7 @@ func pol(name, org, action string) *policy.Policy {
 
 func putPolicy(t testing.TB, name, org string, ifMatch *uint64) *commandv1.Command {
 	t.Helper()
-	return mustCmd(t)(PutPolicy(pol(name, org, "deny"), ifMatch))
+	return mustCmd(t)(command.PutPolicy(pol(name, org, "deny"), ifMatch))
 }
 
 func emp(id, org string) *policy.Employee {
@@ -171,22 +198,22 @@ func TestApplyCommands(t *testing.T) {
 		wantRev uint64
 		wantErr error // store.ErrConflict, store.ErrNotFound or nil
 	}{
-		{"create policy", mustCmd(t)(PutPolicy(in, nil)), 1, nil},
+		{"create policy", mustCmd(t)(command.PutPolicy(in, nil)), 1, nil},
 		{"create again with if-match 0", putPolicy(t, "acme.deny-shell", "acme", rev(0)), 0, store.ErrConflict},
 		{"update with matching revision", putPolicy(t, "acme.deny-shell", "beta", rev(1)), 3, nil},
 		{"update with stale revision", putPolicy(t, "acme.deny-shell", "beta", rev(1)), 0, store.ErrConflict},
-		{"delete with stale revision", mustCmd(t)(DeletePolicy("acme.deny-shell", rev(1))), 0, store.ErrConflict},
-		{"delete missing policy", mustCmd(t)(DeletePolicy("nope", nil)), 0, store.ErrNotFound},
-		{"delete with matching revision", mustCmd(t)(DeletePolicy("acme.deny-shell", rev(3))), 7, nil},
-		{"create employee", mustCmd(t)(PutEmployee(emp("alice", "acme"), rev(0))), 8, nil},
-		{"create employee again with if-match 0", mustCmd(t)(PutEmployee(emp("alice", "acme"), rev(0))), 0, store.ErrConflict},
-		{"update employee", mustCmd(t)(PutEmployee(emp("alice", "beta"), rev(8))), 10, nil},
-		{"delete missing employee", mustCmd(t)(DeleteEmployee("bob", nil)), 0, store.ErrNotFound},
-		{"delete employee with stale revision", mustCmd(t)(DeleteEmployee("alice", rev(8))), 0, store.ErrConflict},
-		{"delete employee", mustCmd(t)(DeleteEmployee("alice", rev(10))), 13, nil},
-		{"register member", mustCmd(t)(RegisterMember(store.Member{ID: "n1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "h", GRPCAddr: "g"})), 14, nil},
-		{"remove member", mustCmd(t)(RemoveMember("n1")), 15, nil},
-		{"remove unknown member", mustCmd(t)(RemoveMember("n2")), 16, nil},
+		{"delete with stale revision", mustCmd(t)(command.DeletePolicy("acme.deny-shell", rev(1))), 0, store.ErrConflict},
+		{"delete missing policy", mustCmd(t)(command.DeletePolicy("nope", nil)), 0, store.ErrNotFound},
+		{"delete with matching revision", mustCmd(t)(command.DeletePolicy("acme.deny-shell", rev(3))), 7, nil},
+		{"create employee", mustCmd(t)(command.PutEmployee(emp("alice", "acme"), rev(0))), 8, nil},
+		{"create employee again with if-match 0", mustCmd(t)(command.PutEmployee(emp("alice", "acme"), rev(0))), 0, store.ErrConflict},
+		{"update employee", mustCmd(t)(command.PutEmployee(emp("alice", "beta"), rev(8))), 10, nil},
+		{"delete missing employee", mustCmd(t)(command.DeleteEmployee("bob", nil)), 0, store.ErrNotFound},
+		{"delete employee with stale revision", mustCmd(t)(command.DeleteEmployee("alice", rev(8))), 0, store.ErrConflict},
+		{"delete employee", mustCmd(t)(command.DeleteEmployee("alice", rev(10))), 13, nil},
+		{"register member", mustCmd(t)(command.RegisterMember(store.Member{ID: "n1", RaftAddr: "10.0.0.1:7000", HTTPAddr: "h", GRPCAddr: "g"})), 14, nil},
+		{"remove member", mustCmd(t)(command.RemoveMember("n1")), 15, nil},
+		{"remove unknown member", mustCmd(t)(command.RemoveMember("n2")), 16, nil},
 	}
 	for i, st := range steps {
 		idx := uint64(i + 1)
@@ -200,7 +227,7 @@ func TestApplyCommands(t *testing.T) {
 			if got, want := r.GetRevision(), st.wantRev; st.wantErr == nil && got != want {
 				t.Errorf("Revision = %d, want %d", got, want)
 			}
-			err := ResultErr(r)
+			err := command.ResultErr(r)
 			switch {
 			case st.wantErr == nil && err != nil:
 				t.Errorf("ResultErr = %v, want nil", err)
@@ -241,7 +268,7 @@ func TestApplyCommands(t *testing.T) {
 	}
 
 	// Prune: the revision carries the number of events removed.
-	r := asResult(t, f.Apply(entry(t, 17, mustCmd(t)(PruneEvents(processedAt(8))))))
+	r := asResult(t, f.Apply(entry(t, 17, mustCmd(t)(command.PruneEvents(processedAt(8))))))
 	if got, want := r.GetRevision(), uint64(3); got != want {
 		t.Errorf("prune Revision = %d, want %d (events 1, 3, 7)", got, want)
 	}
@@ -263,8 +290,8 @@ func TestPutPolicyStoresCommandFields(t *testing.T) {
 	in.Labels = map[string]string{"tier": "prod"}
 	in.Spec = json.RawMessage(`{"tool_name": "Bash", "action": "deny"}`)
 	in.Revision, in.CreatedAt, in.UpdatedAt = 99, t0.Add(-time.Hour), t0.Add(-time.Hour)
-	asResult(t, f.Apply(entry(t, 5, mustCmd(t)(PutPolicy(in, nil)))))
-	asResult(t, f.Apply(entry(t, 6, mustCmd(t)(PutPolicy(in, nil)))))
+	asResult(t, f.Apply(entry(t, 5, mustCmd(t)(command.PutPolicy(in, nil)))))
+	asResult(t, f.Apply(entry(t, 6, mustCmd(t)(command.PutPolicy(in, nil)))))
 	got, err := st.GetPolicy("p")
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +308,7 @@ func TestPutPolicyStoresCommandFields(t *testing.T) {
 
 	e := emp("alice", "acme")
 	e.Revision, e.CreatedAt = 42, t0.Add(-time.Hour)
-	asResult(t, f.Apply(entry(t, 7, mustCmd(t)(PutEmployee(e, nil)))))
+	asResult(t, f.Apply(entry(t, 7, mustCmd(t)(command.PutEmployee(e, nil)))))
 	gotE, err := st.GetEmployee("alice")
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +320,7 @@ func TestPutPolicyStoresCommandFields(t *testing.T) {
 	}
 
 	m := store.Member{ID: "n1", RaftAddr: "r", HTTPAddr: "h", GRPCAddr: "g"}
-	asResult(t, f.Apply(entry(t, 8, mustCmd(t)(RegisterMember(m)))))
+	asResult(t, f.Apply(entry(t, 8, mustCmd(t)(command.RegisterMember(m)))))
 	if got, err := st.Member("n1"); err != nil || got != m {
 		t.Errorf("Member(n1) = %+v, %v; want %+v", got, err, m)
 	}
@@ -308,13 +335,13 @@ func TestResultErr(t *testing.T) {
 		{"success", &commandv1.Result{Index: 3, Revision: 3}, nil},
 		{"not found", &commandv1.Result{Code: "not_found", Message: "policy \"x\": not found"}, store.ErrNotFound},
 		{"conflict", &commandv1.Result{Code: "conflict", Message: "conflict"}, store.ErrConflict},
-		{"invalid", &commandv1.Result{Code: "invalid", Message: "bad"}, ErrInvalidCommand},
-		{"unknown code", &commandv1.Result{Code: "from-the-future", Message: "?"}, ErrInvalidCommand},
-		{"nil result", nil, ErrInvalidCommand},
+		{"invalid", &commandv1.Result{Code: "invalid", Message: "bad"}, command.ErrInvalidCommand},
+		{"unknown code", &commandv1.Result{Code: "from-the-future", Message: "?"}, command.ErrInvalidCommand},
+		{"nil result", nil, command.ErrInvalidCommand},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := ResultErr(tc.r)
+			err := command.ResultErr(tc.r)
 			if tc.wantErr == nil {
 				if err != nil {
 					t.Fatalf("ResultErr = %v, want nil", err)
@@ -328,7 +355,7 @@ func TestResultErr(t *testing.T) {
 				t.Errorf("message = %q, want %q", err, tc.r.GetMessage())
 			}
 			// Exactly one sentinel.
-			for _, other := range []error{store.ErrNotFound, store.ErrConflict, ErrInvalidCommand} {
+			for _, other := range []error{store.ErrNotFound, store.ErrConflict, command.ErrInvalidCommand} {
 				if !errors.Is(other, tc.wantErr) && errors.Is(err, other) {
 					t.Errorf("ResultErr also matches %v", other)
 				}
@@ -344,7 +371,7 @@ func TestResultErr(t *testing.T) {
 	if err := proto.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if err := ResultErr(&back); !errors.Is(err, store.ErrConflict) {
+	if err := command.ResultErr(&back); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("ResultErr after a round trip = %v, want ErrConflict", err)
 	}
 }
@@ -356,9 +383,9 @@ func TestApplyBatchIsOneTransaction(t *testing.T) {
 	cmds := []*commandv1.Command{
 		putPolicy(t, "a", "acme", nil),
 		putPolicy(t, "b", "beta", nil),
-		mustCmd(t)(PutEmployee(emp("alice", "acme"), nil)),
-		mustCmd(t)(RegisterMember(store.Member{ID: "n1"})),
-		mustCmd(t)(DeletePolicy("a", rev(1))),
+		mustCmd(t)(command.PutEmployee(emp("alice", "acme"), nil)),
+		mustCmd(t)(command.RegisterMember(store.Member{ID: "n1"})),
+		mustCmd(t)(command.DeletePolicy("a", rev(1))),
 	}
 	var logs []*raft.Log
 	for i, c := range cmds {
@@ -369,7 +396,7 @@ func TestApplyBatchIsOneTransaction(t *testing.T) {
 		if got, want := r.GetIndex(), uint64(i+1); got != want {
 			t.Errorf("result %d: Index = %d, want %d", i, got, want)
 		}
-		if err := ResultErr(r); err != nil {
+		if err := command.ResultErr(r); err != nil {
 			t.Errorf("result %d: %v", i, err)
 		}
 	}
@@ -475,7 +502,7 @@ func TestReplayAfterRestartSkipsApplied(t *testing.T) {
 			continue
 		}
 		r := asResult(t, v)
-		if r.GetRevision() != idx || ResultErr(r) != nil {
+		if r.GetRevision() != idx || command.ResultErr(r) != nil {
 			t.Errorf("entry %d: result %v, want revision %d", idx, r, idx)
 		}
 	}
@@ -545,7 +572,7 @@ func TestNonCommandLogsAdvanceIndex(t *testing.T) {
 }
 
 func TestIgnorableUnknownTypeIsSkipped(t *testing.T) {
-	for _, typ := range []Type{0xFE, IgnoreUnknown | TypePutPolicy, IgnoreUnknown} {
+	for _, typ := range []command.Type{0xFE, command.IgnoreUnknown | command.TypePutPolicy, command.IgnoreUnknown} {
 		t.Run(fmt.Sprintf("type 0x%02x", uint8(typ)), func(t *testing.T) {
 			f, st := newFSM(t)
 			applyAll(t, f, entry(t, 1, putPolicy(t, "a", "acme", nil)))
@@ -555,7 +582,7 @@ func TestIgnorableUnknownTypeIsSkipped(t *testing.T) {
 			if diff := cmp.Diff(&commandv1.Result{Index: 2}, r, protocmp.Transform()); diff != "" {
 				t.Errorf("result (-want +got):\n%s", diff)
 			}
-			if err := ResultErr(r); err != nil {
+			if err := command.ResultErr(r); err != nil {
 				t.Errorf("ResultErr = %v, want nil", err)
 			}
 			if got, want := st.AppliedIndex(), uint64(2); got != want {
@@ -575,9 +602,9 @@ func TestIgnorableUnknownTypeIsSkipped(t *testing.T) {
 // IgnoreUnknown bit is masked, so that no entry can mean one command to a
 // node that knows it and another to a node that does not.
 func TestTypesUnique(t *testing.T) {
-	seen := map[Type]Type{}
-	for typ := range decoders {
-		n := typ &^ IgnoreUnknown
+	seen := map[command.Type]command.Type{}
+	for typ := range knownTypes {
+		n := typ &^ command.IgnoreUnknown
 		if other, ok := seen[n]; ok {
 			t.Errorf("types 0x%02x and 0x%02x share number %d", uint8(typ), uint8(other), n)
 		}
@@ -598,9 +625,9 @@ func TestUndecodableEntriesPanic(t *testing.T) {
 		{"type zero (empty entry)", nil, "unknown command type 0"},
 		{"type wider than a byte", stamp(t, 3, &commandv1.Command{Type: 0x1FE}), "not a byte"},
 		{"garbage envelope", []byte{0xff, 0xff, 0xff}, "decode command envelope"},
-		{"undecodable payload", stamp(t, 3, &commandv1.Command{Type: uint32(TypePutPolicy), Payload: []byte{0xff}}), "decode *commandv1.PutPolicy"},
-		{"payload of another message type", stamp(t, 3, &commandv1.Command{Type: uint32(TypePutPolicy), Payload: []byte{0x0a, 0x01, 'x'}}), "decode policy"},
-		{"policy without a name", stamp(t, 3, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"kind":"ToolPolicy"}`)}))), "empty name"},
+		{"undecodable payload", stamp(t, 3, &commandv1.Command{Type: uint32(command.TypePutPolicy), Payload: []byte{0xff}}), "decode *commandv1.PutPolicy"},
+		{"payload of another message type", stamp(t, 3, &commandv1.Command{Type: uint32(command.TypePutPolicy), Payload: []byte{0x0a, 0x01, 'x'}}), "decode policy"},
+		{"policy without a name", stamp(t, 3, mustCmd(t)(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`{"kind":"ToolPolicy"}`)}))), "empty name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -653,13 +680,13 @@ func TestDecodeEntry(t *testing.T) {
 	}{
 		{"put policy", putPolicy(t, "p", "acme", nil)},
 		{"put policy if-match", putPolicy(t, "p", "acme", rev(0))},
-		{"delete policy", mustCmd(t)(DeletePolicy("p", rev(4)))},
-		{"put employee", mustCmd(t)(PutEmployee(emp("alice", "acme"), nil))},
-		{"delete employee", mustCmd(t)(DeleteEmployee("alice", nil))},
-		{"register member", mustCmd(t)(RegisterMember(store.Member{ID: "n1", RaftAddr: "r"}))},
-		{"remove member", mustCmd(t)(RemoveMember("n1"))},
-		{"prune events", mustCmd(t)(PruneEvents(t0))},
-		{"empty payload for a type whose fields are all optional", &commandv1.Command{Type: uint32(TypePruneEvents)}},
+		{"delete policy", mustCmd(t)(command.DeletePolicy("p", rev(4)))},
+		{"put employee", mustCmd(t)(command.PutEmployee(emp("alice", "acme"), nil))},
+		{"delete employee", mustCmd(t)(command.DeleteEmployee("alice", nil))},
+		{"register member", mustCmd(t)(command.RegisterMember(store.Member{ID: "n1", RaftAddr: "r"}))},
+		{"remove member", mustCmd(t)(command.RemoveMember("n1"))},
+		{"prune events", mustCmd(t)(command.PruneEvents(t0))},
+		{"empty payload for a type whose fields are all optional", &commandv1.Command{Type: uint32(command.TypePruneEvents)}},
 	}
 	for _, tc := range good {
 		t.Run("ok/"+tc.name, func(t *testing.T) {
@@ -671,8 +698,8 @@ func TestDecodeEntry(t *testing.T) {
 			if diff := cmp.Diff(want, e.Meta); diff != "" {
 				t.Errorf("Meta (-want +got):\n%s", diff)
 			}
-			if got, want := e.Type, Type(tc.cmd.GetType()); got != want {
-				t.Errorf("Type = %d, want %d", got, want)
+			if got, want := e.Type, command.Type(tc.cmd.GetType()); got != want {
+				t.Errorf("command.Type = %d, want %d", got, want)
 			}
 			if e.Apply == nil {
 				t.Error("Apply is nil for a known type")
@@ -712,20 +739,20 @@ func TestDecodeEntry(t *testing.T) {
 		{"envelope with a truncated field", []byte{0x12, 0x05, 'a'}, "decode command envelope"},
 		{"empty entry", nil, "unknown command type 0 "},
 		{"unknown type", stamp(t, idx, &commandv1.Command{Type: 0x7F}), "unknown command type 127"},
-		{"type wider than a byte", stamp(t, idx, &commandv1.Command{Type: 0x100 | uint32(TypePutPolicy)}), "not a byte"},
-		{"put policy: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":`)}))), "decode policy"},
-		{"put policy: JSON of the wrong shape", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":1}`)}))), "decode policy"},
-		{"put policy: empty name", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{}`)}))), "empty name"},
-		{"put policy: null", stamp(t, idx, mustCmd(t)(NewCommand(TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`null`)}))), "empty name"},
-		{"delete policy: empty name", stamp(t, idx, mustCmd(t)(DeletePolicy("", nil))), "empty name"},
-		{"delete employee: oversize id", stamp(t, idx, mustCmd(t)(DeleteEmployee(strings.Repeat("e", MaxKeyLen+1), nil))), "more than"},
-		{"remove member: empty id", stamp(t, idx, mustCmd(t)(RemoveMember(""))), "empty id"},
-		{"put employee: bad JSON", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(`[`)}))), "decode employee"},
-		{"put employee: empty id", stamp(t, idx, mustCmd(t)(NewCommand(TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(`{"org":"acme"}`)}))), "empty id"},
-		{"register member: empty id", stamp(t, idx, mustCmd(t)(RegisterMember(store.Member{RaftAddr: "r"}))), "empty id"},
-		{"delete policy: invalid UTF-8 name", stamp(t, idx, &commandv1.Command{Type: uint32(TypeDeletePolicy), Payload: []byte{0x0a, 0x01, 0xff}}), "decode *commandv1.DeletePolicy"},
+		{"type wider than a byte", stamp(t, idx, &commandv1.Command{Type: 0x100 | uint32(command.TypePutPolicy)}), "not a byte"},
+		{"put policy: bad JSON", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`{"name":`)}))), "decode policy"},
+		{"put policy: JSON of the wrong shape", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`{"name":1}`)}))), "decode policy"},
+		{"put policy: empty name", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`{}`)}))), "empty name"},
+		{"put policy: null", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`null`)}))), "empty name"},
+		{"delete policy: empty name", stamp(t, idx, mustCmd(t)(command.DeletePolicy("", nil))), "empty name"},
+		{"delete employee: oversize id", stamp(t, idx, mustCmd(t)(command.DeleteEmployee(strings.Repeat("e", command.MaxKeyLen+1), nil))), "more than"},
+		{"remove member: empty id", stamp(t, idx, mustCmd(t)(command.RemoveMember(""))), "empty id"},
+		{"put employee: bad JSON", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutEmployee{EmployeeJson: []byte(`[`)}))), "decode employee"},
+		{"put employee: empty id", stamp(t, idx, mustCmd(t)(command.New(&commandv1.PutEmployee{EmployeeJson: []byte(`{"org":"acme"}`)}))), "empty id"},
+		{"register member: empty id", stamp(t, idx, mustCmd(t)(command.RegisterMember(store.Member{RaftAddr: "r"}))), "empty id"},
+		{"delete policy: invalid UTF-8 name", stamp(t, idx, &commandv1.Command{Type: uint32(command.TypeDeletePolicy), Payload: []byte{0x0a, 0x01, 0xff}}), "decode *commandv1.DeletePolicy"},
 	}
-	for typ := range decoders {
+	for typ := range knownTypes {
 		bad = append(bad, struct {
 			name string
 			data []byte
@@ -754,19 +781,19 @@ func mixedEntries(t testing.TB) []*raft.Log {
 	cmds := []*commandv1.Command{
 		putPolicy(t, "global", "", nil),
 		putPolicy(t, "acme.a", "acme", nil),
-		mustCmd(t)(PutEmployee(emp("alice", "acme"), nil)),
-		mustCmd(t)(RegisterMember(store.Member{ID: "n1", RaftAddr: "r1"})),
+		mustCmd(t)(command.PutEmployee(emp("alice", "acme"), nil)),
+		mustCmd(t)(command.RegisterMember(store.Member{ID: "n1", RaftAddr: "r1"})),
 		putPolicy(t, "acme.a", "beta", rev(2)),
-		putPolicy(t, "acme.a", "beta", rev(2)), // conflict
-		mustCmd(t)(DeletePolicy("nope", nil)),  // not found
-		mustCmd(t)(PutEmployee(emp("bob", "beta"), nil)),
-		mustCmd(t)(DeleteEmployee("alice", nil)),
-		mustCmd(t)(RegisterMember(store.Member{ID: "n2", RaftAddr: "r2"})),
-		mustCmd(t)(RemoveMember("n1")),
+		putPolicy(t, "acme.a", "beta", rev(2)),        // conflict
+		mustCmd(t)(command.DeletePolicy("nope", nil)), // not found
+		mustCmd(t)(command.PutEmployee(emp("bob", "beta"), nil)),
+		mustCmd(t)(command.DeleteEmployee("alice", nil)),
+		mustCmd(t)(command.RegisterMember(store.Member{ID: "n2", RaftAddr: "r2"})),
+		mustCmd(t)(command.RemoveMember("n1")),
 		{Type: 0xFE}, // ignored
-		mustCmd(t)(PruneEvents(processedAt(3))),
+		mustCmd(t)(command.PruneEvents(processedAt(3))),
 		putPolicy(t, "global", "", rev(1)),
-		mustCmd(t)(DeletePolicy("acme.a", nil)),
+		mustCmd(t)(command.DeletePolicy("acme.a", nil)),
 	}
 	var logs []*raft.Log
 	for i, c := range cmds {
@@ -957,10 +984,7 @@ func TestPutPolicyStoresCanonical(t *testing.T) {
 	f, st := newFSM(t)
 	p := &policy.Policy{Name: "p", Kind: "RateLimit",
 		Spec: json.RawMessage(`{ "z": 1, "a": {"y": [1.50, 2], "b": 12345678901234567890} }`)}
-	cmd, err := PutPolicy(p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd := mustCmd(t)(command.PutPolicy(p, nil))
 	f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: stamp(t, 1, cmd)})
 	got, err := st.GetPolicy("p")
 	if err != nil {
@@ -969,4 +993,21 @@ func TestPutPolicyStoresCanonical(t *testing.T) {
 	if want := `{"a":{"b":12345678901234567890,"y":[1.50,2]},"z":1}`; string(got.Spec) != want {
 		t.Errorf("stored spec = %s, want %s", got.Spec, want)
 	}
+}
+
+// knownTypes is every command type this node applies: commandv1.Body's
+// fields.
+var knownTypes = func() map[command.Type]bool {
+	m := map[command.Type]bool{}
+	fs := (&commandv1.Body{}).ProtoReflect().Descriptor().Oneofs().ByName("kind").Fields()
+	for i := range fs.Len() {
+		m[command.Type(fs.Get(i).Number())] = true
+	}
+	return m
+}()
+
+// withAudit is cmd with its actor and request id set.
+func withAudit(cmd *commandv1.Command, actor, requestID string) *commandv1.Command {
+	cmd.Actor, cmd.RequestId = actor, requestID
+	return cmd
 }

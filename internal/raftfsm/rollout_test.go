@@ -15,13 +15,14 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/store"
 )
 
 func polMsg(t testing.TB, name, org, action string) *commandv1.Policy {
 	t.Helper()
-	pb, err := PolicyMessage(pol(name, org, action))
+	pb, err := command.PolicyMessage(pol(name, org, action))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,14 +47,14 @@ func testRollout(t testing.TB, onHalt string, puts []string, deletes ...string) 
 
 func startCmd(t testing.TB, r *commandv1.Rollout) *commandv1.Command {
 	t.Helper()
-	return WithAudit(mustCmd(t)(RolloutStart(r)), "token:ops", "req-start")
+	return withAudit(mustCmd(t)(command.RolloutStart(r)), "token:ops", "req-start")
 }
 
 func moveCmd(t testing.TB, id, fromState string, fromStage uint32, to string, stage uint32) *commandv1.Command {
 	t.Helper()
-	return WithAudit(mustCmd(t)(RolloutTransition(&commandv1.RolloutTransition{
+	return withAudit(mustCmd(t)(command.RolloutTransition(&commandv1.RolloutTransition{
 		Id: id, ExpectState: fromState, ExpectStage: fromStage, State: to, Stage: stage, AtUnixMs: 4242, Reason: "why",
-	})), ActorRollout, "")
+	})), command.ActorRollout, "")
 }
 
 // TestRolloutCommands applies a rollout's life, entry by entry: the
@@ -67,7 +68,7 @@ func TestRolloutCommands(t *testing.T) {
 	applyAll(t, f,
 		entry(t, 1, putPolicy(t, "acme.a", "acme", nil)),
 		entry(t, 2, putPolicy(t, "acme.d", "acme", nil)),
-		entry(t, 3, mustCmd(t)(PutPolicy(&policy.Policy{Name: "acme.m", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "beta"},
+		entry(t, 3, mustCmd(t)(command.PutPolicy(&policy.Policy{Name: "acme.m", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "beta"},
 			Spec: json.RawMessage(`{"action":"deny","tool_name":"Bash"}`)}, nil))),
 	)
 	sub.Next()
@@ -81,23 +82,23 @@ func TestRolloutCommands(t *testing.T) {
 		stage uint32
 	}{
 		{"start", startCmd(t, testRollout(t, store.OnHaltStay, []string{"acme.a", "acme.n", "acme.m"}, "acme.d")), "", "", store.RolloutRunning, 0},
-		{"overlapping start", startCmd(t, testRollout(t, store.OnHaltRollback, []string{"acme.x", "acme.n"})), codeConflict, `policy "acme.n" is under rollout r4`, "", 0},
-		{"delete of a missing policy", startCmd(t, testRollout(t, store.OnHaltRollback, nil, "acme.none")), codeConflict, `"acme.none" does not exist`, "", 0},
-		{"put under rollout", putPolicy(t, "acme.a", "acme", nil), codeConflict, `policy "acme.a" is under rollout r4`, "", 0},
-		{"delete under rollout", mustCmd(t)(DeletePolicy("acme.d", nil)), codeConflict, `policy "acme.d" is under rollout r4`, "", 0},
-		{"stale expectation", moveCmd(t, id, store.RolloutPaused, 0, store.RolloutRunning, 0), codeConflict, "is running at stage 0, not paused at stage 0", "", 0},
-		{"unknown rollout", moveCmd(t, "r99", store.RolloutRunning, 0, store.RolloutPaused, 0), codeNotFound, "r99", "", 0},
-		{"skipping a stage", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRunning, 2), codeConflict, "cannot go from running at stage 0 to running at stage 2", "", 0},
-		{"rolled back with on_halt stay", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRolledBack, 0), codeConflict, "cannot go", "", 0},
+		{"overlapping start", startCmd(t, testRollout(t, store.OnHaltRollback, []string{"acme.x", "acme.n"})), command.CodeConflict, `policy "acme.n" is under rollout r4`, "", 0},
+		{"delete of a missing policy", startCmd(t, testRollout(t, store.OnHaltRollback, nil, "acme.none")), command.CodeConflict, `"acme.none" does not exist`, "", 0},
+		{"put under rollout", putPolicy(t, "acme.a", "acme", nil), command.CodeConflict, `policy "acme.a" is under rollout r4`, "", 0},
+		{"delete under rollout", mustCmd(t)(command.DeletePolicy("acme.d", nil)), command.CodeConflict, `policy "acme.d" is under rollout r4`, "", 0},
+		{"stale expectation", moveCmd(t, id, store.RolloutPaused, 0, store.RolloutRunning, 0), command.CodeConflict, "is running at stage 0, not paused at stage 0", "", 0},
+		{"unknown rollout", moveCmd(t, "r99", store.RolloutRunning, 0, store.RolloutPaused, 0), command.CodeNotFound, "r99", "", 0},
+		{"skipping a stage", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRunning, 2), command.CodeConflict, "cannot go from running at stage 0 to running at stage 2", "", 0},
+		{"rolled back with on_halt stay", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRolledBack, 0), command.CodeConflict, "cannot go", "", 0},
 		{"halt", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutHalted, 0), "", "", store.RolloutHalted, 0},
-		{"advance while halted", moveCmd(t, id, store.RolloutHalted, 0, store.RolloutRunning, 1), codeConflict, "cannot go", "", 0},
+		{"advance while halted", moveCmd(t, id, store.RolloutHalted, 0, store.RolloutRunning, 1), command.CodeConflict, "cannot go", "", 0},
 		{"resume", moveCmd(t, id, store.RolloutHalted, 0, store.RolloutRunning, 0), "", "", store.RolloutRunning, 0},
 		{"advance", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRunning, 1), "", "", store.RolloutRunning, 1},
-		{"the same decision again", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRunning, 1), codeConflict, "at stage 1, not running at stage 0", "", 0},
-		{"past the last stage", moveCmd(t, id, store.RolloutRunning, 1, store.RolloutRunning, 2), codeConflict, "cannot go", "", 0},
+		{"the same decision again", moveCmd(t, id, store.RolloutRunning, 0, store.RolloutRunning, 1), command.CodeConflict, "at stage 1, not running at stage 0", "", 0},
+		{"past the last stage", moveCmd(t, id, store.RolloutRunning, 1, store.RolloutRunning, 2), command.CodeConflict, "cannot go", "", 0},
 		{"pause", moveCmd(t, id, store.RolloutRunning, 1, store.RolloutPaused, 1), "", "", store.RolloutPaused, 1},
 		{"complete", moveCmd(t, id, store.RolloutPaused, 1, store.RolloutCompleted, 1), "", "", store.RolloutCompleted, 1},
-		{"abort after completion", moveCmd(t, id, store.RolloutCompleted, 1, store.RolloutAborted, 1), codeConflict, "cannot go", "", 0},
+		{"abort after completion", moveCmd(t, id, store.RolloutCompleted, 1, store.RolloutAborted, 1), command.CodeConflict, "cannot go", "", 0},
 		{"put after completion", putPolicy(t, "acme.a", "acme", nil), "", "", "", 0},
 	}
 	for i, s := range steps {
@@ -211,7 +212,7 @@ func TestRolloutCommands(t *testing.T) {
 	}
 
 	// Retention prunes the completion's events together.
-	applyAll(t, f, entry(t, 23, mustCmd(t)(PruneEvents(processedAt(21)))))
+	applyAll(t, f, entry(t, 23, mustCmd(t)(command.PruneEvents(processedAt(21)))))
 	page, err = st.ListEvents(store.EventFilter{})
 	if err != nil {
 		t.Fatal(err)
@@ -287,8 +288,8 @@ func TestCheckRollout(t *testing.T) {
 		{"zero percent", func(r *commandv1.Rollout) { r.Stages[0].Percent = 0 }, "stages[0].percent: 0 is not within"},
 		{"last below 100", func(r *commandv1.Rollout) { r.Stages[1].Percent = 90 }, "the last stage must be 100"},
 		{"bake 0", func(r *commandv1.Rollout) { r.Stages[0].BakeMs = 0 }, "stages[0].bake"},
-		{"bake over a day", func(r *commandv1.Rollout) { r.Stages[1].BakeMs = MaxBake.Milliseconds() + 1 }, "stages[1].bake"},
-		{"bake a day", func(r *commandv1.Rollout) { r.Stages[1].BakeMs = MaxBake.Milliseconds() }, ""},
+		{"bake over a day", func(r *commandv1.Rollout) { r.Stages[1].BakeMs = command.MaxBake.Milliseconds() + 1 }, "stages[1].bake"},
+		{"bake a day", func(r *commandv1.Rollout) { r.Stages[1].BakeMs = command.MaxBake.Milliseconds() }, ""},
 		{"nan ratio", func(r *commandv1.Rollout) { r.MaxNackRatio = nanF() }, "max_nack_ratio"},
 		{"coverage over 1", func(r *commandv1.Rollout) { r.MinAckCoverage = 1.01 }, "min_ack_coverage"},
 		{"on_halt empty", func(r *commandv1.Rollout) { r.OnHalt = "" }, "on_halt"},
@@ -303,7 +304,7 @@ func TestCheckRollout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := base()
 			tc.mutate(r)
-			err := CheckRollout(r)
+			err := command.CheckRollout(r)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("CheckRollout = %v, want nil", err)
@@ -314,7 +315,7 @@ func TestCheckRollout(t *testing.T) {
 				t.Fatalf("CheckRollout = %v, want an invalid error with %q", err, tc.want)
 			}
 			// The FSM refuses such an entry before it is proposed.
-			if _, derr := DecodeEntry(1, stamp(t, 1, mustCmd(t)(NewCommand(TypeRolloutStart, &commandv1.RolloutStart{Rollout: r})))); derr == nil {
+			if _, derr := DecodeEntry(1, stamp(t, 1, mustCmd(t)(command.New(&commandv1.RolloutStart{Rollout: r})))); derr == nil {
 				t.Error("DecodeEntry accepted it")
 			}
 		})
@@ -326,13 +327,13 @@ func nanF() float64 { z := 0.0; return z / z }
 // TestRolloutTypesNotIgnorable: an older node must stop on a rollout
 // command rather than skip it.
 func TestRolloutTypesNotIgnorable(t *testing.T) {
-	for _, typ := range []Type{TypeRolloutStart, TypeRolloutTransition} {
-		if typ&IgnoreUnknown != 0 || !IsRolloutType(typ) || decoders[typ] == nil {
+	for _, typ := range []command.Type{command.TypeRolloutStart, command.TypeRolloutTransition} {
+		if typ&command.IgnoreUnknown != 0 || !command.IsRolloutType(typ) || !knownTypes[typ] {
 			t.Errorf("type 0x%02x: ignorable or not in the table", uint8(typ))
 		}
 	}
-	if CommandVersion < RolloutVersion {
-		t.Errorf("CommandVersion %d below RolloutVersion %d", CommandVersion, RolloutVersion)
+	if command.CommandVersion < command.RolloutVersion {
+		t.Errorf("CommandVersion %d below command.RolloutVersion %d", command.CommandVersion, command.RolloutVersion)
 	}
 }
 

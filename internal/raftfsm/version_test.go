@@ -2,15 +2,16 @@ package raftfsm
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -25,45 +26,43 @@ func TestForVersion(t *testing.T) {
 	rev := uint64(1)
 	tests := []struct {
 		name string
-		cmd  *commandv1.Command
+		cmd  *command.Command
 	}{
-		{"policy", putPolicy(t, "acme.deny", "acme", nil)},
-		{"policy with labels and escapes", mustCmd(t)(PutPolicy(labelled, nil))},
-		{"policy with a precondition", mustCmd(t)(PutPolicy(pol("acme.cas", "acme", "audit"), &rev))},
-		{"employee", mustCmd(t)(PutEmployee(emp("alice", "acme"), nil))},
-		{"delete is the same in both", mustCmd(t)(DeletePolicy("acme.deny", nil))},
+		{"policy", mustTyped(t)(command.PutPolicy(pol("acme.deny", "acme", "deny"), nil))},
+		{"policy with labels and escapes", mustTyped(t)(command.PutPolicy(labelled, nil))},
+		{"policy with a precondition", mustTyped(t)(command.PutPolicy(pol("acme.cas", "acme", "audit"), &rev))},
+		{"employee", mustTyped(t)(command.PutEmployee(emp("alice", "acme"), nil))},
+		{"delete is the same in both", mustTyped(t)(command.DeletePolicy("acme.deny", nil))},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			same, err := ForVersion(tc.cmd, CommandVersion)
+			same, err := command.ForVersion(tc.cmd, command.CommandVersion)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if same != tc.cmd {
-				t.Error("ForVersion(CommandVersion) rewrote the command")
+				t.Error("command.ForVersion(command.CommandVersion) rewrote the command")
 			}
-			old, err := ForVersion(tc.cmd, 1)
+			old, err := command.ForVersion(tc.cmd, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var pp commandv1.PutPolicy
-			var pe commandv1.PutEmployee
-			switch Type(old.GetType()) {
-			case TypePutPolicy:
-				if err := proto.Unmarshal(old.GetPayload(), &pp); err != nil || pp.GetPolicy() != nil || len(pp.GetPolicyJson()) == 0 {
-					t.Fatalf("version 1 put policy = %v (%v), want JSON only", &pp, err)
+			switch old.Type() {
+			case command.TypePutPolicy:
+				if pp := old.Body.GetPutPolicy(); pp.GetPolicy() != nil || len(pp.GetPolicyJson()) == 0 {
+					t.Fatalf("version 1 put policy = %v, want JSON only", pp)
 				}
-			case TypePutEmployee:
-				if err := proto.Unmarshal(old.GetPayload(), &pe); err != nil || pe.GetEmployee() != nil || len(pe.GetEmployeeJson()) == 0 {
-					t.Fatalf("version 1 put employee = %v (%v), want JSON only", &pe, err)
+			case command.TypePutEmployee:
+				if pe := old.Body.GetPutEmployee(); pe.GetEmployee() != nil || len(pe.GetEmployeeJson()) == 0 {
+					t.Fatalf("version 1 put employee = %v, want JSON only", pe)
 				}
 			}
 			// Both forms, applied after the same history, store the same.
 			typed, st1 := newFSM(t)
 			json1, st2 := newFSM(t)
 			seed := putPolicy(t, "acme.cas", "acme", nil)
-			r1 := applyAll(t, typed, entry(t, 1, seed), entry(t, 2, tc.cmd))
-			r2 := applyAll(t, json1, entry(t, 1, seed), entry(t, 2, old))
+			r1 := applyAll(t, typed, entry(t, 1, seed), entry(t, 2, enc(t, tc.cmd)))
+			r2 := applyAll(t, json1, entry(t, 1, seed), entry(t, 2, enc(t, old)))
 			if diff := cmp.Diff(r1, r2, protocmp.Transform()); diff != "" {
 				t.Errorf("results differ (-typed +version 1):\n%s", diff)
 			}
@@ -80,34 +79,33 @@ func TestForVersion(t *testing.T) {
 func TestForVersionRefusesShadow(t *testing.T) {
 	shadow := pol("acme.shadow", "acme", "deny")
 	shadow.Enforcement = policy.EnforcementShadow
-	cmd := mustCmd(t)(PutPolicy(shadow, nil))
-	if !IsShadowPut(cmd) {
+	cmd := mustTyped(t)(command.PutPolicy(shadow, nil))
+	if !command.IsShadowPut(cmd) {
 		t.Fatal("IsShadowPut = false for a shadow policy")
 	}
 	for _, v := range []uint32{1, 2, 3} {
-		if _, err := ForVersion(cmd, v); err == nil {
-			t.Errorf("ForVersion(shadow, %d) succeeded", v)
+		if _, err := command.ForVersion(cmd, v); err == nil {
+			t.Errorf("command.ForVersion(shadow, %d) succeeded", v)
 		}
 	}
-	out, err := ForVersion(cmd, RolloutVersion)
+	out, err := command.ForVersion(cmd, command.RolloutVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pp commandv1.PutPolicy
-	if err := proto.Unmarshal(out.GetPayload(), &pp); err != nil || pp.GetPolicy().GetEnforcement() != "shadow" {
-		t.Errorf("version 4 put policy = %v (%v), want enforcement shadow", &pp, err)
+	if pp := out.Body.GetPutPolicy(); pp.GetPolicy().GetEnforcement() != "shadow" {
+		t.Errorf("version 4 put policy = %v, want enforcement shadow", pp)
 	}
 	enforced := pol("acme.enforced", "acme", "deny")
 	enforced.Enforcement = policy.EnforcementEnforce
-	cmd = mustCmd(t)(PutPolicy(enforced, nil))
-	if IsShadowPut(cmd) {
+	cmd = mustTyped(t)(command.PutPolicy(enforced, nil))
+	if command.IsShadowPut(cmd) {
 		t.Error("IsShadowPut = true for an enforced policy")
 	}
-	if err := proto.Unmarshal(cmd.GetPayload(), &pp); err != nil || pp.GetPolicy().GetEnforcement() != "" {
-		t.Errorf("enforce is stored as %q (%v), want \"\"", pp.GetPolicy().GetEnforcement(), err)
+	if pp := cmd.Body.GetPutPolicy(); pp.GetPolicy().GetEnforcement() != "" {
+		t.Errorf("enforce is stored as %q, want \"\"", pp.GetPolicy().GetEnforcement())
 	}
-	if _, err := ForVersion(cmd, 1); err != nil {
-		t.Errorf("ForVersion(enforced, 1): %v", err)
+	if _, err := command.ForVersion(cmd, 1); err != nil {
+		t.Errorf("command.ForVersion(enforced, 1): %v", err)
 	}
 }
 
@@ -116,12 +114,12 @@ func TestForVersionRefusesShadow(t *testing.T) {
 func TestRegisterAfreshResetsVersions(t *testing.T) {
 	f, st := newFSM(t)
 	mem := func(id string) store.Member {
-		return store.Member{ID: id, RaftAddr: "127.0.0.1:7000", CommandVersion: CommandVersion}
+		return store.Member{ID: id, RaftAddr: "127.0.0.1:7000", CommandVersion: command.CommandVersion}
 	}
 	applyAll(t, f,
-		entry(t, 1, mustCmd(t)(RegisterMember(mem("n1")))),
-		entry(t, 2, mustCmd(t)(RegisterMember(mem("n2")))),
-		entry(t, 3, mustCmd(t)(RegisterMemberAfresh(mem("n3")))),
+		entry(t, 1, mustCmd(t)(command.RegisterMember(mem("n1")))),
+		entry(t, 2, mustCmd(t)(command.RegisterMember(mem("n2")))),
+		entry(t, 3, mustCmd(t)(command.RegisterMemberAfresh(mem("n3")))),
 	)
 	got, err := st.Members()
 	if err != nil {
@@ -140,43 +138,56 @@ func TestRegisterAfreshResetsVersions(t *testing.T) {
 // others record), its type and payload otherwise as version 2 writes them;
 // version 3 gets it unchanged, and the caller's command is never modified.
 func TestForVersionStripsAudit(t *testing.T) {
-	if auditVersion != 3 || CommandVersion < auditVersion {
-		t.Fatalf("auditVersion = %d, CommandVersion = %d: want 3 and at least 3", auditVersion, CommandVersion)
+	if command.CommandVersion < 3 {
+		t.Fatalf("command.CommandVersion = %d: want at least 3", command.CommandVersion)
 	}
-	for typ := range decoders {
+	for typ := range knownTypes {
 		t.Run(fmt.Sprintf("type 0x%02x", uint8(typ)), func(t *testing.T) {
-			plain := &commandv1.Command{Type: uint32(typ), OriginatedAtUnixNano: 7}
-			if typ == TypePutPolicy {
-				plain = putPolicy(t, "acme.p", "acme", nil)
-			}
-			audited := proto.CloneOf(plain)
-			audited.Actor, audited.RequestId, audited.RevertedTo = "token:ops", "req-1", 4
-			keep := proto.CloneOf(audited)
-
-			same, err := ForVersion(audited, 3)
+			plain, err := command.Decode(&commandv1.Command{Type: uint32(typ), OriginatedAtUnixNano: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if same != audited {
-				t.Error("ForVersion(3) rewrote the command")
+			if typ == command.TypePutPolicy {
+				plain = mustTyped(t)(command.PutPolicy(pol("acme.p", "acme", "deny"), nil))
+			}
+			audited := *plain
+			audited.Actor, audited.RequestID, audited.RevertedTo = "token:ops", "req-1", 4
+			keep := enc(t, &audited)
+
+			if !command.IsRolloutType(typ) {
+				same, err := command.ForVersion(&audited, 3)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if same != &audited {
+					t.Error("command.ForVersion(3) rewrote the command")
+				}
 			}
 			for _, v := range []uint32{0, 1, 2} {
-				got, err := ForVersion(audited, v)
+				got, err := command.ForVersion(&audited, v)
+				if command.IsRolloutType(typ) {
+					// Below RolloutVersion a rollout is refused, audit or not.
+					var nu *command.NotUpgradedError
+					if !errors.As(err, &nu) {
+						t.Errorf("command.ForVersion(rollout, %d) = %v, want a NotUpgradedError", v, err)
+					}
+					continue
+				}
 				if err != nil {
 					t.Fatal(err)
 				}
-				if HasAudit(got) {
-					t.Errorf("ForVersion(%d) kept audit fields: %v", v, got)
+				if command.HasAudit(got) {
+					t.Errorf("command.ForVersion(%d) kept audit fields: %v", v, got)
 				}
-				want, err := ForVersion(plain, v)
+				want, err := command.ForVersion(plain, v)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
-					t.Errorf("ForVersion(%d) differs from the command without audit fields (-want +got):\n%s", v, diff)
+				if diff := cmp.Diff(enc(t, want), enc(t, got), protocmp.Transform()); diff != "" {
+					t.Errorf("command.ForVersion(%d) differs from the command without audit fields (-want +got):\n%s", v, diff)
 				}
 			}
-			if diff := cmp.Diff(keep, audited, protocmp.Transform()); diff != "" {
+			if diff := cmp.Diff(keep, enc(t, &audited), protocmp.Transform()); diff != "" {
 				t.Errorf("ForVersion modified its argument (-before +after):\n%s", diff)
 			}
 		})
@@ -196,10 +207,10 @@ func TestAuditRecorded(t *testing.T) {
 	applyAll(t, f,
 		entry(t, 1, audit(putPolicy(t, "acme.p", "acme", nil), "token:ci", "r1", 0)),
 		entry(t, 2, audit(putPolicy(t, "acme.p", "acme", nil), "cert:CN=alice", "r2", 1)),
-		entry(t, 3, audit(mustCmd(t)(DeletePolicy("acme.p", nil)), "token:ops", "r3", 0)),
-		entry(t, 4, mustCmd(t)(PruneEvents(processedAt(2)))),
-		entry(t, 5, audit(mustCmd(t)(PruneEvents(processedAt(3))), ActorRetention, "", 0)),
-		entry(t, 6, audit(mustCmd(t)(PruneEvents(processedAt(3))), ActorRetention, "", 0)), // nothing left to prune
+		entry(t, 3, audit(mustCmd(t)(command.DeletePolicy("acme.p", nil)), "token:ops", "r3", 0)),
+		entry(t, 4, mustCmd(t)(command.PruneEvents(processedAt(2)))),
+		entry(t, 5, audit(mustCmd(t)(command.PruneEvents(processedAt(3))), command.ActorRetention, "", 0)),
+		entry(t, 6, audit(mustCmd(t)(command.PruneEvents(processedAt(3))), command.ActorRetention, "", 0)), // nothing left to prune
 	)
 	page, err := st.ListEvents(store.EventFilter{})
 	if err != nil {
@@ -217,7 +228,7 @@ func TestAuditRecorded(t *testing.T) {
 	}
 	want := []row{
 		{3, store.EntityPolicy, "token:ops", "r3", 0},
-		{5, store.EntityRetention, ActorRetention, "", 0},
+		{5, store.EntityRetention, command.ActorRetention, "", 0},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -229,8 +240,8 @@ func TestAuditRecorded(t *testing.T) {
 	// A prune of a policy's event and a record is recorded; one that
 	// removes only a record is not, or records would never run out.
 	applyAll(t, f,
-		entry(t, 7, audit(mustCmd(t)(PruneEvents(processedAt(6))), ActorRetention, "", 0)),
-		entry(t, 8, audit(mustCmd(t)(PruneEvents(processedAt(8))), ActorRetention, "", 0)),
+		entry(t, 7, audit(mustCmd(t)(command.PruneEvents(processedAt(6))), command.ActorRetention, "", 0)),
+		entry(t, 8, audit(mustCmd(t)(command.PruneEvents(processedAt(8))), command.ActorRetention, "", 0)),
 	)
 	if page, err = st.ListEvents(store.EventFilter{}); err != nil {
 		t.Fatal(err)
@@ -253,14 +264,14 @@ func TestCheckEnvelope(t *testing.T) {
 		{"newline", "token:a\nb", "", "control character U+000A"},
 		{"C1 control", "token:a\u0085", "", "control character U+0085"},
 		{"invalid UTF-8", "token:\xff", "", "not valid UTF-8"},
-		{"too long", strings.Repeat("a", MaxActorLen+1), "", "more than 1024"},
+		{"too long", strings.Repeat("a", command.MaxActorLen+1), "", "more than 1024"},
 		{"request id with a space is fine", "", "a b", ""},
 		{"request id not ASCII", "", "é", "printable ASCII"},
-		{"request id too long", "", strings.Repeat("r", MaxRequestIDLen+1), "printable ASCII"},
+		{"request id too long", "", strings.Repeat("r", command.MaxRequestIDLen+1), "printable ASCII"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := CheckEnvelope(&commandv1.Command{Actor: tc.actor, RequestId: tc.rid})
+			err := command.CheckEnvelope(&command.Command{Actor: tc.actor, RequestID: tc.rid})
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("CheckEnvelope: %v, want nil", err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/policyd/policyd/internal/kubetest"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/reload"
 	"github.com/policyd/policyd/internal/server/servertest"
 	"github.com/policyd/policyd/internal/store"
@@ -145,16 +146,16 @@ func TestRestartOnlyTheConfigMapsScope(t *testing.T) {
 		t.Errorf("reload events = %+v", page.Events)
 	}
 	for _, ev := range page.Events {
-		if ev.Actor != raftfsm.ActorReload {
-			t.Errorf("reload event %d: actor %q, want %q", ev.ID, ev.Actor, raftfsm.ActorReload)
+		if ev.Actor != command.ActorReload {
+			t.Errorf("reload event %d: actor %q, want %q", ev.ID, ev.Actor, command.ActorReload)
 		}
 	}
-	byActor, err := n.Store().ListEvents(store.EventFilter{Actor: raftfsm.ActorReload})
+	byActor, err := n.Store().ListEvents(store.EventFilter{Actor: command.ActorReload})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(byActor.Events) != len(page.Events) {
-		t.Errorf("events of actor %s: %d, want the %d reload events", raftfsm.ActorReload, len(byActor.Events), len(page.Events))
+		t.Errorf("events of actor %s: %d, want the %d reload events", command.ActorReload, len(byActor.Events), len(page.Events))
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,10 +27,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/backoff"
 	"github.com/policyd/policyd/internal/config"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -41,7 +41,7 @@ type State interface {
 	// leader (it never forwards: a deposed leader must not write), and
 	// returns once the local replica has applied it. A business error in
 	// the result is returned as an error.
-	Apply(ctx context.Context, cmd *commandv1.Command) error
+	Apply(ctx context.Context, cmd *command.Command) error
 }
 
 // Deps are the controller's collaborators.
@@ -89,7 +89,7 @@ const (
 	reasonRelist = "relist"
 	reasonMissed = "missed-change"
 	fieldManager = "policyd-reload"
-	observeChunk = raftfsm.MaxReloadObservations
+	observeChunk = command.MaxReloadObservations
 	maxWatchWait = 10 * time.Minute
 	minWatchWait = 5 * time.Minute
 	maxReasonLen = 512
@@ -338,7 +338,7 @@ func (c *Controller) refresh() error {
 
 // apply commits cmd (buildErr is its builder's error) and refreshes the
 // view, also after a failure: the command may or may not have been applied.
-func (c *Controller) apply(ctx context.Context, cmd *commandv1.Command, buildErr error) error {
+func (c *Controller) apply(ctx context.Context, cmd *command.Command, buildErr error) error {
 	err := buildErr
 	if err == nil {
 		err = c.state.Apply(ctx, cmd)
@@ -401,7 +401,7 @@ func (c *Controller) sync(ctx context.Context, startup bool) (string, error) {
 		for _, k := range chunk {
 			batch = append(batch, *obs[k])
 		}
-		cmd, err := raftfsm.ReloadObserve(batch)
+		cmd, err := command.ReloadObserve(batch)
 		if err := c.apply(ctx, cmd, err); err != nil {
 			return "", err
 		}
@@ -554,7 +554,7 @@ func (c *Controller) observe(ctx context.Context, cm *corev1.ConfigMap) error {
 	default:
 		o = c.change(k, h, c.now(), reasonChange)
 	}
-	cmd, err := raftfsm.ReloadObserve([]store.ReloadObservation{*o})
+	cmd, err := command.ReloadObserve([]store.ReloadObservation{*o})
 	if err := c.apply(ctx, cmd, err); err != nil {
 		return err
 	}
@@ -603,7 +603,7 @@ func (c *Controller) restart(ctx context.Context, p store.ReloadPending) error {
 		c.m.restarts.WithLabelValues(p.Scope).Add(float64(len(patched)))
 		c.logger.Info("restarted deployments", "scope", p.Scope, "configmap", p.ConfigMap, "hash", p.Hash,
 			"patched", patched, "skipped", skipped, "attempts", p.Attempts, "reason", p.Reason)
-		cmd, err := raftfsm.ReloadRestarted(p.Index, store.ReloadRestart{
+		cmd, err := command.ReloadRestarted(p.Index, store.ReloadRestart{
 			ReloadKey: p.ReloadKey, Hash: p.Hash, Patched: patched, Skipped: skipped,
 			Attempts: p.Attempts, Reason: p.Reason, RestartedAt: now,
 		})
@@ -618,7 +618,7 @@ func (c *Controller) restart(ctx context.Context, p store.ReloadPending) error {
 	c.m.retries.WithLabelValues(p.Scope).Inc()
 	c.logger.Warn("restart failed; retrying", "scope", p.Scope, "configmap", p.ConfigMap, "attempts", attempts,
 		"retry_at", retryAt.UTC().Format(time.RFC3339Nano), "err", err)
-	cmd, err := raftfsm.ReloadRestartFailed(p.Index, store.ReloadError{
+	cmd, err := command.ReloadRestartFailed(p.Index, store.ReloadError{
 		ReloadKey: p.ReloadKey, Hash: p.Hash, Attempts: attempts, Error: err.Error(), RetryAt: retryAt, FailedAt: now,
 	})
 	return c.apply(ctx, cmd, err)

@@ -15,13 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/adminapi"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -52,19 +53,19 @@ func auditCluster(t *testing.T) *cluster {
 // waitCommandVersion waits until n writes this release's command version.
 func waitCommandVersion(t *testing.T, n *Node) {
 	t.Helper()
-	poll.Eventually(t, n.ID()+" to write command version "+strconv.Itoa(raftfsm.CommandVersion), func() error {
+	poll.Eventually(t, n.ID()+" to write command version "+strconv.Itoa(command.CommandVersion), func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		st, err := n.Status(ctx)
 		if err != nil {
 			return err
 		}
-		if st.CommandVersion != raftfsm.CommandVersion {
+		if st.CommandVersion != command.CommandVersion {
 			return fmt.Errorf("command version %d", st.CommandVersion)
 		}
 
 		for _, m := range st.Members {
-			if m.CommandVersion != raftfsm.CommandVersion {
+			if m.CommandVersion != command.CommandVersion {
 				return fmt.Errorf("member %s registered command version %d", m.ID, m.CommandVersion)
 			}
 		}
@@ -430,14 +431,14 @@ func TestRetentionPruneIsAudited(t *testing.T) {
 	old := a.putPolicy("acme.old", "acme", "old")
 	var prune store.Event
 	poll.Eventually(t, "a retention prune of the policy's event", func() error {
-		r := a.do(http.MethodGet, "/v1/events?actor="+raftfsm.ActorRetention, nil, nil)
+		r := a.do(http.MethodGet, "/v1/events?actor="+command.ActorRetention, nil, nil)
 		var page store.EventPage
 		if r.status != http.StatusOK {
 			return fmt.Errorf("GET /v1/events: %d %s", r.status, r.body)
 		}
 		r.decode(t, &page)
 		if len(page.Events) == 0 || page.PrunedThrough < old.Revision {
-			return fmt.Errorf("events of %s: %d, pruned through %d", raftfsm.ActorRetention, len(page.Events), page.PrunedThrough)
+			return fmt.Errorf("events of %s: %d, pruned through %d", command.ActorRetention, len(page.Events), page.PrunedThrough)
 		}
 		prune = page.Events[0]
 		return nil
@@ -497,7 +498,7 @@ func TestCertificateActor(t *testing.T) {
 		t.Fatalf("PUT with a certificate subject holding ESC: %d %s, want 400 naming the control character", r.status, r.body)
 	}
 
-	cmd, err := raftfsm.PutPolicy(&policy.Policy{Name: "acme.forged", Kind: "ToolPolicy", Scope: policy.Scope{Org: "acme"},
+	cmd, err := command.PutPolicy(&policy.Policy{Name: "acme.forged", Kind: "ToolPolicy", Scope: policy.Scope{Org: "acme"},
 		Spec: json.RawMessage(`{"tool_name":"Bash","action":"deny","conditions":{"patterns":["x"]}}`)}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,7 +28,6 @@ import (
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/peer"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/store"
@@ -90,7 +91,7 @@ var internalCalls = []struct {
 	call   func(ctx context.Context, c clusterv1.ClusterClient) error
 }{
 	{"Apply", func(ctx context.Context, c clusterv1.ClusterClient) error {
-		cmd, err := raftfsm.PutPolicy(&policy.Policy{Name: "peer.written", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny"}`)}, nil)
+		cmd, err := command.PutPolicy(&policy.Policy{Name: "peer.written", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny"}`)}, nil)
 		if err != nil {
 			return err
 		}
@@ -286,10 +287,10 @@ func TestLeaderVetsForwardedCommands(t *testing.T) {
 		return cmd
 	}
 	rawPolicy := func(p string) *commandv1.Command {
-		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(p)}))
+		return mustCmd(command.NewCommand(command.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(p)}))
 	}
 	rawEmployee := func(e string) *commandv1.Command {
-		return mustCmd(raftfsm.NewCommand(raftfsm.TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(e)}))
+		return mustCmd(command.NewCommand(command.TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(e)}))
 	}
 	tests := []struct {
 		name string
@@ -303,13 +304,13 @@ func TestLeaderVetsForwardedCommands(t *testing.T) {
 		{"invalid UTF-8 in a policy", rawPolicy("{\"name\":\"x\",\"kind\":\"ToolPolicy\",\"spec\":{\"tool_name\":\"B\xffsh\",\"action\":\"deny\"}}"), "UTF-8"},
 		{"employee re-activated with a bad status", rawEmployee(`{"id":"bob","org":"acme","status":"superuser"}`), "status"},
 		{"employee without org", rawEmployee(`{"id":"bob"}`), "org"},
-		{"delete with a bad name", mustCmd(raftfsm.DeletePolicy("../x", nil)), "name"},
-		{"register a member with a bad id", mustCmd(raftfsm.RegisterMember(store.Member{ID: "../x", RaftAddr: "127.0.0.1:1"})), "node id"},
-		{"register a member with a bad address", mustCmd(raftfsm.RegisterMember(store.Member{ID: "x", RaftAddr: "nowhere"})), "host:port"},
-		{"rename the cluster", mustCmd(raftfsm.SetClusterID("0123456789abcdef0123456789abcdef")), "cluster ID"},
-		{"oversize key", mustCmd(raftfsm.PutPolicy(&policy.Policy{Name: strings.Repeat("x", 40000), Kind: "ToolPolicy"}, nil)), "name"},
+		{"delete with a bad name", mustCmd(command.DeletePolicy("../x", nil)), "name"},
+		{"register a member with a bad id", mustCmd(command.RegisterMember(store.Member{ID: "../x", RaftAddr: "127.0.0.1:1"})), "node id"},
+		{"register a member with a bad address", mustCmd(command.RegisterMember(store.Member{ID: "x", RaftAddr: "nowhere"})), "host:port"},
+		{"rename the cluster", mustCmd(command.SetClusterID("0123456789abcdef0123456789abcdef")), "cluster ID"},
+		{"oversize key", mustCmd(command.PutPolicy(&policy.Policy{Name: strings.Repeat("x", 40000), Kind: "ToolPolicy"}, nil)), "name"},
 		{"unknown type", &commandv1.Command{Type: 0x7e}, "unknown command type"},
-		{"truncated payload", &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: []byte{0x0a, 0x40, '{'}}, "invalid"},
+		{"truncated payload", &commandv1.Command{Type: uint32(command.TypePutPolicy), Payload: []byte{0x0a, 0x40, '{'}}, "invalid"},
 		{"no command", nil, "no command"},
 	}
 	for _, tc := range tests {
@@ -580,7 +581,7 @@ func TestPeerPlaneUnderAttack(t *testing.T) {
 	c.waitConverged()
 
 	member := peerClient(t, addr, secretPeer(t, c.follower().ID(), clusterSecret))
-	huge := &commandv1.Command{Type: uint32(raftfsm.TypePutPolicy), Payload: bytes.Repeat([]byte("x"), 5<<20)}
+	huge := &commandv1.Command{Type: uint32(command.TypePutPolicy), Payload: bytes.Repeat([]byte("x"), 5<<20)}
 	before := leader.consensus.Raft().LastIndex()
 	if _, err := member.Apply(t.Context(), &clusterv1.ApplyRequest{Command: huge}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized Apply = %v, want ResourceExhausted", err)

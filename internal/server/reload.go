@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	commandv1 "github.com/policyd/policyd/api/command/v1"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/reload"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/store"
@@ -90,7 +90,7 @@ type reloadState struct{ n *Node }
 
 func (s reloadState) ReloadState() (*store.ReloadState, error) { return s.n.store.ReloadState() }
 
-func (s reloadState) Apply(ctx context.Context, cmd *commandv1.Command) error {
+func (s reloadState) Apply(ctx context.Context, cmd *command.Command) error {
 	if err := ctx.Err(); err != nil {
 		// The term is over: nothing more may enter the log from it.
 		return err
@@ -98,15 +98,15 @@ func (s reloadState) Apply(ctx context.Context, cmd *commandv1.Command) error {
 	if !s.n.IsLeader() {
 		return raftnode.ErrNotLeader
 	}
-	if cmd.GetOriginatedAtUnixNano() == 0 {
+	if cmd.OriginatedAtUnixNano == 0 {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
-	cmd.Actor = raftfsm.ActorReload
+	cmd.Actor = command.ActorReload
 	res, err := s.n.consensus.ProposeLocal(ctx, cmd)
 	if err != nil {
 		return err
 	}
-	if err := raftfsm.ResultErr(res); err != nil {
+	if err := command.ResultErr(res); err != nil {
 		return err
 	}
 	return s.n.store.WaitApplied(ctx, res.GetIndex())

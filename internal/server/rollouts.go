@@ -6,11 +6,12 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/server/rollout"
 	"github.com/policyd/policyd/internal/store"
@@ -31,7 +32,7 @@ type rolloutDriver struct {
 	logger   *slog.Logger
 	store    *store.Store
 	clients  func(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error)
-	propose  func(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error)
+	propose  func(ctx context.Context, cmd *command.Command) (*commandv1.Result, error)
 	now      func() time.Time
 	interval time.Duration
 
@@ -53,7 +54,7 @@ func (n *Node) setupRollouts() {
 // clients and proposing with propose (the leader's own, never forwarded).
 func newRolloutDriver(logger *slog.Logger, st *store.Store,
 	clients func(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error),
-	propose func(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error),
+	propose func(ctx context.Context, cmd *command.Command) (*commandv1.Result, error),
 ) *rolloutDriver {
 	return &rolloutDriver{
 		logger: logger, store: st, clients: clients, propose: propose, now: time.Now, interval: rolloutInterval,
@@ -155,15 +156,15 @@ func (d *rolloutDriver) tick(ctx context.Context) {
 
 // apply proposes t as the driver's own write.
 func (d *rolloutDriver) apply(ctx context.Context, t *commandv1.RolloutTransition) error {
-	cmd, err := raftfsm.RolloutTransition(t)
+	cmd, err := command.RolloutTransition(t)
 	if err != nil {
 		return err
 	}
-	res, err := d.propose(ctx, raftfsm.WithAudit(cmd, raftfsm.ActorRollout, ""))
+	res, err := d.propose(ctx, command.WithAudit(cmd, command.ActorRollout, ""))
 	if err != nil {
 		return err
 	}
-	if err := raftfsm.ResultErr(res); err != nil {
+	if err := command.ResultErr(res); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// An operator moved it first; the next tick reads the new state.
 			d.logger.Debug("rollout moved meanwhile", "rollout", t.GetId(), "err", err)

@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/adminapi"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -36,11 +37,11 @@ func TestHistoryDiffRevertCLI(t *testing.T) {
 			if err := getJSON(c.http[i]+"/v1/cluster", &st); err != nil {
 				return err
 			}
-			if st.CommandVersion != raftfsm.CommandVersion || len(st.Members) != len(c.ids) {
+			if st.CommandVersion != command.CommandVersion || len(st.Members) != len(c.ids) {
 				return fmt.Errorf("%s writes command version %d, %d members", c.ids[i], st.CommandVersion, len(st.Members))
 			}
 			for _, m := range st.Members {
-				if m.CommandVersion != raftfsm.CommandVersion {
+				if m.CommandVersion != command.CommandVersion {
 					return fmt.Errorf("%s: member %s registered command version %d", c.ids[i], m.ID, m.CommandVersion)
 				}
 			}

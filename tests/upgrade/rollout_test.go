@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/internal/raftfsm"
 )
 
 // auditedCommit is the last commit of command version 3 (audit fields, no
@@ -62,7 +63,7 @@ func TestRolloutRefusedUntilUpgraded(t *testing.T) {
 	c.start(leader, bins.new)
 	c.waitHealthy()
 	for _, nd := range c.nodes {
-		c.waitCommandVersion(nd, raftfsm.CommandVersion)
+		c.waitCommandVersion(nd, command.CommandVersion)
 	}
 	ro, err := leader.api.StartRollout(c.ctx, start)
 	if err != nil || ro.State != "running" {

@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/policyd/policyd/adminclient"
-	"github.com/policyd/policyd/internal/raftfsm"
 )
 
 func TestRollingUpgrade(t *testing.T) {
@@ -66,7 +67,7 @@ func rollingUpgrade(t *testing.T, commit string, oldVersion uint32) {
 	// Every node runs the new binary and has registered so: writes use the
 	// typed commands from here on.
 	for _, nd := range c.nodes {
-		c.waitCommandVersion(nd, raftfsm.CommandVersion)
+		c.waitCommandVersion(nd, command.CommandVersion)
 	}
 	c.writeThroughEvery(m, "typed")
 	c.checkConverged(m, "typed writes")

@@ -45,6 +45,7 @@ import (
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/auth"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/apierror"
 	"github.com/policyd/policyd/internal/store"
@@ -63,7 +64,7 @@ type Backend interface {
 	Validator() *policy.Validator
 	// Propose commits a command through the leader. Errors with an
 	// Unavailable() bool method mean "retry later" (503).
-	Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error)
+	Propose(ctx context.Context, cmd *command.Command) (*commandv1.Result, error)
 	// ConsistentRead returns once the local replica holds every write
 	// acknowledged before the call.
 	ConsistentRead(ctx context.Context) error

@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 
-	"github.com/policyd/policyd/internal/raftfsm"
+	"github.com/policyd/policyd/internal/command"
 )
 
 // RequestIDHeader carries a request's id both ways: a sane incoming value
@@ -24,7 +24,7 @@ const (
 // withRequestID sets the request's id on the response and in its context.
 func withRequestID(w http.ResponseWriter, r *http.Request) *http.Request {
 	id := r.Header.Get(RequestIDHeader)
-	if !raftfsm.ValidRequestID(id) {
+	if !command.ValidRequestID(id) {
 		id = newRequestID()
 	}
 	w.Header().Set(RequestIDHeader, id)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
@@ -143,7 +145,7 @@ func (f *fakeBackend) Propose(_ context.Context, cmd *commandv1.Command) (*comma
 // apply commits cmd at the next index through the FSM, stamped as a leader
 // stamps it.
 func (f *fakeBackend) apply(cmd *commandv1.Command) (*commandv1.Result, error) {
-	if err := raftfsm.CheckEnvelope(cmd); err != nil {
+	if err := command.CheckEnvelope(cmd); err != nil {
 		return nil, fmt.Errorf("propose: %w", err)
 	}
 	idx := f.st.AppliedIndex() + 1
@@ -166,9 +168,9 @@ func (f *fakeBackend) seed(t *testing.T) func(*commandv1.Command, error) *comman
 		if err != nil {
 			t.Fatalf("build seed command: %v", err)
 		}
-		res, err := f.apply(raftfsm.WithAudit(cmd, "token:seed", "seed"))
+		res, err := f.apply(command.WithAudit(cmd, "token:seed", "seed"))
 		if err == nil {
-			err = raftfsm.ResultErr(res)
+			err = command.ResultErr(res)
 		}
 		if err != nil {
 			t.Fatalf("seed: %v", err)

@@ -7,9 +7,10 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/policyd/policyd/internal/command"
+
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -90,8 +91,8 @@ type entity[T any] struct {
 	// already canonical, so that a read is a copy, not a re-encode.
 	stored   func(string) ([]byte, uint64, error)
 	revision func(*T) uint64
-	put      func(*T, *uint64) (*commandv1.Command, error)
-	del      func(string, *uint64) (*commandv1.Command, error)
+	put      func(*T, *uint64) (*command.Command, error)
+	del      func(string, *uint64) (*command.Command, error)
 }
 
 func (a *API) policies() entity[policy.Policy] {
@@ -103,7 +104,7 @@ func (a *API) policies() entity[policy.Policy] {
 		get:      func(k string) (*policy.Policy, error) { return a.b.Store().GetPolicy(k) },
 		stored:   func(k string) ([]byte, uint64, error) { return a.b.Store().StoredPolicy(k) },
 		revision: func(p *policy.Policy) uint64 { return p.Revision },
-		put:      raftfsm.PutPolicy, del: raftfsm.DeletePolicy,
+		put:      command.PutPolicy, del: command.DeletePolicy,
 	}
 }
 
@@ -115,7 +116,7 @@ func (a *API) employees() entity[policy.Employee] {
 		validate: func(e *policy.Employee) error { return a.b.Validator().Employee(e) },
 		get:      func(k string) (*policy.Employee, error) { return a.b.Store().GetEmployee(k) },
 		revision: func(e *policy.Employee) uint64 { return e.Revision },
-		put:      raftfsm.PutEmployee, del: raftfsm.DeleteEmployee,
+		put:      command.PutEmployee, del: command.DeleteEmployee,
 	}
 }
 
@@ -279,18 +280,18 @@ type Deleted struct {
 // commit proposes cmd, turns a business failure into its error, and waits
 // until the local replica has applied it, so the caller reads its own write
 // from this node.
-func (a *API) commit(r *http.Request, cmd *commandv1.Command) (*commandv1.Result, error) {
+func (a *API) commit(r *http.Request, cmd *command.Command) (*commandv1.Result, error) {
 	// The actor is checked here for a clear 400 (a certificate subject with
 	// control characters); the leader checks the envelope again.
-	if err := raftfsm.CheckActor(actor(r)); err != nil {
+	if err := command.CheckActor(actor(r)); err != nil {
 		return nil, badRequest(err.Error())
 	}
-	raftfsm.WithAudit(cmd, actor(r), requestID(r))
+	command.WithAudit(cmd, actor(r), requestID(r))
 	res, err := a.b.Propose(r.Context(), cmd)
 	if err != nil {
 		return nil, err
 	}
-	if err := raftfsm.ResultErr(res); err != nil {
+	if err := command.ResultErr(res); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -7,10 +7,11 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/auth"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/rollout"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -101,7 +102,7 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 				add(field+".policy", err)
 				continue
 			}
-			pb, err := raftfsm.PolicyMessage(p)
+			pb, err := command.PolicyMessage(p)
 			if err != nil {
 				add(field+".policy", err)
 				continue
@@ -137,7 +138,7 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 	for _, fe := range errs {
 		reported[fe.Field] = true
 	}
-	if err := raftfsm.CheckRollout(r); err != nil {
+	if err := command.CheckRollout(r); err != nil {
 		var ve policy.ValidationError
 		if !errors.As(err, &ve) {
 			return nil, err
@@ -222,7 +223,7 @@ func (a *API) startRollout(w http.ResponseWriter, r *http.Request) error {
 			return policy.ValidationError{{Field: fmt.Sprintf("changes[%d].name", i), Reason: fmt.Sprintf("policy %q does not exist: %v", c.GetName(), err)}}
 		}
 	}
-	cmd, err := raftfsm.RolloutStart(ro)
+	cmd, err := command.RolloutStart(ro)
 	if err != nil {
 		return err
 	}
@@ -360,7 +361,7 @@ func (a *API) rolloutAction(action string) handlerFunc {
 		if err != nil {
 			return err
 		}
-		cmd, err := raftfsm.RolloutTransition(t)
+		cmd, err := command.RolloutTransition(t)
 		if err != nil {
 			return err
 		}

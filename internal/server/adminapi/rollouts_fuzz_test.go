@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"google.golang.org/protobuf/proto"
 
 	"github.com/policyd/policyd/internal/policy"
@@ -43,7 +45,7 @@ func FuzzDecodeRolloutRequest(f *testing.F) {
 			}
 			return
 		}
-		cmd, err := raftfsm.RolloutStart(r)
+		cmd, err := command.RolloutStart(r)
 		if err != nil {
 			t.Fatalf("accepted rollout does not build a command: %v", err)
 		}

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/apierror"
 	"github.com/policyd/policyd/internal/server/proxystatus"
 	"github.com/policyd/policyd/internal/store"
@@ -39,18 +40,18 @@ func seedState(t *testing.T, f *fakeBackend) {
 		t.Fatal(err)
 	}
 	p.Name = "p1"
-	f.seed(t)(raftfsm.PutPolicy(p, nil))
+	f.seed(t)(command.PutPolicy(p, nil))
 	e, err := policy.DecodeEmployee([]byte(employeeBody))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.ID = "alice"
-	f.seed(t)(raftfsm.PutEmployee(e, nil))
+	f.seed(t)(command.PutEmployee(e, nil))
 	ro, err := DecodeRolloutRequest([]byte(strings.ReplaceAll(rolloutBody, `"p3"`, `"p2"`)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.seed(t)(raftfsm.RolloutStart(ro))
+	f.seed(t)(command.RolloutStart(ro))
 }
 
 // transition moves rollout id by an operator action, for a check's setup.
@@ -65,7 +66,7 @@ func transition(action string) func(*testing.T, *fakeBackend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.seed(t)(raftfsm.RolloutTransition(tr))
+		f.seed(t)(command.RolloutTransition(tr))
 	}
 }
 

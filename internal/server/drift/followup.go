@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,10 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/backoff"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -105,7 +105,7 @@ type outcome struct {
 	task store.DriftTask
 	// cmd records the outcome through Raft; nil when there is nothing to
 	// record (retry later).
-	cmd   *commandv1.Command
+	cmd   *command.Command
 	retry bool
 	err   error
 }
@@ -230,11 +230,11 @@ func (f *Followup) retryAfter(attempts uint32) time.Duration {
 	return backoff.Exp(max(attempts, 1), f.cfg.Retry.Initial, f.cfg.Retry.Max)
 }
 
-func (f *Followup) propose(ctx context.Context, cmd *commandv1.Command) error {
-	cmd.Actor = raftfsm.ActorDrift
+func (f *Followup) propose(ctx context.Context, cmd *command.Command) error {
+	cmd.Actor = command.ActorDrift
 	res, err := f.prop.Propose(ctx, cmd)
 	if err == nil {
-		err = raftfsm.ResultErr(res)
+		err = command.ResultErr(res)
 	}
 	return err
 }
@@ -249,7 +249,7 @@ func (f *Followup) attempt(ctx context.Context, t store.DriftTask, attempts uint
 	if !final {
 		return outcome{task: t, retry: true, err: err}
 	}
-	cmd, cerr := raftfsm.CompleteDriftTasks([]string{t.Key})
+	cmd, cerr := command.CompleteDriftTasks([]string{t.Key})
 	if cerr != nil {
 		return outcome{task: t, err: errors.Join(err, cerr)}
 	}
@@ -263,7 +263,7 @@ var errPermanent = errors.New("permanent")
 func (f *Followup) deliver(ctx context.Context, t store.DriftTask, attempts uint32) outcome {
 	rec, err := f.st.DriftReport(t.ReportID)
 	if errors.Is(err, store.ErrNotFound) {
-		cmd, cerr := raftfsm.RecordDriftDelivery(t.ReportID, nil, true)
+		cmd, cerr := command.RecordDriftDelivery(t.ReportID, nil, true)
 		return outcome{task: t, cmd: cmd, err: cerr}
 	}
 	if err != nil {
@@ -299,7 +299,7 @@ func (f *Followup) deliver(ctx context.Context, t store.DriftTask, attempts uint
 	if ctx.Err() != nil {
 		return outcome{task: t, retry: true, err: ctx.Err()}
 	}
-	cmd, err := raftfsm.RecordDriftDelivery(t.ReportID, ds, !pending)
+	cmd, err := command.RecordDriftDelivery(t.ReportID, ds, !pending)
 	if err != nil {
 		return outcome{task: t, err: err}
 	}
@@ -413,12 +413,12 @@ func (f *Followup) prune(ctx context.Context) {
 		return
 	}
 	for {
-		cmd, err := raftfsm.PruneDrift(time.Now().Add(-f.cfg.Retention))
+		cmd, err := command.PruneDrift(time.Now().Add(-f.cfg.Retention))
 		if err != nil {
 			f.logger.Error("encode drift prune", "err", err)
 			return
 		}
-		cmd.Actor = raftfsm.ActorDrift
+		cmd.Actor = command.ActorDrift
 		res, err := f.prop.Propose(ctx, cmd)
 		if err != nil {
 			f.logger.Warn("drift report pruning failed; retrying next interval", "err", err)

@@ -12,16 +12,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/backoff"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
 // Proposer commits a command through the Raft leader (server.Node).
 type Proposer interface {
-	Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error)
+	Propose(ctx context.Context, cmd *command.Command) (*commandv1.Result, error)
 }
 
 // ErrQueueFull is returned by Submit when the proposal queue is full (no
@@ -41,7 +42,7 @@ type Sink struct {
 	logger *slog.Logger
 	nodeID string
 	prop   Proposer
-	queue  chan *commandv1.Command
+	queue  chan *command.Command
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -53,7 +54,7 @@ var _ admission.Sink = (*Sink)(nil)
 // NewSink starts a sink that proposes as node nodeID. Call Close to stop it.
 func NewSink(logger *slog.Logger, nodeID string, prop Proposer) *Sink {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Sink{logger: logger, nodeID: nodeID, prop: prop, queue: make(chan *commandv1.Command, sinkQueue), ctx: ctx, cancel: cancel}
+	s := &Sink{logger: logger, nodeID: nodeID, prop: prop, queue: make(chan *command.Command, sinkQueue), ctx: ctx, cancel: cancel}
 	s.wg.Add(1)
 	go s.run()
 	return s
@@ -98,14 +99,14 @@ func (s *Sink) run() {
 }
 
 // propose commits c, retrying while the cluster has no leader.
-func (s *Sink) propose(c *commandv1.Command) {
+func (s *Sink) propose(c *command.Command) {
 	deadline := time.Now().Add(sinkRetryFor)
 	retry := backoff.New(50*time.Millisecond, 2*time.Second, false)
-	c.Actor = raftfsm.ActorDrift
+	c.Actor = command.ActorDrift
 	for {
 		res, err := s.prop.Propose(s.ctx, c)
 		if err == nil {
-			err = raftfsm.ResultErr(res)
+			err = command.ResultErr(res)
 		}
 		if err == nil {
 			return
@@ -123,7 +124,7 @@ func (s *Sink) propose(c *commandv1.Command) {
 
 // Commands encodes effects as ObserveDrift commands: each report in its own
 // command (an entry records one event), the patch tasks with the first.
-func Commands(nodeID string, effects []admission.Effect) ([]*commandv1.Command, error) {
+func Commands(nodeID string, effects []admission.Effect) ([]*command.Command, error) {
 	var tasks []store.DriftObservation
 	var reports [][]store.DriftObservation
 	for _, e := range effects {
@@ -141,12 +142,12 @@ func Commands(nodeID string, effects []admission.Effect) ([]*commandv1.Command, 
 		reports = [][]store.DriftObservation{nil}
 	}
 	reports[0] = append(reports[0], tasks...)
-	var out []*commandv1.Command
+	var out []*command.Command
 	for _, obs := range reports {
 		if len(obs) == 0 {
 			continue
 		}
-		c, err := raftfsm.ObserveDrift(nodeID, obs)
+		c, err := command.ObserveDrift(nodeID, obs)
 		if err != nil {
 			return nil, err
 		}

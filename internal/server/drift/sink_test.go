@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/servertest"
 )
@@ -36,7 +37,7 @@ func decodeObserve(t *testing.T, cmds []*commandv1.Command) [][]*commandv1.Drift
 	t.Helper()
 	var out [][]*commandv1.DriftEffect
 	for _, c := range cmds {
-		if got, want := raftfsm.Type(c.GetType()), raftfsm.TypeObserveDrift; got != want {
+		if got, want := command.Type(c.GetType()), command.TypeObserveDrift; got != want {
 			t.Fatalf("command type %d, want %d", got, want)
 		}
 		var o commandv1.ObserveDrift

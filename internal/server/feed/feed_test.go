@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/coder/websocket"
 	"github.com/google/go-cmp/cmp"
 
@@ -26,7 +28,6 @@ import (
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/servertest"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -725,7 +726,7 @@ func TestResumeSince(t *testing.T) {
 		c.nextOf(feedv1.TypeInit)
 	})
 	t.Run("pruned sends init", func(t *testing.T) {
-		f.apply(must(t)(raftfsm.PruneEvents(time.Now().Add(time.Hour))))
+		f.apply(must(t)(command.PruneEvents(time.Now().Add(time.Hour))))
 		c := f.dial(t, dialOpts{token: f.token("alice", "acme", ""), query: fmt.Sprintf("since=%d", since)})
 		init := c.nextOf(feedv1.TypeInit)
 		if diff := cmp.Diff(f.wantNames(identity("acme", "blue", "alice")), policyNames(init.Policies)); diff != "" {

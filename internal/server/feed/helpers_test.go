@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/hashicorp/raft"
@@ -273,7 +275,7 @@ func (f *fixture) apply(cmds ...*commandv1.Command) uint64 {
 		if !ok {
 			f.t.Fatalf("entry %d: apply result %T", logs[i].Index, r)
 		}
-		if err := raftfsm.ResultErr(res); err != nil {
+		if err := command.ResultErr(res); err != nil {
 			f.t.Fatalf("entry %d: %v", logs[i].Index, err)
 		}
 	}
@@ -306,19 +308,19 @@ func toolPolicy(name string, scope policy.Scope, reason string) *policy.Policy {
 }
 
 func (f *fixture) putPolicy(name string, scope policy.Scope, reason string) *commandv1.Command {
-	return must(f.t)(raftfsm.PutPolicy(toolPolicy(name, scope, reason), nil))
+	return must(f.t)(command.PutPolicy(toolPolicy(name, scope, reason), nil))
 }
 
 func (f *fixture) deletePolicy(name string) *commandv1.Command {
-	return must(f.t)(raftfsm.DeletePolicy(name, nil))
+	return must(f.t)(command.DeletePolicy(name, nil))
 }
 
 func (f *fixture) putEmployee(id, org, team, status string) *commandv1.Command {
-	return must(f.t)(raftfsm.PutEmployee(&policy.Employee{ID: id, Org: org, Team: team, Status: status}, nil))
+	return must(f.t)(command.PutEmployee(&policy.Employee{ID: id, Org: org, Team: team, Status: status}, nil))
 }
 
 func (f *fixture) deleteEmployee(id string) *commandv1.Command {
-	return must(f.t)(raftfsm.DeleteEmployee(id, nil))
+	return must(f.t)(command.DeleteEmployee(id, nil))
 }
 
 func scopeOrg(o string) policy.Scope           { return policy.Scope{Org: o} }

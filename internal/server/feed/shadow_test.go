@@ -4,11 +4,12 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/google/go-cmp/cmp"
 
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 )
 
 // TestShadowDelivery: a connection that declared the shadow capability is
@@ -23,7 +24,7 @@ func TestShadowDelivery(t *testing.T) {
 	put := func(name, enforcement string) {
 		p := toolPolicy(name, scopeOrg("acme"), "r")
 		p.Enforcement = enforcement
-		f.apply(must(t)(raftfsm.PutPolicy(p, nil)))
+		f.apply(must(t)(command.PutPolicy(p, nil)))
 	}
 	shadowConn, init := f.connect(t, alice, feedv1.QueryCapabilities+"=shadow")
 	v1Conn, v1Init := f.connect(t, alice, "")

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
@@ -60,10 +62,10 @@ func TestIndexMatchesStore(t *testing.T) {
 			name := fmt.Sprintf("p%d", rng.IntN(8))
 			var cmd *commandv1.Command
 			if rng.IntN(4) == 0 {
-				cmd, err = raftfsm.DeletePolicy(name, nil)
+				cmd, err = command.DeletePolicy(name, nil)
 			} else {
 				spec, _ := json.Marshal(map[string]any{"tool_name": "Bash", "action": "deny", "reason": fmt.Sprint(rng.IntN(3))})
-				cmd, err = raftfsm.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scopes[rng.IntN(len(scopes))], Spec: spec}, nil)
+				cmd, err = command.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scopes[rng.IntN(len(scopes))], Spec: spec}, nil)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -153,7 +155,7 @@ func TestEmployeesShareTeamSet(t *testing.T) {
 		}
 	}
 	put := func(name string, scope policy.Scope) {
-		apply(raftfsm.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scope,
+		apply(command.PutPolicy(&policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scope,
 			Spec: json.RawMessage(`{"tool_name":"Bash","action":"deny","reason":"r"}`)}, nil))
 	}
 	team := policy.Identity{Org: "a", Team: "t"}
@@ -176,7 +178,7 @@ func TestEmployeesShareTeamSet(t *testing.T) {
 			map[policy.Identity][]string{e1: {"org", "own"}, e2: {"org", "own"}}},
 		{"it names e2, then goes", func() {
 			put("own", e2)
-			apply(raftfsm.DeletePolicy("own", nil))
+			apply(command.DeletePolicy("own", nil))
 		},
 			map[policy.Identity]bool{e1: true, e2: true},
 			map[policy.Identity][]string{e1: {"org"}, e2: {"org"}}},

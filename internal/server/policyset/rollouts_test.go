@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -170,7 +172,7 @@ func (e *rolloutEnv) apply(cmd *commandv1.Command, err error) {
 
 func (e *rolloutEnv) put(name string, scope policy.Scope, reason string) {
 	e.t.Helper()
-	e.apply(raftfsm.PutPolicy(testPolicy(name, scope, reason), nil))
+	e.apply(command.PutPolicy(testPolicy(name, scope, reason), nil))
 }
 
 func testPolicy(name string, scope policy.Scope, reason string) *policy.Policy {
@@ -191,7 +193,7 @@ func (e *rolloutEnv) rolloutChange(r *commandv1.Rollout, extra ...store.EntityCh
 	for _, ch := range r.GetChanges() {
 		name := ch.GetName()
 		if p := ch.GetPolicy(); p != nil {
-			scopes = append(scopes, raftfsm.PolicyOf(p).Scope)
+			scopes = append(scopes, command.PolicyOf(p).Scope)
 			name = p.GetName()
 		}
 		if rp, ok := e.x.Get(name); ok {
@@ -552,7 +554,7 @@ func TestSetForMatchesModel(t *testing.T) {
 				continue
 			}
 			if _, ok := x.Get(name); ok && rng.IntN(3) == 0 {
-				env.apply(raftfsm.DeletePolicy(name, nil))
+				env.apply(command.DeletePolicy(name, nil))
 			} else {
 				env.put(name, scopes[rng.IntN(len(scopes))], fmt.Sprint(rng.IntN(3)))
 			}
@@ -600,11 +602,11 @@ func TestSetForMatchesModel(t *testing.T) {
 				for _, ch := range r.GetChanges() {
 					if ch.GetOp() == "delete" {
 						if _, ok := x.Get(ch.GetName()); ok {
-							env.apply(raftfsm.DeletePolicy(ch.GetName(), nil))
+							env.apply(command.DeletePolicy(ch.GetName(), nil))
 						}
 						continue
 					}
-					env.apply(raftfsm.PutPolicy(raftfsm.PolicyOf(ch.GetPolicy()), nil))
+					env.apply(command.PutPolicy(command.PolicyOf(ch.GetPolicy()), nil))
 				}
 				r.State = store.RolloutCompleted
 			}
@@ -637,7 +639,7 @@ func TestSetForMatchesModel(t *testing.T) {
 						name := ch.GetName()
 						if p := ch.GetPolicy(); p != nil {
 							name = p.GetName()
-							touches = touches || raftfsm.PolicyOf(p).Scope.AppliesTo(id)
+							touches = touches || command.PolicyOf(p).Scope.AppliesTo(id)
 						}
 						if rp, ok := x.Get(name); ok {
 							touches = touches || rp.Policy.Scope.AppliesTo(id)

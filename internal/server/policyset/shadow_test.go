@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
@@ -33,7 +35,7 @@ func TestSetForShadow(t *testing.T) {
 		{Name: "acme.shadow", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "acme"}, Enforcement: policy.EnforcementShadow, Spec: []byte(`{"tool_name":"Read","action":"deny"}`)},
 		{Name: "other.enforced", Kind: policy.KindToolPolicy, Scope: policy.Scope{Org: "other"}, Spec: []byte(`{"tool_name":"Bash","action":"deny"}`)},
 	} {
-		cmd, err := raftfsm.PutPolicy(p, nil)
+		cmd, err := command.PutPolicy(p, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +48,7 @@ func TestSetForShadow(t *testing.T) {
 	}
 	for _, r := range fsm.ApplyBatch(logs) {
 		if res, ok := r.(*commandv1.Result); ok {
-			if err := raftfsm.ResultErr(res); err != nil {
+			if err := command.ResultErr(res); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -18,7 +20,6 @@ import (
 	"github.com/policyd/policyd/internal/backoff"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/grpccodec"
 	"github.com/policyd/policyd/internal/server/peer"
 	"github.com/policyd/policyd/internal/store"
@@ -45,10 +46,12 @@ func (s *clusterService) Apply(ctx context.Context, req *clusterv1.ApplyRequest)
 	if s.n.raft.State() != raft.Leader {
 		return nil, toStatus(ErrNotLeader)
 	}
-	if err := s.n.vetCommand(req.GetCommand()); err != nil {
-		return nil, toStatus(err)
+	// The one decode of a forwarded payload on the leader.
+	c, err := command.Decode(req.GetCommand())
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("%w: %w", errInvalidCommand, err))
 	}
-	res, err := s.n.applyLocal(ctx, req.GetCommand())
+	res, err := s.n.applyLocal(ctx, c, true)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -233,11 +236,11 @@ func (n *Node) removeLocal(ctx context.Context, id string) (uint64, error) {
 // forgetMember deletes the member record (addresses) of id, through this
 // node, which must lead.
 func (n *Node) forgetMember(ctx context.Context, id string) error {
-	cmd, err := raftfsm.RemoveMember(id)
+	cmd, err := command.RemoveMember(id)
 	if err != nil {
 		return err
 	}
-	if _, err := n.applyLocal(ctx, cmd); err != nil {
+	if _, err := n.applyLocal(ctx, cmd, false); err != nil {
 		return fmt.Errorf("forget addresses of %q: %w", id, err)
 	}
 	return nil

@@ -10,8 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/policyd/policyd/internal/backoff"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -35,8 +36,8 @@ func (n *Node) loadClusterID() error {
 	switch b, err := os.ReadFile(path); {
 	case err == nil:
 		fileID = strings.TrimSpace(string(b))
-		if !raftfsm.ClusterIDPattern.MatchString(fileID) {
-			return fmt.Errorf("%s: %q is not a cluster ID (%s); restore it from another member's data dir", path, fileID, raftfsm.ClusterIDPattern)
+		if !command.ClusterIDPattern.MatchString(fileID) {
+			return fmt.Errorf("%s: %q is not a cluster ID (%s); restore it from another member's data dir", path, fileID, command.ClusterIDPattern)
 		}
 	case !errors.Is(err, os.ErrNotExist):
 		return fmt.Errorf("read cluster ID: %w", err)
@@ -112,9 +113,9 @@ func (n *Node) ensureClusterID(ctx context.Context) {
 			_, _ = rand.Read(b[:]) // never fails (Go 1.24)
 			id = hex.EncodeToString(b[:])
 		}
-		cmd, err := raftfsm.SetClusterID(id)
+		cmd, err := command.SetClusterID(id)
 		if err == nil {
-			if _, err = n.applyLocal(ctx, cmd); err == nil {
+			if _, err = n.applyLocal(ctx, cmd, false); err == nil {
 				n.logger.Info("named the cluster", "cluster", id)
 				return
 			}

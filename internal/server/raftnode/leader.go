@@ -5,10 +5,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 
 	"github.com/policyd/policyd/internal/backoff"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -157,9 +158,9 @@ func (n *Node) ensureRegistered(ctx context.Context) {
 			// registrations without the fields it did not know: its first
 			// registration since start asks every other member to register
 			// again. A new node, or one that moved, registers plainly.
-			register := raftfsm.RegisterMember
+			register := command.RegisterMember
 			if !n.registered && err == nil && m.CommandVersion < self.CommandVersion {
-				register = raftfsm.RegisterMemberAfresh
+				register = command.RegisterMemberAfresh
 			}
 			cmd, err := register(self)
 			if err != nil {
@@ -221,12 +222,12 @@ func (n *Node) pruneEventsTask(ctx context.Context) {
 func (n *Node) pruneEvents(ctx context.Context, cutoff time.Time) {
 	total := 0
 	for {
-		cmd, err := raftfsm.PruneEvents(cutoff)
+		cmd, err := command.PruneEvents(cutoff)
 		if err != nil {
 			n.logger.Error("encode prune command", "err", err)
 			return
 		}
-		cmd.Actor = raftfsm.ActorRetention
+		cmd.Actor = command.ActorRetention
 		res, err := n.Propose(ctx, cmd)
 		if err != nil {
 			n.logger.Warn("event pruning failed; retrying next interval", "err", err)

@@ -24,6 +24,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 
@@ -353,7 +355,7 @@ func (n *Node) Raft() *raft.Raft { return n.raft }
 func (n *Node) LogStore() LogStore { return n.logStore }
 
 func (n *Node) self() store.Member {
-	m := store.Member{ID: n.id, RaftAddr: string(n.transport.LocalAddr()), CommandVersion: raftfsm.CommandVersion}
+	m := store.Member{ID: n.id, RaftAddr: string(n.transport.LocalAddr()), CommandVersion: command.CommandVersion}
 	if n.deps.Addrs != nil {
 		m.HTTPAddr, m.GRPCAddr = n.deps.Addrs()
 	}

@@ -3,6 +3,8 @@ package raftnode
 import (
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"google.golang.org/protobuf/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
@@ -30,11 +32,11 @@ func FuzzPeerApply(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	seed(raftfsm.PutPolicy(&policy.Policy{Name: "a.b", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny","conditions":{"patterns":["rm"]}}`)}, nil))
-	seed(raftfsm.NewCommand(raftfsm.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":"x","kind":"ToolPolicy","spec":{"tool_name":"B\xffsh"}}`)}))
-	seed(raftfsm.PutEmployee(&policy.Employee{ID: "alice", Org: "acme", Status: "active"}, nil))
-	seed(raftfsm.DeletePolicy("a.b", nil))
-	seed(&commandv1.Command{Type: uint32(raftfsm.TypeRegisterMember), Payload: []byte{0x0a, 0x02, 'n', '1'}}, nil)
+	seed(command.PutPolicy(&policy.Policy{Name: "a.b", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny","conditions":{"patterns":["rm"]}}`)}, nil))
+	seed(command.NewCommand(command.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":"x","kind":"ToolPolicy","spec":{"tool_name":"B\xffsh"}}`)}))
+	seed(command.PutEmployee(&policy.Employee{ID: "alice", Org: "acme", Status: "active"}, nil))
+	seed(command.DeletePolicy("a.b", nil))
+	seed(&commandv1.Command{Type: uint32(command.TypeRegisterMember), Payload: []byte{0x0a, 0x02, 'n', '1'}}, nil)
 	seed(&commandv1.Command{Type: 0x7e}, nil)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req clusterv1.ApplyRequest
@@ -45,7 +47,7 @@ func FuzzPeerApply(f *testing.F) {
 		if n.vetCommand(cmd) != nil {
 			return
 		}
-		if raftfsm.Type(cmd.GetType()) == raftfsm.TypePutPolicy {
+		if command.Type(cmd.GetType()) == command.TypePutPolicy {
 			// A version 1 policy the leader admits is one the REST edge's
 			// strict decode admits.
 			var c commandv1.PutPolicy
@@ -56,8 +58,8 @@ func FuzzPeerApply(f *testing.F) {
 				t.Fatalf("the leader admits a policy the strict decoder refuses: %v", err)
 			}
 		}
-		switch raftfsm.Type(cmd.GetType()) {
-		case raftfsm.TypePutPolicy, raftfsm.TypeDeletePolicy, raftfsm.TypePutEmployee, raftfsm.TypeDeleteEmployee:
+		switch command.Type(cmd.GetType()) {
+		case command.TypePutPolicy, command.TypeDeletePolicy, command.TypePutEmployee, command.TypeDeleteEmployee:
 			b, err := proto.Marshal(cmd)
 			if err != nil {
 				t.Fatal(err)

@@ -9,12 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
@@ -53,33 +54,29 @@ func (n *Node) leaderWait() time.Duration {
 	return n.cfg.Raft.HeartbeatTimeout + 3*n.cfg.Raft.ElectionTimeout
 }
 
-// Propose commits cmd through the leader, forwarding it if this node is a
+// Propose commits c through the leader, forwarding it if this node is a
 // follower, and returns the FSM's result. A business error (conflict, not
-// found) is in the result (see raftfsm.ResultErr); the error is about
+// found) is in the result (see command.ResultErr); the error is about
 // getting the command committed.
-func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
-	if cmd.GetOriginatedAtUnixNano() == 0 {
-		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
+func (n *Node) Propose(ctx context.Context, c *command.Command) (*commandv1.Result, error) {
+	if c.OriginatedAtUnixNano == 0 {
+		c.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Forward.Timeout)
 	defer cancel()
 	var res *commandv1.Result
-	err := n.withLeader(ctx, func(ctx context.Context, leader bool, c clusterv1.ClusterClient) error {
+	err := n.withLeader(ctx, func(ctx context.Context, leader bool, cc clusterv1.ClusterClient) error {
 		if leader {
 			var err error
-			res, err = n.applyLocal(ctx, cmd) // which writes it for the members
+			res, err = n.applyLocal(ctx, c, false)
 			return err
 		}
-		if refused, err := n.rolloutGate(cmd); refused != nil || err != nil {
+		env, refused, err := n.forLeader(c)
+		if refused != nil || err != nil {
 			res = refused
 			return err
 		}
-		// The leader may run an older release: write cmd as it reads.
-		fwd, err := n.forMembers(cmd)
-		if err != nil {
-			return err
-		}
-		resp, err := c.Apply(ctx, &clusterv1.ApplyRequest{Command: fwd})
+		resp, err := cc.Apply(ctx, &clusterv1.ApplyRequest{Command: env})
 		if err != nil {
 			return fromStatus(err)
 		}
@@ -90,6 +87,23 @@ func (n *Node) Propose(ctx context.Context, cmd *commandv1.Command) (*commandv1.
 		n.acked.raise(res.GetIndex())
 	}
 	return res, err
+}
+
+// forLeader is c as the leader reads it. The leader may run an older
+// release, which knows neither this release's encodings nor, before
+// RolloutVersion, its refusals: so c is written for the oldest member, and
+// refused here if that member cannot apply it. The leader's own checks are
+// admit's.
+func (n *Node) forLeader(c *command.Command) (*commandv1.Command, *commandv1.Result, error) {
+	c, refused, err := n.forMembers(c)
+	if refused != nil || err != nil {
+		return nil, refused, err
+	}
+	env, err := command.Encode(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	return env, nil, nil
 }
 
 // withLeader runs fn against the current leader: locally (leader true) or
@@ -132,55 +146,24 @@ func (n *Node) tryLeader(ctx context.Context, fn func(ctx context.Context, leade
 	return fn(ctx, false, c)
 }
 
-// ProposeLocal commits cmd on this node, which must lead: it never
+// ProposeLocal commits c on this node, which must lead: it never
 // forwards, and answers ErrNotLeader on a follower.
-func (n *Node) ProposeLocal(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+func (n *Node) ProposeLocal(ctx context.Context, c *command.Command) (*commandv1.Result, error) {
 	if !n.IsLeader() {
 		return nil, ErrNotLeader
 	}
-	return n.applyLocal(ctx, cmd)
+	return n.applyLocal(ctx, c, false)
 }
 
-// applyLocal proposes cmd on this node, which must be the leader. The leader
-// stamps the processed time, so the event log follows one clock.
-func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
-	if raftfsm.Type(cmd.GetType()) == raftfsm.TypeRegisterMember {
-		// A node that was removed must not re-register itself through a
-		// leader it can still reach.
-		var reg commandv1.RegisterMember
-		if err := proto.Unmarshal(cmd.GetPayload(), &reg); err != nil {
-			return nil, fmt.Errorf("%w: decode register-member payload: %w", errInvalidCommand, err)
-		}
-		if !n.InConfiguration(reg.GetId()) {
-			return nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
-		}
-	}
-	// A bad actor or request id, from this node's API or a peer's, is
-	// refused with a clear error rather than recorded.
-	if err := raftfsm.CheckEnvelope(cmd); err != nil {
-		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
-	}
-	if refused, err := n.rolloutGate(cmd); refused != nil || err != nil {
+// applyLocal proposes c on this node, which must be the leader, once admit
+// has passed it; forwarded says it came from another node.
+func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded bool) (*commandv1.Result, error) {
+	data, refused, err := n.admit(c, forwarded)
+	if refused != nil || err != nil {
 		return refused, err
-	}
-	cmd, err := n.forMembers(cmd)
-	if err != nil {
-		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Raft.ApplyTimeout)
 	defer cancel()
-	cp := proto.Clone(cmd).(*commandv1.Command)
-	cp.ProcessedAtUnixNano = time.Now().UnixNano()
-	data, err := proto.Marshal(cp)
-	if err != nil {
-		return nil, fmt.Errorf("encode command: %w", err)
-	}
-	// An entry the FSM cannot decode would stop every replica once
-	// committed, so nothing enters the log that DecodeEntry refuses: not a
-	// forwarded command from a buggy or hostile peer either.
-	if _, err := raftfsm.DecodeEntry(0, data); err != nil {
-		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
-	}
 	f := n.raft.Apply(data, n.cfg.Raft.ApplyTimeout)
 	// The waiter ends once raft answers, which it also does at shutdown
 	// (third_party/raft), so a caller that gave up leaves nothing behind.
@@ -210,70 +193,78 @@ func (n *Node) applyLocal(ctx context.Context, cmd *commandv1.Command) (*command
 	return res, nil
 }
 
+// admit is the leader's one check of a command before it enters the log,
+// and its encoding: a removed node may not register again; the audit
+// fields must be well formed; a forwarded command must pass the content
+// rules the REST edge applies (vetCommand), since its sender may be buggy
+// or hostile; nothing may enter that every replica would stop on
+// (raftfsm.Check); and the command is written for the oldest member, or
+// refused as a conflict if that member cannot apply it. The leader stamps
+// the processed time, so the event log follows one clock.
+func (n *Node) admit(c *command.Command, forwarded bool) ([]byte, *commandv1.Result, error) {
+	if reg := c.Body.GetRegisterMember(); reg != nil && !n.InConfiguration(reg.GetId()) {
+		return nil, nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
+	}
+	if err := command.CheckEnvelope(c); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	if forwarded {
+		if err := n.vetCommand(c); err != nil {
+			return nil, nil, err
+		}
+	}
+	c, refused, err := n.forMembers(c)
+	if refused != nil || err != nil {
+		return nil, refused, err
+	}
+	if err := raftfsm.Check(c); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	stamped := *c
+	stamped.ProcessedAtUnixNano = time.Now().UnixNano()
+	data, err := command.Marshal(&stamped)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	}
+	return data, nil, nil
+}
+
 var errNotMember = errors.New("not a member of the raft configuration")
 
 // errInvalidCommand marks a command refused before proposing; it maps to 400
 // and InvalidArgument.
 var errInvalidCommand = fmt.Errorf("invalid command: %w", policy.ErrInvalid)
 
-// forMembers returns cmd in the newest command encoding every registered
-// member reads (raftfsm.ForVersion). A node running the previous release
-// registered no version and reads version 1, so until it is upgraded and
-// registers again, policies and employees travel as JSON; likewise, until
-// every member reads version 3, commands travel without actor and request
-// id (their events record none). A node that has
-// not registered yet is not counted: one joining an upgraded cluster runs
-// this release or a later one.
-func (n *Node) forMembers(cmd *commandv1.Command) (*commandv1.Command, error) {
-	t := raftfsm.Type(cmd.GetType())
-	if t != raftfsm.TypePutPolicy && t != raftfsm.TypePutEmployee && !raftfsm.HasAudit(cmd) {
-		return cmd, nil
-	}
+// forMembers is c in the newest command encoding every registered member
+// reads (command.ForVersion), read from one look at the members; a command
+// that member cannot apply (a rollout, a shadow policy before
+// RolloutVersion) is refused as a conflict result. A node running the
+// previous release registered no version and reads version 1, so until it
+// is upgraded and registers again, policies and employees travel as JSON;
+// likewise, until every member reads version 3, commands travel without
+// actor and request id (their events record none). A node that has not
+// registered yet is not counted: one joining an upgraded cluster runs this
+// release or a later one.
+func (n *Node) forMembers(c *command.Command) (*command.Command, *commandv1.Result, error) {
 	members, err := n.store.Members()
 	if err != nil {
-		return nil, fmt.Errorf("read member command versions: %w", err)
+		return nil, nil, fmt.Errorf("read member command versions: %w", err)
 	}
-	out, err := raftfsm.ForVersion(cmd, commandVersion(members))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+	out, err := command.ForVersion(c, commandVersion(members))
+	var nu *command.NotUpgradedError
+	switch {
+	case errors.As(err, &nu):
+		return nil, command.ConflictResult(nu.Error()), nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
-	return out, nil
-}
-
-// rolloutGate refuses a rollout command, as a conflict result, while some
-// member reads a command version below raftfsm.RolloutVersion: such a node
-// would stop on the entry. The leader checks again, since a follower's view
-// of the members may lag.
-//
-// A shadow policy (a PutPolicy whose policy has enforcement "shadow") is
-// refused the same way: such a node would drop the field and enforce it.
-// The command is decoded for that only in a cluster not yet upgraded.
-func (n *Node) rolloutGate(cmd *commandv1.Command) (*commandv1.Result, error) {
-	t := raftfsm.Type(cmd.GetType())
-	if !raftfsm.IsRolloutType(t) && t != raftfsm.TypePutPolicy {
-		return nil, nil
-	}
-	members, err := n.store.Members()
-	if err != nil {
-		return nil, fmt.Errorf("read member command versions: %w", err)
-	}
-	v := commandVersion(members)
-	if v >= raftfsm.RolloutVersion {
-		return nil, nil
-	}
-	if t == raftfsm.TypePutPolicy {
-		if !raftfsm.IsShadowPut(cmd) {
-			return nil, nil
-		}
-		return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: shadow policies need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
-	}
-	return raftfsm.ConflictResult(fmt.Sprintf("cluster not upgraded: rollouts need every member to read command version %d; the oldest reads %d", raftfsm.RolloutVersion, v)), nil
+	return out, nil, nil
 }
 
 // commandVersion is the newest command encoding every member reads. A
 // member that registered none predates command versions and reads 1.
 func commandVersion(members []store.Member) uint32 {
-	v := uint32(raftfsm.CommandVersion)
+	v := uint32(command.CommandVersion)
 	for _, m := range members {
 		v = min(v, max(m.CommandVersion, 1))
 	}

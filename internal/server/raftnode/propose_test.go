@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/internal/command"
+
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/servertest"
 )
 
@@ -21,7 +22,7 @@ import (
 // in third_party/raft).
 func TestApplyAtRaftShutdownEnds(t *testing.T) {
 	n, _ := singleNode(t, nil)
-	cmd, err := raftfsm.NewCommand(raftfsm.TypePruneEvents, &commandv1.PruneEvents{CutoffUnixNano: 1})
+	cmd, err := command.NewCommand(command.TypePruneEvents, &commandv1.PruneEvents{CutoffUnixNano: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,9 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/servertest"
 	"github.com/policyd/policyd/internal/store"
 )
@@ -17,20 +18,20 @@ import (
 // crosses a forwarded write, while a registered member reads a command
 // version below raftfsm.RolloutVersion (or none); other commands pass.
 func TestRolloutGate(t *testing.T) {
-	start, err := raftfsm.NewCommand(raftfsm.TypeRolloutStart, &commandv1.RolloutStart{})
+	start, err := command.NewCommand(command.TypeRolloutStart, &commandv1.RolloutStart{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	move, err := raftfsm.RolloutTransition(&commandv1.RolloutTransition{Id: "r1"})
+	move, err := command.RolloutTransition(&commandv1.RolloutTransition{Id: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	put, err := raftfsm.DeletePolicy("acme.p", nil)
+	put, err := command.DeletePolicy("acme.p", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pol := func(enforcement string) *commandv1.Command {
-		cmd, err := raftfsm.PutPolicy(&policy.Policy{Name: "acme.p", Kind: policy.KindToolPolicy, Spec: []byte(`{}`), Enforcement: enforcement}, nil)
+		cmd, err := command.PutPolicy(&policy.Policy{Name: "acme.p", Kind: policy.KindToolPolicy, Spec: []byte(`{}`), Enforcement: enforcement}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,10 +79,10 @@ func TestRolloutGate(t *testing.T) {
 				t.Fatalf("refused = %v (%v), want %v", got, res, tc.refused)
 			}
 			if tc.refused {
-				if rerr := raftfsm.ResultErr(res); !strings.Contains(rerr.Error(), "cluster not upgraded") || !strings.Contains(rerr.Error(), "oldest reads") {
+				if rerr := command.ResultErr(res); !strings.Contains(rerr.Error(), "cluster not upgraded") || !strings.Contains(rerr.Error(), "oldest reads") {
 					t.Errorf("refusal %v", rerr)
 				}
-				if rerr := raftfsm.ResultErr(res); !isConflict(rerr) {
+				if rerr := command.ResultErr(res); !isConflict(rerr) {
 					t.Errorf("refusal %v is not a conflict", rerr)
 				}
 			}

@@ -4,60 +4,40 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/proto"
+	"github.com/policyd/policyd/internal/command"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
 )
 
 // vetCommand is the leader's check of a command that reached it through
-// the peer plane (DESIGN part 11): the content rules the REST edge
-// applies, so that a forged or buggy forward stores nothing the admin API
-// would refuse. Commands a node makes itself (its REST edge, its leader
-// tasks) were checked where they were made. Types without content rules
-// beyond decoding are left to applyLocal's DecodeEntry.
-func (n *Node) vetCommand(cmd *commandv1.Command) error {
+// the peer plane: the content rules the REST edge applies, so that a forged
+// or buggy forward stores nothing the admin API would refuse. Commands a
+// node makes itself (its REST edge, its leader tasks) were checked where
+// they were made. Types without content rules beyond what the FSM checks
+// are left to admit's raftfsm.Check.
+func (n *Node) vetCommand(c *command.Command) error {
 	var err error
-	switch raftfsm.Type(cmd.GetType()) {
-	case raftfsm.TypePutPolicy:
-		var c commandv1.PutPolicy
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = n.vetPolicy(&c)
+	switch k := c.Body.GetKind().(type) {
+	case *commandv1.Body_PutPolicy:
+		err = n.vetPolicy(k.PutPolicy)
+	case *commandv1.Body_DeletePolicy:
+		err = policy.ValidPolicyName(k.DeletePolicy.GetName())
+	case *commandv1.Body_PutEmployee:
+		err = n.vetEmployee(k.PutEmployee)
+	case *commandv1.Body_DeleteEmployee:
+		err = policy.ValidEmployeeID(k.DeleteEmployee.GetId())
+	case *commandv1.Body_RegisterMember:
+		err = checkMember(k.RegisterMember.GetId(), k.RegisterMember.GetRaftAddr())
+	case *commandv1.Body_RemoveMember:
+		if id := k.RemoveMember.GetId(); !config.ValidNodeID(id) {
+			err = fmt.Errorf("id %q is not a valid node id", id)
 		}
-	case raftfsm.TypeDeletePolicy:
-		var c commandv1.DeletePolicy
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = policy.ValidPolicyName(c.GetName())
-		}
-	case raftfsm.TypePutEmployee:
-		var c commandv1.PutEmployee
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = n.vetEmployee(&c)
-		}
-	case raftfsm.TypeDeleteEmployee:
-		var c commandv1.DeleteEmployee
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = policy.ValidEmployeeID(c.GetId())
-		}
-	case raftfsm.TypeRegisterMember:
-		var c commandv1.RegisterMember
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = checkMember(c.GetId(), c.GetRaftAddr())
-		}
-	case raftfsm.TypeRemoveMember:
-		var c commandv1.RemoveMember
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil && !config.ValidNodeID(c.GetId()) {
-			err = fmt.Errorf("id %q is not a valid node id", c.GetId())
-		}
-	case raftfsm.TypeRolloutStart:
-		var c commandv1.RolloutStart
-		if err = proto.Unmarshal(cmd.GetPayload(), &c); err == nil {
-			err = n.vetRollout(c.GetRollout())
-		}
-	case raftfsm.TypeSetClusterID:
+	case *commandv1.Body_RolloutStart:
+		err = n.vetRollout(k.RolloutStart.GetRollout())
+	case *commandv1.Body_SetClusterId:
 		// Only the leader names the cluster, from its own leader task.
 		err = fmt.Errorf("the cluster ID is not set through another node")
 	}
@@ -79,7 +59,7 @@ func (n *Node) vetPolicy(c *commandv1.PutPolicy) error {
 		if !utf8.Valid(pb.GetSpec()) {
 			return fmt.Errorf("policy spec: not valid UTF-8")
 		}
-		return n.validator.Shape(raftfsm.PolicyOf(pb))
+		return n.validator.Shape(command.PolicyOf(pb))
 	}
 	raw := c.GetPolicyJson()
 	if !utf8.Valid(raw) {
@@ -95,7 +75,7 @@ func (n *Node) vetPolicy(c *commandv1.PutPolicy) error {
 // vetEmployee checks a forwarded employee as the REST edge does.
 func (n *Node) vetEmployee(c *commandv1.PutEmployee) error {
 	if pb := c.GetEmployee(); pb != nil {
-		return n.validator.Employee(raftfsm.EmployeeOf(pb))
+		return n.validator.Employee(command.EmployeeOf(pb))
 	}
 	raw := c.GetEmployeeJson()
 	if !utf8.Valid(raw) {
@@ -114,7 +94,7 @@ func (n *Node) vetRollout(r *commandv1.Rollout) error {
 	if r == nil {
 		return fmt.Errorf("rollout start: no rollout")
 	}
-	if err := raftfsm.CheckRollout(r); err != nil {
+	if err := command.CheckRollout(r); err != nil {
 		return err
 	}
 	for i, c := range r.GetChanges() {
@@ -124,7 +104,7 @@ func (n *Node) vetRollout(r *commandv1.Rollout) error {
 		if !utf8.Valid(c.GetPolicy().GetSpec()) {
 			return fmt.Errorf("changes[%d].policy.spec: not valid UTF-8", i)
 		}
-		if err := n.validator.Shape(raftfsm.PolicyOf(c.GetPolicy())); err != nil {
+		if err := n.validator.Shape(command.PolicyOf(c.GetPolicy())); err != nil {
 			return fmt.Errorf("changes[%d].policy: %w", i, err)
 		}
 	}

@@ -5,8 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/policyd/policyd/internal/command"
+
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/raftfsm"
 )
 
 // BenchmarkVetPutPolicy4K is the leader's check of a forwarded 4 KB policy
@@ -17,7 +18,7 @@ func BenchmarkVetPutPolicy4K(b *testing.B) {
 		b.Fatal(err)
 	}
 	n := &Node{validator: v}
-	cmd, err := raftfsm.PutPolicy(&policy.Policy{Name: "bench-w1-1", Kind: "ToolPolicy",
+	cmd, err := command.PutPolicy(&policy.Policy{Name: "bench-w1-1", Kind: "ToolPolicy",
 		Spec: json.RawMessage(`{"action":"deny","reason":"` + strings.Repeat("x", 4000) + `","tool_name":"Bash"}`)}, nil)
 	if err != nil {
 		b.Fatal(err)
