@@ -134,3 +134,10 @@ func Unmarshal(data []byte) (*Command, error) {
 	}
 	return Decode(&env)
 }
+
+// Clone is a deep copy of c.
+func (c *Command) Clone() *Command {
+	cp := *c
+	cp.Body = proto.CloneOf(c.Body)
+	return &cp
+}

@@ -91,7 +91,11 @@ var internalCalls = []struct {
 	call   func(ctx context.Context, c clusterv1.ClusterClient) error
 }{
 	{"Apply", func(ctx context.Context, c clusterv1.ClusterClient) error {
-		cmd, err := command.PutPolicy(&policy.Policy{Name: "peer.written", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny"}`)}, nil)
+		typed, err := command.PutPolicy(&policy.Policy{Name: "peer.written", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny"}`)}, nil)
+		if err != nil {
+			return err
+		}
+		cmd, err := command.Encode(typed)
 		if err != nil {
 			return err
 		}
@@ -279,18 +283,22 @@ func strangerTransport(t *testing.T, cfg *peer.Config) *raft.NetworkTransport {
 func TestLeaderVetsForwardedCommands(t *testing.T) {
 	n, _ := singleNode(t, withSecret(t))
 	c := peerClient(t, n.RaftAddr(), secretPeer(t, n.ID(), clusterSecret))
-	mustCmd := func(cmd *commandv1.Command, err error) *commandv1.Command {
+	mustCmd := func(c *command.Command, err error) *commandv1.Command {
 		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := command.Encode(c)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return cmd
 	}
 	rawPolicy := func(p string) *commandv1.Command {
-		return mustCmd(command.NewCommand(command.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(p)}))
+		return mustCmd(command.New(&commandv1.PutPolicy{PolicyJson: []byte(p)}))
 	}
 	rawEmployee := func(e string) *commandv1.Command {
-		return mustCmd(command.NewCommand(command.TypePutEmployee, &commandv1.PutEmployee{EmployeeJson: []byte(e)}))
+		return mustCmd(command.New(&commandv1.PutEmployee{EmployeeJson: []byte(e)}))
 	}
 	tests := []struct {
 		name string

@@ -16,7 +16,6 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
@@ -42,7 +41,7 @@ type fakeBackend struct {
 	// panics makes a method panic, by name; "*" makes every one panic.
 	panics map[string]bool
 	// proposed records every command Propose was given, in order.
-	proposed []*commandv1.Command
+	proposed []*command.Command
 	// result, when set, is Propose's answer instead of applying.
 	result *commandv1.Result
 	// noValue drops the stored value from Propose's answer, as a leader
@@ -108,10 +107,10 @@ func (f *fakeBackend) call(method string) error {
 }
 
 // commands returns what Propose was given.
-func (f *fakeBackend) commands() []*commandv1.Command {
+func (f *fakeBackend) commands() []*command.Command {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]*commandv1.Command(nil), f.proposed...)
+	return append([]*command.Command(nil), f.proposed...)
 }
 
 func (f *fakeBackend) Store() *store.Store {
@@ -124,12 +123,12 @@ func (f *fakeBackend) Validator() *policy.Validator {
 	return nil // the built-in kinds
 }
 
-func (f *fakeBackend) Propose(_ context.Context, cmd *commandv1.Command) (*commandv1.Result, error) {
+func (f *fakeBackend) Propose(_ context.Context, cmd *command.Command) (*commandv1.Result, error) {
 	if err := f.call("Propose"); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
-	f.proposed = append(f.proposed, proto.Clone(cmd).(*commandv1.Command))
+	f.proposed = append(f.proposed, cmd.Clone())
 	res, noValue := f.result, f.noValue
 	f.mu.Unlock()
 	if res != nil {
@@ -144,15 +143,15 @@ func (f *fakeBackend) Propose(_ context.Context, cmd *commandv1.Command) (*comma
 
 // apply commits cmd at the next index through the FSM, stamped as a leader
 // stamps it.
-func (f *fakeBackend) apply(cmd *commandv1.Command) (*commandv1.Result, error) {
+func (f *fakeBackend) apply(cmd *command.Command) (*commandv1.Result, error) {
 	if err := command.CheckEnvelope(cmd); err != nil {
 		return nil, fmt.Errorf("propose: %w", err)
 	}
 	idx := f.st.AppliedIndex() + 1
-	cp := proto.Clone(cmd).(*commandv1.Command)
+	cp := cmd.Clone()
 	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC).Add(time.Duration(idx) * time.Second)
 	cp.ProcessedAtUnixNano, cp.OriginatedAtUnixNano = at.UnixNano(), at.UnixNano()
-	data, err := proto.Marshal(cp)
+	data, err := command.Marshal(cp)
 	if err != nil {
 		return nil, fmt.Errorf("encode command: %w", err)
 	}
@@ -162,8 +161,8 @@ func (f *fakeBackend) apply(cmd *commandv1.Command) (*commandv1.Result, error) {
 
 // seed returns a function that commits a built command, failing the test
 // if it cannot be built or is refused: f.seed(t)(raftfsm.PutPolicy(p, nil)).
-func (f *fakeBackend) seed(t *testing.T) func(*commandv1.Command, error) *commandv1.Result {
-	return func(cmd *commandv1.Command, err error) *commandv1.Result {
+func (f *fakeBackend) seed(t *testing.T) func(*command.Command, error) *commandv1.Result {
+	return func(cmd *command.Command, err error) *commandv1.Result {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("build seed command: %v", err)

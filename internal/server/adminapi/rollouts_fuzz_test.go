@@ -6,8 +6,6 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/raftfsm"
 )
@@ -49,7 +47,7 @@ func FuzzDecodeRolloutRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted rollout does not build a command: %v", err)
 		}
-		data, err := proto.Marshal(cmd)
+		data, err := command.Marshal(cmd)
 		if err != nil {
 			t.Fatal(err)
 		}

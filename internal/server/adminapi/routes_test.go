@@ -334,10 +334,10 @@ func proposedBy(actor string) func(*testing.T, *fakeBackend, *httptest.ResponseR
 		if len(cmds) != 1 {
 			t.Fatalf("proposed %d commands, want 1", len(cmds))
 		}
-		if got, want := cmds[0].GetActor(), actor; got != want {
+		if got, want := cmds[0].Actor, actor; got != want {
 			t.Errorf("actor = %q, want %q", got, want)
 		}
-		if got, want := cmds[0].GetRequestId(), w.Header().Get(RequestIDHeader); got == "" || got != want {
+		if got, want := cmds[0].RequestID, w.Header().Get(RequestIDHeader); got == "" || got != want {
 			t.Errorf("request id = %q, want the response's %q", got, want)
 		}
 	}

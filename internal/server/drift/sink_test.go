@@ -10,8 +10,6 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"google.golang.org/protobuf/proto"
-
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/poll"
@@ -33,18 +31,14 @@ func effects(at time.Time, uid string) []admission.Effect {
 }
 
 // decodeObserve returns the effects of ObserveDrift commands.
-func decodeObserve(t *testing.T, cmds []*commandv1.Command) [][]*commandv1.DriftEffect {
+func decodeObserve(t *testing.T, cmds []*command.Command) [][]*commandv1.DriftEffect {
 	t.Helper()
 	var out [][]*commandv1.DriftEffect
 	for _, c := range cmds {
-		if got, want := command.Type(c.GetType()), command.TypeObserveDrift; got != want {
+		if got, want := c.Type(), command.TypeObserveDrift; got != want {
 			t.Fatalf("command type %d, want %d", got, want)
 		}
-		var o commandv1.ObserveDrift
-		if err := proto.Unmarshal(c.GetPayload(), &o); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, o.GetEffects())
+		out = append(out, c.Body.GetObserveDrift().GetEffects())
 	}
 	return out
 }
@@ -139,11 +133,11 @@ func TestCommandsRefuseBadEffects(t *testing.T) {
 type proposer struct {
 	mu    sync.Mutex
 	fail  int
-	cmds  []*commandv1.Command
+	cmds  []*command.Command
 	calls int
 }
 
-func (p *proposer) Propose(_ context.Context, c *commandv1.Command) (*commandv1.Result, error) {
+func (p *proposer) Propose(_ context.Context, c *command.Command) (*commandv1.Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++

@@ -12,6 +12,7 @@ import (
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
+	"github.com/policyd/policyd/internal/command"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/policyset"
 	"github.com/policyd/policyd/internal/server/servertest"
@@ -79,7 +80,7 @@ func wantState(set *policyset.Set) map[string]string {
 func TestRolloutCohortFeed(t *testing.T) {
 	f := newFixture(t, fixtureOpts{})
 	seedData(f)
-	pool := make([]*commandv1.Command, 0, 200)
+	pool := make([]*command.Command, 0, 200)
 	for i := range 200 {
 		pool = append(pool, f.putEmployee(fmt.Sprintf("m%03d", i), "acme", "red", policy.StatusActive))
 	}

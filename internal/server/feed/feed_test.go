@@ -23,7 +23,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
@@ -355,7 +354,7 @@ func TestTenantIsolationProperty(t *testing.T) {
 	orgs := []string{"o1", "o2", "o3"}
 	teams := []string{"t1", "t2"}
 	var ids []policy.Identity
-	var emps []*commandv1.Command
+	var emps []*command.Command
 	for _, o := range orgs {
 		for _, tm := range teams {
 			for e := range 2 {
@@ -388,7 +387,7 @@ func TestTenantIsolationProperty(t *testing.T) {
 	}
 	// Some written before anyone connects, so inits are not trivial.
 	write := func(n int) {
-		batch := make([]*commandv1.Command, 0, n)
+		batch := make([]*command.Command, 0, n)
 		pendingDelete := map[string]bool{}
 		for range n {
 			name := fmt.Sprintf("p%02d", rng.IntN(24))
@@ -502,20 +501,20 @@ func TestTenantIsolationProperty(t *testing.T) {
 func TestRevocation(t *testing.T) {
 	tests := []struct {
 		name       string
-		change     func(f *fixture) *commandv1.Command
+		change     func(f *fixture) *command.Command
 		reason     string
 		reconnect  int
 		reconnCode string
 	}{
-		{"deactivated", func(f *fixture) *commandv1.Command {
+		{"deactivated", func(f *fixture) *command.Command {
 			return f.putEmployee("alice", "acme", "red", policy.StatusInactive)
 		},
 			reasonDeactivated, 403, "forbidden"},
-		{"deleted", func(f *fixture) *commandv1.Command { return f.deleteEmployee("alice") },
+		{"deleted", func(f *fixture) *command.Command { return f.deleteEmployee("alice") },
 			reasonDeleted, 401, "unauthorized"},
 		// A tenant change: revoked, not re-scoped, and the token naming
 		// the old org is refused.
-		{"moved to another org", func(f *fixture) *commandv1.Command {
+		{"moved to another org", func(f *fixture) *command.Command {
 			return f.putEmployee("alice", "other", "red", policy.StatusActive)
 		},
 			reasonOrgChanged, 403, "forbidden"},
@@ -717,7 +716,7 @@ func TestResumeSince(t *testing.T) {
 		// events: a replay would find nothing to send, but reading the
 		// range is what stalled a node in a reconnect storm.
 		since := f.st.AppliedIndex()
-		var cmds []*commandv1.Command
+		var cmds []*command.Command
 		for i := range maxReplayEvents + 1 {
 			cmds = append(cmds, f.putEmployee(fmt.Sprintf("filler-%d", i), "other", "", policy.StatusActive))
 		}
@@ -1114,7 +1113,7 @@ func TestResumeAnywhere(t *testing.T) {
 		scopeTeam("other", "red"), scopeEmp("acme", "alice"), scopeEmp("acme", "bob")}
 	writeBatch := func() {
 		n := 1 + rng.IntN(4)
-		var cmds []*commandv1.Command
+		var cmds []*command.Command
 		for range n {
 			// Few names, so batches often change one policy twice.
 			name := fmt.Sprintf("r%d", rng.IntN(6))

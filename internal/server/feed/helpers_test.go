@@ -28,7 +28,6 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
-	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
@@ -255,15 +254,15 @@ func dispatch(ctx context.Context, sub *store.Subscription, idx *policyset.Index
 
 // apply commits cmds as one batch through the FSM and returns the index of
 // the last one. Any business error fails the test.
-func (f *fixture) apply(cmds ...*commandv1.Command) uint64 {
+func (f *fixture) apply(cmds ...*command.Command) uint64 {
 	f.t.Helper()
 	logs := make([]*raft.Log, len(cmds))
 	now := time.Now()
 	for i, cmd := range cmds {
-		cp := proto.Clone(cmd).(*commandv1.Command)
+		cp := cmd.Clone()
 		cp.ProcessedAtUnixNano = now.UnixNano()
 		cp.OriginatedAtUnixNano = now.UnixNano()
-		data, err := proto.Marshal(cp)
+		data, err := command.Marshal(cp)
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -291,8 +290,8 @@ func (f *fixture) apply(cmds ...*commandv1.Command) uint64 {
 	return last
 }
 
-func must(t testing.TB) func(*commandv1.Command, error) *commandv1.Command {
-	return func(c *commandv1.Command, err error) *commandv1.Command {
+func must(t testing.TB) func(*command.Command, error) *command.Command {
+	return func(c *command.Command, err error) *command.Command {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -307,19 +306,19 @@ func toolPolicy(name string, scope policy.Scope, reason string) *policy.Policy {
 	return &policy.Policy{Name: name, Kind: policy.KindToolPolicy, Scope: scope, Spec: spec}
 }
 
-func (f *fixture) putPolicy(name string, scope policy.Scope, reason string) *commandv1.Command {
+func (f *fixture) putPolicy(name string, scope policy.Scope, reason string) *command.Command {
 	return must(f.t)(command.PutPolicy(toolPolicy(name, scope, reason), nil))
 }
 
-func (f *fixture) deletePolicy(name string) *commandv1.Command {
+func (f *fixture) deletePolicy(name string) *command.Command {
 	return must(f.t)(command.DeletePolicy(name, nil))
 }
 
-func (f *fixture) putEmployee(id, org, team, status string) *commandv1.Command {
+func (f *fixture) putEmployee(id, org, team, status string) *command.Command {
 	return must(f.t)(command.PutEmployee(&policy.Employee{ID: id, Org: org, Team: team, Status: status}, nil))
 }
 
-func (f *fixture) deleteEmployee(id string) *commandv1.Command {
+func (f *fixture) deleteEmployee(id string) *command.Command {
 	return must(f.t)(command.DeleteEmployee(id, nil))
 }
 

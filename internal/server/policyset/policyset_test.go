@@ -15,9 +15,7 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/store"
@@ -60,7 +58,7 @@ func TestIndexMatchesStore(t *testing.T) {
 		var logs []*raft.Log
 		for range 1 + rng.IntN(4) {
 			name := fmt.Sprintf("p%d", rng.IntN(8))
-			var cmd *commandv1.Command
+			var cmd *command.Command
 			if rng.IntN(4) == 0 {
 				cmd, err = command.DeletePolicy(name, nil)
 			} else {
@@ -71,7 +69,7 @@ func TestIndexMatchesStore(t *testing.T) {
 				t.Fatal(err)
 			}
 			cmd.ProcessedAtUnixNano = time.Now().UnixNano()
-			data, err := proto.Marshal(cmd)
+			data, err := command.Marshal(cmd)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,12 +135,12 @@ func TestEmployeesShareTeamSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := uint64(1)
-	apply := func(cmd *commandv1.Command, err error) {
+	apply := func(cmd *command.Command, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
-		data, err := proto.Marshal(cmd)
+		data, err := command.Marshal(cmd)
 		if err != nil {
 			t.Fatal(err)
 		}

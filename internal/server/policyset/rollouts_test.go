@@ -152,12 +152,12 @@ func newRolloutEnv(t *testing.T) *rolloutEnv {
 	return &rolloutEnv{t: t, st: st, fsm: raftfsm.New(st, logger), sub: sub, x: x, next: 1}
 }
 
-func (e *rolloutEnv) apply(cmd *commandv1.Command, err error) {
+func (e *rolloutEnv) apply(cmd *command.Command, err error) {
 	e.t.Helper()
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	data, err := proto.Marshal(cmd)
+	data, err := command.Marshal(cmd)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
@@ -40,7 +39,7 @@ func TestSetForShadow(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.ProcessedAtUnixNano = time.Now().UnixNano()
-		data, err := proto.Marshal(cmd)
+		data, err := command.Marshal(cmd)
 		if err != nil {
 			t.Fatal(err)
 		}

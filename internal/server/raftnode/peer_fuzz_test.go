@@ -22,7 +22,18 @@ func FuzzPeerApply(f *testing.F) {
 		f.Fatal(err)
 	}
 	n := &Node{validator: v}
-	seed := func(cmd *commandv1.Command, err error) {
+	raw := func(cmd *commandv1.Command) {
+		b, err := proto.Marshal(&clusterv1.ApplyRequest{Command: cmd})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	seed := func(c *command.Command, err error) {
+		if err != nil {
+			f.Fatal(err)
+		}
+		cmd, err := command.Encode(c)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -33,34 +44,30 @@ func FuzzPeerApply(f *testing.F) {
 		f.Add(b)
 	}
 	seed(command.PutPolicy(&policy.Policy{Name: "a.b", Kind: "ToolPolicy", Spec: []byte(`{"tool_name":"Bash","action":"deny","conditions":{"patterns":["rm"]}}`)}, nil))
-	seed(command.NewCommand(command.TypePutPolicy, &commandv1.PutPolicy{PolicyJson: []byte(`{"name":"x","kind":"ToolPolicy","spec":{"tool_name":"B\xffsh"}}`)}))
+	seed(command.New(&commandv1.PutPolicy{PolicyJson: []byte(`{"name":"x","kind":"ToolPolicy","spec":{"tool_name":"B\xffsh"}}`)}))
 	seed(command.PutEmployee(&policy.Employee{ID: "alice", Org: "acme", Status: "active"}, nil))
 	seed(command.DeletePolicy("a.b", nil))
-	seed(&commandv1.Command{Type: uint32(command.TypeRegisterMember), Payload: []byte{0x0a, 0x02, 'n', '1'}}, nil)
-	seed(&commandv1.Command{Type: 0x7e}, nil)
+	raw(&commandv1.Command{Type: uint32(command.TypeRegisterMember), Payload: []byte{0x0a, 0x02, 'n', '1'}})
+	raw(&commandv1.Command{Type: 0x7e})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req clusterv1.ApplyRequest
 		if proto.Unmarshal(data, &req) != nil || req.GetCommand() == nil {
 			return
 		}
-		cmd := req.GetCommand()
-		if n.vetCommand(cmd) != nil {
+		cmd, err := command.Decode(req.GetCommand())
+		if err != nil || n.vetCommand(cmd) != nil {
 			return
 		}
-		if command.Type(cmd.GetType()) == command.TypePutPolicy {
+		if c := cmd.Body.GetPutPolicy(); c != nil {
 			// A version 1 policy the leader admits is one the REST edge's
 			// strict decode admits.
-			var c commandv1.PutPolicy
-			if err := proto.Unmarshal(cmd.GetPayload(), &c); err != nil {
-				t.Fatal(err)
-			}
 			if _, err := policy.DecodePolicy(c.GetPolicyJson()); c.GetPolicy() == nil && err != nil {
 				t.Fatalf("the leader admits a policy the strict decoder refuses: %v", err)
 			}
 		}
-		switch command.Type(cmd.GetType()) {
+		switch cmd.Type() {
 		case command.TypePutPolicy, command.TypeDeletePolicy, command.TypePutEmployee, command.TypeDeleteEmployee:
-			b, err := proto.Marshal(cmd)
+			b, err := command.Marshal(cmd)
 			if err != nil {
 				t.Fatal(err)
 			}

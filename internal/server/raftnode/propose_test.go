@@ -22,7 +22,7 @@ import (
 // in third_party/raft).
 func TestApplyAtRaftShutdownEnds(t *testing.T) {
 	n, _ := singleNode(t, nil)
-	cmd, err := command.NewCommand(command.TypePruneEvents, &commandv1.PruneEvents{CutoffUnixNano: 1})
+	cmd, err := command.New(&commandv1.PruneEvents{CutoffUnixNano: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func TestApplyAtRaftShutdownEnds(t *testing.T) {
 	// Twice the queue's length: some calls find it full, the rest queue.
 	for i := range 2 * n.cfg.Raft.MaxAppendEntries {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		_, err := n.applyLocal(ctx, cmd)
+		_, err := n.applyLocal(ctx, cmd, false)
 		cancel()
 		if !errors.Is(err, ErrAmbiguous) {
 			t.Fatalf("apply %d after raft shutdown: got %v, want %v", i, err, ErrAmbiguous)

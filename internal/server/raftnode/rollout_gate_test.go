@@ -18,7 +18,7 @@ import (
 // crosses a forwarded write, while a registered member reads a command
 // version below raftfsm.RolloutVersion (or none); other commands pass.
 func TestRolloutGate(t *testing.T) {
-	start, err := command.NewCommand(command.TypeRolloutStart, &commandv1.RolloutStart{})
+	start, err := command.New(&commandv1.RolloutStart{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestRolloutGate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol := func(enforcement string) *commandv1.Command {
+	pol := func(enforcement string) *command.Command {
 		cmd, err := command.PutPolicy(&policy.Policy{Name: "acme.p", Kind: policy.KindToolPolicy, Spec: []byte(`{}`), Enforcement: enforcement}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -40,7 +40,7 @@ func TestRolloutGate(t *testing.T) {
 	tests := []struct {
 		name     string
 		versions []uint32
-		cmd      *commandv1.Command
+		cmd      *command.Command
 		refused  bool
 	}{
 		{"every member reads 4", []uint32{4, 4, 4}, start, false},
@@ -71,7 +71,7 @@ func TestRolloutGate(t *testing.T) {
 				t.Fatal(err)
 			}
 			n := &Node{store: st}
-			res, err := n.rolloutGate(tc.cmd)
+			_, res, err := n.forMembers(tc.cmd)
 			if err != nil {
 				t.Fatal(err)
 			}
