@@ -1,13 +1,9 @@
 // Package feedv1 is the wire contract of the WebSocket policy feed
-// (GET /ws/policies, docs/sidecars.md): the JSON messages, their type names,
-// the close codes and the request parameters. The server (internal/server/feed) and
-// the SDK (client) both use these types, so the two cannot drift apart.
-//
-// Every message is one text frame holding one JSON object with a "type"
-// field. Server → client: init, upsert, delete, revoke, ping. Client →
-// server: pong, shadow_report. Unknown fields must be ignored by both sides, so fields can
-// be added later; unknown message types are ignored by clients and answered
-// with a close (CloseInvalidMessage) by the server.
+// (GET /ws/policies): the JSON messages, their type names, the close codes
+// and the request parameters. The server (internal/server/feed) and the SDK
+// (client) both use these types, so the two cannot drift apart. Unknown
+// fields are ignored by both sides, so fields can be added later.
+// See docs/sidecars.md.
 package feedv1
 
 import "encoding/json"
