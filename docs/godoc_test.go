@@ -29,7 +29,7 @@ var (
 	// number: the reader of a Go file has none of them, so a comment says the
 	// rule itself or links a docs/ page. The design document's name is
 	// matched in capitals only, so the word "design" stays usable.
-	citation = regexp.MustCompile(`\bDESIGN\b|(?i:\bdesign\.md\b|\bdesign,? part \d|\bseeds?[ -]?0\d\d\b|\bseeds/|\b(?:issue|pr|pull request)s? ?#?\d+\b)|(?:^|[^\w/#&.-])#\d+\b`)
+	citation = regexp.MustCompile(`\bDESIGN\b|(?i:\bdesign,? part \d|\bseeds?[ -]?0\d\d\b|\bseeds/|\b(?:issue|pr|pull request)s? ?#?\d+\b)|(?:^|[^\w/#&.-])#\d+\b`)
 	// standardNumber is a numbered standard ("PKCS #1"), which is a name,
 	// not an issue; it is removed before citation is matched.
 	standardNumber = regexp.MustCompile(`\b(?:PKCS|RFC|FIPS) #\d+`)
