@@ -1,34 +1,11 @@
 // Package config is policyd's typed configuration: defaults, loading and
 // validation. It is the only package that imports viper, so the rest of the
-// code sees a plain Config value.
-//
-// # Precedence
-//
-// Load layers four sources, each overriding the one before:
-//
-//  1. Default(): a single node bootstrapping itself in ./data on loopback,
-//     so that `policyd serve` with no configuration at all works;
-//  2. the YAML file (--config); config.example.yaml lists every key;
-//  3. environment variables, for containers where files are awkward;
-//  4. command-line flags that were given explicitly, for one-off overrides.
-//
-// # Keys and environment variables
-//
-// A key is the path of mapstructure tags joined with dots
-// (raft.heartbeat_timeout). Its variable is POLICYD_ plus the key upper-cased
-// with dots as underscores (POLICYD_RAFT_HEARTBEAT_TIMEOUT=200ms). Durations
-// use Go syntax ("200ms", "1h30m"), and a bare number is rejected rather than
-// guessed. Lists are comma-separated in the environment:
-// POLICYD_POLICIES_EXTRA_KINDS=Foo,Bar and POLICYD_RAFT_PEERS=node1=10.0.0.1:7000,node2=10.0.0.2:7000.
-// An empty variable counts as unset. POLICYD_* variables that name no key are
-// ignored, because the CLI uses the same prefix for its own settings.
-//
-// # Strictness
-//
-// A key in the file that Config does not define is an error, with a
-// suggestion when one is close: a misspelt key would otherwise be silently
-// ignored and the default used. Keys are derived from the struct by
-// reflection, so a new field is known (and has a variable) automatically.
+// code sees a plain Config value. Load layers Default(), the YAML file,
+// POLICYD_* environment variables and explicit flags; keys are derived from
+// the struct by reflection, so a new field is known (and has a variable)
+// automatically, and a key in the file that Config does not define is an
+// error. It does not apply settings; the server does. See
+// docs/configuration.md.
 package config
 
 import "time"

@@ -1,34 +1,12 @@
 // Package policyset keeps every policy of the local replica in memory, as
 // stored, and answers "which policies apply to this identity, at which
 // version" without reading the database. The discovery stream and the
-// WebSocket feed both serve from it, so a sidecar sees the same set and the
-// same version whichever transport it uses.
-//
-// The node's change dispatcher calls Update for every committed batch before
-// it tells the listeners, so a listener that reacts to a change always reads
-// a set that includes it, and nothing later: the index takes each batch's
-// policies in the state the change carries, not from the store, which may
-// be further along, so every set it gives existed at one Raft index.
-//
-// Sets are computed once per identity and cached until a change touches
-// that identity's scope. An employee that no policy names has exactly its
-// team's set, so it is handed the team's *Set: with thousands of sidecars,
-// one per employee, a change is hashed and encoded once per team rather than
-// once per employee, and the cache holds one entry per team instead of one
-// per connected employee.
-//
-// Staged rollouts (docs/rollouts.md, rollouts.go): the index also keeps the
-// active rollouts, from Update (a rollout change carries the whole rollout)
-// and from the store at load. SetFor serves a client
-// that declared the rollouts capability and whose member id hashes into an
-// active rollout's cohort the candidate set: the stable set with that
-// rollout's changes applied, versioned by its content like any set, and
-// shared by every cohort member of the identity (cached per identity and
-// rollout tags).
-//
-// Shadow policies (docs/rollouts.md) are in every set; a client that did
-// not declare the shadow capability is served Set.WithoutShadow, derived
-// once per set.
+// WebSocket feed both serve from it. The node's change dispatcher calls
+// Update for every committed batch before it tells the listeners, so every
+// set it gives existed at one Raft index. It also keeps the active staged
+// rollouts (SetFor serves a cohort member the candidate set) and derives
+// each set without its shadow policies. It does not write; the store does.
+// See docs/sidecars.md.
 package policyset
 
 import (
