@@ -1,16 +1,9 @@
 // Package raftfsm adapts the store to hashicorp/raft: it decodes each log
 // entry's command envelope, dispatches on its type byte, and applies a whole
 // batch of entries in one store transaction. It owns the command encoding and
-// Snapshot/Restore, and does no networking.
-//
-// Apply is deterministic: everything that must be equal on every replica
-// (timestamps, IDs other than the Raft index) travels in the command. An
-// entry that does not decode, or an unknown type without the IgnoreUnknown
-// bit, is a bug or a version skew that would diverge replicas, so it panics;
-// a business error (a failed compare-and-set, a missing entity) is returned
-// as the entry's result and changes nothing. A batch or snapshot the store
-// cannot write (a full disk) goes to the node's fault handler, which ends
-// the node without a panic (SetStoreFault); without one it panics too.
+// Snapshot/Restore, and does no networking. Apply is deterministic; an entry
+// that would diverge replicas panics, a business error is the entry's
+// result. See docs/design.md.
 package raftfsm
 
 import (
