@@ -46,19 +46,19 @@ const (
 // Config is what the decision depends on besides the request and the
 // objects. Build it with ConfigFromDrift.
 type Config struct {
-	// AnnotationPrefix replaces the seed's kausality.io (default policyd.io).
+	// AnnotationPrefix prefixes every annotation (default policyd.io; Kausality uses kausality.io).
 	AnnotationPrefix string
 	// Mode is the default response to drift: ModeEnforce or ModeLog.
 	Mode string
 	// Initialization holds per-kind initialization rules. A parent is
 	// initialized when any rule of its group and kind holds; a kind with
 	// rules here does not use its built-in one (Deployment, StatefulSet,
-	// ReplicaSet), and a kind with no rule at all uses the seed's order.
+	// ReplicaSet), and a kind with no rule at all uses the default order.
 	Initialization []InitOverride
 }
 
 // InitOverride is one drift.initialization rule (see package initrule for
-// its text form): the seed's default order, or all of its signals.
+// its text form): the default order, or all of its signals.
 type InitOverride = initrule.Rule
 
 // ConfigFromDrift builds the webhook's Config from the daemon configuration.

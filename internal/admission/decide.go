@@ -198,7 +198,7 @@ type judgement struct {
 	approval string
 }
 
-// judge runs the seed's admission flow for a spec change of a child whose
+// judge runs the admission flow for a spec change of a child whose
 // parent is known: short-circuits, freeze, actor, generation, then the drift
 // case's rejections, approvals, snooze and mode.
 func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]string, role role, oldSpec, newSpec map[string]any) judgement {

@@ -23,7 +23,7 @@ const (
 var keywords = []string{SignalDefault, SignalObservedGeneration, SignalReadyReplicas}
 
 // Rule says when a parent of one group and kind is initialized: Default
-// (the seed's order), or all of Conditions True and, if set,
+// (the default order), or all of Conditions True and, if set,
 // observedGeneration == generation and readyReplicas == replicas.
 type Rule struct {
 	Group              string   `json:"group"`
