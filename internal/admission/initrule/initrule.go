@@ -34,7 +34,7 @@ type Rule struct {
 	ReadyReplicas      bool     `json:"readyReplicas,omitempty"`
 }
 
-// Parse reads one rule in its text form (see the package doc).
+// Parse reads one rule in its text form (see the package doc and docs/drift.md).
 func Parse(s string) (Rule, error) {
 	target, signals, ok := strings.Cut(strings.TrimSpace(s), "=")
 	if !ok {

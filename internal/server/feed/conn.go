@@ -24,7 +24,7 @@ const maxReasonBytes = 123
 // conn is one feed connection. An idle one has no goroutine: its writes
 // run on a goroutine started when there is something to write (drain),
 // its reads on one started when its socket is readable (readTask, started
-// by the poller), its ping on a timer. See the package doc, Liveness.
+// by the poller), its ping on a timer. See docs/sidecars.md, the feed in detail.
 type conn struct {
 	h           *Hub
 	ws          *websocket.Conn
