@@ -25,7 +25,7 @@ const maxPackageDocLines = 12
 const maxPerformanceLines = 150
 
 var (
-	// citation matches a reference to a design part, a seed or an issue
+	// citation matches a reference to a numbered part of the design, a seed or an issue
 	// number: the reader of a Go file has none of them, so a comment says the
 	// rule itself or links a docs/ page. The design document's name is
 	// matched in capitals only, so the word "design" stays usable.
