@@ -25,9 +25,9 @@ const maxPackageDocLines = 12
 const maxPerformanceLines = 150
 
 var (
-	// citation matches a reference to a numbered part of the design, a seed or an issue
-	// number: the reader of a Go file has none of them, so a comment says the
-	// rule itself or links a docs/ page. The design document's name is
+	// citation matches a reference to a numbered part of the design, a seed
+	// or an issue number: the reader of a Go file has none of them, so a
+	// comment says the rule itself or links a docs/ page. The design document's name is
 	// matched in capitals only, so the word "design" stays usable.
 	citation = regexp.MustCompile(`\bDESIGN\b|(?i:\bdesign,? part \d|\bseeds?[ -]?0\d\d\b|\bseeds/|\b(?:issue|pr|pull request)s? ?#?\d+\b)|(?:^|[^\w/#&.-])#\d+\b`)
 	// standardNumber is a numbered standard ("PKCS #1"), which is a name,
