@@ -38,20 +38,47 @@ type exception struct {
 }
 
 // exceptions name declarations that belong in a shared file; each one says
-// why.
-var exceptions = map[exception]string{}
+// why. An exception for a type covers its methods too.
+var exceptions = map[exception]string{
+	{"internal/tlsfiles/tlsfiles.go", "Reloader"}:          "re-reads TLS files, not the ConfigMap reload controller; internal/server/raftnode names the type",
+	{"internal/store/write.go", "EntityDrift"}:             "one row of the table of event entity types",
+	{"internal/store/write.go", "EntityReload"}:            "one row of the table of event entity types",
+	{"api/feed/v1/feed.go", "TypeShadowReport"}:            "one row of the table of feed message types",
+	{"api/feed/v1/feed.go", "CapabilityRollouts"}:          "one row of the table of client capabilities",
+	{"api/feed/v1/feed.go", "CapabilityShadow"}:            "one row of the table of client capabilities",
+	{"internal/server/policyset/rollouts.go", "CapShadow"}: "mirrors feedv1.CapabilityShadow beside CapRollouts in the capability table",
+	{"internal/reload/hash.go", "drifted"}:                 "one value of the reload controller's startup-action enum (the ConfigMap changed while away), not the drift feature",
+}
 
 // pendingLead are declarations in code the lead is restructuring; they are
 // allowed here only until that work moves them into feature files.
 // TODO: empty this list once internal/raftfsm, internal/server/raftnode and
 // internal/server/node.go are split by feature.
-var pendingLead = map[exception]bool{}
+var pendingLead = map[exception]bool{
+	{"internal/raftfsm/command.go", "TypeReloadObserve"}:       true,
+	{"internal/raftfsm/command.go", "TypeReloadRestarted"}:     true,
+	{"internal/raftfsm/command.go", "TypeReloadRestartFailed"}: true,
+	{"internal/raftfsm/command.go", "TypeObserveDrift"}:        true,
+	{"internal/raftfsm/command.go", "TypeRecordDriftDelivery"}: true,
+	{"internal/raftfsm/command.go", "TypeCompleteDriftTasks"}:  true,
+	{"internal/raftfsm/command.go", "TypePruneDrift"}:          true,
+	{"internal/raftfsm/command.go", "TypeRolloutStart"}:        true,
+	{"internal/raftfsm/command.go", "TypeRolloutTransition"}:   true,
+	{"internal/raftfsm/command.go", "ActorReload"}:             true,
+	{"internal/raftfsm/command.go", "ActorDrift"}:              true,
+	{"internal/raftfsm/command.go", "IsShadowPut"}:             true,
+	{"internal/server/node.go", "ShadowCounts"}:                true,
+	{"internal/server/node.go", "localShadow"}:                 true,
+	{"internal/server/raftnode/propose.go", "rolloutGate"}:     true,
+	{"internal/server/raftnode/vet.go", "vetRollout"}:          true,
+}
 
 // decl is one top-level declaration's identifier and where it is.
 type decl struct {
 	path  string // slash-separated, from the repository root
 	line  int
 	ident string
+	recv  string // a method's receiver type; empty otherwise
 }
 
 // repoRoot is the repository root, two levels above this package.
@@ -111,27 +138,34 @@ func pathWords(path string) string {
 // methods (by name and by receiver type), and each type, var and const spec.
 func topLevelIdents(fset *token.FileSet, f *ast.File, path string) []decl {
 	var out []decl
-	add := func(id *ast.Ident) {
+	add := func(id *ast.Ident, recv string) {
 		if id == nil || id.Name == "_" {
 			return
 		}
-		out = append(out, decl{path: path, line: fset.Position(id.Pos()).Line, ident: id.Name})
+		out = append(out, decl{path: path, line: fset.Position(id.Pos()).Line, ident: id.Name, recv: recv})
 	}
 	for _, d := range f.Decls {
 		switch d := d.(type) {
 		case *ast.FuncDecl:
-			add(d.Name)
-			if d.Recv != nil && len(d.Recv.List) == 1 {
-				add(receiverType(d.Recv.List[0].Type))
+			if d.Recv == nil || len(d.Recv.List) != 1 {
+				add(d.Name, "")
+				continue
 			}
+			recv := receiverType(d.Recv.List[0].Type)
+			if recv == nil {
+				add(d.Name, "")
+				continue
+			}
+			add(d.Name, recv.Name)
+			add(recv, recv.Name)
 		case *ast.GenDecl:
 			for _, s := range d.Specs {
 				switch s := s.(type) {
 				case *ast.TypeSpec:
-					add(s.Name)
+					add(s.Name, "")
 				case *ast.ValueSpec:
 					for _, n := range s.Names {
-						add(n)
+						add(n, "")
 					}
 				}
 			}
@@ -189,6 +223,10 @@ func TestFeatureCodeInFeatureFiles(t *testing.T) {
 				key := exception{d.path, d.ident}
 				if _, ok := exceptions[key]; ok {
 					used[key] = true
+					continue
+				}
+				if _, ok := exceptions[exception{d.path, d.recv}]; ok && d.recv != "" {
+					used[exception{d.path, d.recv}] = true
 					continue
 				}
 				if pendingLead[key] {
