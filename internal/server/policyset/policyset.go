@@ -149,13 +149,13 @@ func New(st *store.Store) (*Index, error) {
 
 func newIndex(st *store.Store, listRollouts func() ([]*commandv1.Rollout, uint64, error)) (*Index, error) {
 	x := &Index{st: st, listRollouts: listRollouts, ended: map[string]endedRollout{}}
-	if err := x.reload(); err != nil {
+	if err := x.load(); err != nil {
 		return nil, err
 	}
 	return x, nil
 }
 
-func (x *Index) reload() error {
+func (x *Index) load() error {
 	all, index, err := x.st.RawPolicies()
 	if err != nil {
 		return fmt.Errorf("load policies: %w", err)
@@ -199,7 +199,7 @@ func (x *Index) countNamed(rp store.RawPolicy, delta int) {
 // is skipped.
 func (x *Index) Update(c store.Change) (err error) {
 	if c.Resync {
-		if err := x.reload(); err != nil {
+		if err := x.load(); err != nil {
 			return err
 		}
 		x.mu.Lock()
