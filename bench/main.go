@@ -1,4 +1,4 @@
-// Command bench is policyd's load and latency harness (DESIGN part 10). It
+// Command bench is policyd's load and latency harness (docs/performance.md). It
 // starts a real policyd cluster on loopback, as separate processes of the
 // policyd binary, drives a workload against its admin REST API and prints one
 // JSON line per measured figure on stdout, followed by a readable summary

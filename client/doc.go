@@ -1,5 +1,5 @@
-// Package client is the Go SDK for sidecars and agent proxies (DESIGN part 8,
-// the proxy side of seed 002). It keeps the policies that apply to one
+// Package client is the Go SDK for sidecars and agent proxies
+// (docs/sidecars.md). It keeps the policies that apply to one
 // identity in memory (never on disk, NFR2), follows a policyd cluster over
 // one of two transports, and answers "may this tool call run?" on the hot
 // path without allocation-heavy work or locks.
@@ -47,7 +47,7 @@
 //
 // Grace is a timer started when ready turns into disconnected; it runs on the
 // injectable Config.Clock so tests can drive it. When it fires, the state stays
-// disconnected but ShouldBlockAll becomes true (seed 002: "disconnected, but
+// disconnected but ShouldBlockAll becomes true ("disconnected, but
 // past grace period"); the next successful sync returns to ready and lifts
 // the block. Policies are kept while disconnected; a reconnect that answers
 // "unchanged" (gRPC) or replays nothing (WebSocket) costs no full resend.

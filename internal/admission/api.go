@@ -1,6 +1,6 @@
 package admission
 
-// This file is the contract the server (issue 6 part B) builds on. Keep it
+// This file is the contract the server (internal/server/drift) builds on. Keep it
 // stable: change it only by adding.
 //
 // Changes since first published: Effect.ID added (set by Decide for drift

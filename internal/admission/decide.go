@@ -38,7 +38,7 @@ const (
 	OutcomeDriftLogged    = "drift-logged"
 )
 
-// Decide is the whole admission decision of seed 001 for one request. It is
+// Decide is the whole admission decision for one request. It is
 // pure: everything it needs is in Input, and its side effects are returned
 // as Effects for the leader.
 func Decide(in Input) Decision {
@@ -345,7 +345,7 @@ func (r role) String() string {
 	return "user"
 }
 
-// identify is DESIGN part 7's controller identification. The requester is
+// identify is the controller identification of docs/drift.md. The requester is
 // counted among the child's updaters first; with a controllers record on
 // the parent the intersection decides; without one a single updater is the
 // controller (late installation); otherwise we cannot tell.

@@ -1,11 +1,11 @@
-// Package admission is policyd's drift detection (seed 001, DESIGN part 7):
+// Package admission is policyd's drift detection (docs/drift.md):
 // a pure decision function, Decide, and an http.Handler for AdmissionReview
 // admission.k8s.io/v1 that resolves the parent and calls it. Follow-up work
 // (annotation backups on parents, consumed approvals, drift reports) is
 // returned as Effects, which the server proposes through Raft so that the
 // leader alone performs it.
 //
-// # Decisions where seed 001 and DESIGN leave room
+// # Decisions where the specification leaves room
 //
 //   - Spec. Drift compares the spec field. A kind without one (ConfigMap,
 //     Secret, Role) compares its top-level fields except apiVersion, kind,
@@ -26,7 +26,7 @@
 //     trace restarts, but the user is appended to updaters rather than
 //     replacing them. Replacing would make a human the single updater, and
 //     so (before the parent has a controllers record) its controller: the
-//     failure DESIGN's identification rule avoids.
+//     failure the identification rule avoids.
 //   - Copies of the parent's user annotations. A controller copies its
 //     parent's annotations onto children; a copied freeze or approvals
 //     would then act on the grandchildren. When the requester is identified
@@ -47,7 +47,7 @@
 //     parent (FreshObjects) when the server offers one; if that read fails,
 //     the cached copy decides. Other decisions make no API call.
 //   - freeze: "" and "false" mean not frozen; any other value that is not
-//     JSON freezes (the safe side, as DESIGN says for unparsable values).
+//     JSON freezes (the safe side, as for unparsable values).
 //   - Unparsable approvals or rejections are ignored with a warning on the
 //     response (and a log line), not a denial: a typo by an approver must
 //     not block all changes, and rejections only ever narrow what
@@ -88,7 +88,7 @@
 //
 // # Where the seed and Kausality differ, and what we chose
 //
-// Kausality (github.com/kausality-io/kausality) is the project seed 001
+// Kausality (github.com/kausality-io/kausality) is the project drift detection
 // comes from; its code and its design document do not always agree.
 //
 //   - Initialization: Kausality's observedGeneration check is the field's
@@ -97,11 +97,11 @@
 //     observedGeneration) before the children exist.
 //   - Mode: Kausality reads the new object's annotation, then the
 //     namespace's, then its configuration, and not the parent's. We follow
-//     DESIGN's object > parent > namespace > drift.mode, reading the
+//     the object > parent > namespace > drift.mode, reading the
 //     object as stored (see Modes above), so that a controller syncing its
 //     parent's annotations cannot change its child's mode.
 //   - Rejections: Kausality denies a rejected drift only in enforce mode.
-//     We deny it in both modes (DESIGN): a rejection is an explicit human
+//     We deny it in both modes: a rejection is an explicit human
 //     decision.
 //   - Wildcards: as in Kausality, "*" matches any apiVersion, kind or name,
 //     and only the whole value "*" is a wildcard ("web-*" is a name). Unlike

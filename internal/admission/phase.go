@@ -8,7 +8,7 @@ import (
 
 // builtinInit makes the common workloads initialize: they have no Ready or
 // Initialized condition, so the seed's default order would keep them
-// initializing forever (DESIGN part 7). A kind with configured rules does
+// initializing forever (docs/drift.md). A kind with configured rules does
 // not use its built-in one.
 var builtinInit = []InitOverride{
 	{Group: "apps", Kind: "Deployment", Conditions: []string{"Available"}, ObservedGeneration: true},
@@ -87,7 +87,7 @@ func ruleHolds(r InitOverride, obj *unstructured.Unstructured) bool {
 	return true
 }
 
-// seedInitialized is seed 001's detection order after the annotation:
+// seedInitialized is the default detection order after the annotation:
 // Initialized=True, Ready=True, observedGeneration == generation with
 // Ready=True. Synced=True alone is not enough: Crossplane sets it before
 // the children exist.

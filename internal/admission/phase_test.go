@@ -11,8 +11,8 @@ import (
 	"github.com/policyd/policyd/internal/config"
 )
 
-// TestPhase covers seed 001's initialization detection order, the high
-// water mark, deletion, and DESIGN's per-kind rules.
+// TestPhase covers the default initialization detection order, the high
+// water mark, deletion, and the per-kind rules.
 func TestPhase(t *testing.T) {
 	widget := func(opts ...objOpt) *unstructured.Unstructured {
 		return newObj("example.com/v1", "Widget", "w", append([]objOpt{gen(2)}, opts...)...)

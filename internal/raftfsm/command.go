@@ -37,7 +37,7 @@ const (
 	TypeRemoveMember   Type = 6
 	TypePruneEvents    Type = 7
 
-	// Reload (DESIGN part 6): the leader's reload controller records its
+	// Reload (docs/operations.md): the leader's reload controller records its
 	// hash cache, its pending-restart queue and the outcome of every restart
 	// attempt. Ignorable: the state is the controller's memory, rebuilt from
 	// Kubernetes, so a node of an older version that skips them at worst
@@ -48,7 +48,7 @@ const (
 	TypeReloadRestarted     = IgnoreUnknown | 9
 	TypeReloadRestartFailed = IgnoreUnknown | 10
 
-	// Drift (DESIGN part 7): the webhook's observations, and the leader's
+	// Drift (docs/drift.md): the webhook's observations, and the leader's
 	// record of the follow-up it performed.
 	TypeObserveDrift        Type = 11
 	TypeRecordDriftDelivery Type = 12

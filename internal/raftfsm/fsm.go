@@ -75,13 +75,13 @@ var decoders = map[Type]decodeFunc{
 	TypeRolloutStart:      decodeRolloutStart,
 	TypeRolloutTransition: decodeRolloutTransition,
 
-	// Drift (DESIGN part 7).
+	// Drift (docs/drift.md).
 	TypeObserveDrift:        decodeObserveDrift,
 	TypeRecordDriftDelivery: decodeRecordDriftDelivery,
 	TypeCompleteDriftTasks:  decodeCompleteDriftTasks,
 	TypePruneDrift:          decodePruneDrift,
 
-	// Reload (DESIGN part 6).
+	// Reload (docs/operations.md).
 	TypeReloadObserve:       decodeReloadObserve,
 	TypeReloadRestarted:     decodeReloadRestarted,
 	TypeReloadRestartFailed: decodeReloadRestartFailed,

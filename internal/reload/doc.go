@@ -1,5 +1,5 @@
-// Package reload is the ConfigMap reload controller (DESIGN part 6, seed
-// 003). It runs on the Raft leader only: the server starts Run when the node
+// Package reload is the ConfigMap reload controller (docs/operations.md).
+// It runs on the Raft leader only: the server starts Run when the node
 // becomes leader and cancels it, waiting for it to return, when leadership is
 // lost, so two terms of the loop never overlap on one node.
 //

@@ -67,7 +67,7 @@ const stateConnected = "connected"
 
 var proxyStateNames = []string{stateConnected, proxystatus.Pending, proxystatus.Acked, proxystatus.Nacked}
 
-// proxyStates is seed 002's proxy_state: the sidecars connected to this
+// proxyStates is proxy_state: the sidecars connected to this
 // node, by state and transport (grpc, ws). It is per node; sum over nodes
 // for the cluster. Every state is reported, at 0 when empty, so that alert
 // expressions see a series.

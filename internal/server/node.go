@@ -485,7 +485,7 @@ func advertised(configured string, ln net.Listener) string {
 }
 
 // ClusterID is the cluster this node belongs to, "" until the first leader
-// has named it (DESIGN part 11).
+// has named it.
 func (n *Node) ClusterID() string { return n.rn.ClusterID() }
 
 // Ready reports nil when this node is caught up (raftnode.Node.Ready: a

@@ -17,7 +17,7 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
-// Event is one recorded change (seed 004). ID is the Raft index of the
+// Event is one recorded change. ID is the Raft index of the
 // command, so events are totally ordered and identical on every node.
 type Event struct {
 	ID           uint64          `json:"id"`
@@ -135,7 +135,7 @@ func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
 	return set, nil
 }
 
-// SetHash computes a policy-set version (DESIGN part 2). Feed it the
+// SetHash computes a policy-set version. Feed it the
 // applicable policies in name order: each name, then its stored bytes. It is
 // the one implementation of the version, used by PolicySet and by the
 // in-memory indexes that serve sidecars, so they always agree.

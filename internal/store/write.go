@@ -32,7 +32,7 @@ const (
 // Action is what happened to an entity.
 type Action string
 
-// Actions, as in seed 004.
+// Actions an event records.
 const (
 	ActionCreate Action = "CREATE"
 	ActionUpdate Action = "UPDATE"

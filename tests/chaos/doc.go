@@ -1,4 +1,4 @@
-// Package chaos holds the chaos suite (issue 9): three real `policyd serve`
+// Package chaos holds the chaos suite: three real `policyd serve`
 // processes on loopback, concurrent REST clients, faults injected at random,
 // and a linearizability check of the recorded history with porcupine. The
 // package has no non-test code; run it with
@@ -63,8 +63,8 @@
 // Clients PUT, CAS-PUT (If-Match with a revision they observed), DELETE and
 // GET ?consistent=true the policies k0..k4 on random nodes; a PUT's body
 // carries a unique write id. An operation that failed or timed out is of
-// unknown outcome. Since every applied write is in the event log (DESIGN
-// part 3: the event id is its Raft index), the log resolves them after the
+// unknown outcome. Since every applied write is in the event log (the
+// event id is its Raft index), the log resolves them after the
 // run: a write id not in it was not applied and is dropped; one in it
 // succeeded, and its return time becomes the first answer on its key that
 // showed its revision or a later one. DELETEs are matched to DELETE events

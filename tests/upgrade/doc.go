@@ -1,4 +1,4 @@
-// Package upgrade holds the rolling-upgrade test (issue 29): a cluster of
+// Package upgrade holds the rolling-upgrade test: a cluster of
 // the last release's binaries is upgraded node by node to this tree's
 // binary with no write lost and no stop. The package has no non-test code;
 // run it with

@@ -1,5 +1,5 @@
 // Package feedv1 is the wire contract of the WebSocket policy feed
-// (GET /ws/policies, DESIGN part 5): the JSON messages, their type names,
+// (GET /ws/policies, docs/sidecars.md): the JSON messages, their type names,
 // the close codes and the request parameters. The server (internal/server/feed) and
 // the SDK (client) both use these types, so the two cannot drift apart.
 //
@@ -121,7 +121,7 @@ type Init struct {
 	Policies []Policy `json:"policies"`
 	// Version is the Raft index the set was read at.
 	Version uint64 `json:"version"`
-	// Digest is the scoped policy-set version (DESIGN part 2), the same
+	// Digest is the scoped policy-set version, the same
 	// value the discovery stream calls version_info.
 	Digest string `json:"digest"`
 }

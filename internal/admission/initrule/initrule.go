@@ -1,5 +1,5 @@
 // Package initrule parses drift.initialization rules: when a parent of one
-// group and kind counts as initialized (DESIGN part 7). It has no
+// group and kind counts as initialized (docs/drift.md). It has no
 // dependencies, so config validates the rules when it loads them and the
 // admission package evaluates them.
 //
@@ -14,7 +14,7 @@
 //     metadata.generation;
 //   - readyReplicas: status.readyReplicas equals spec.replicas (1 when
 //     unset);
-//   - default: seed 001's whole detection order (Initialized=True, or
+//   - default: the whole built-in detection order (Initialized=True, or
 //     Ready=True, or observedGeneration == generation with Ready=True). It
 //     stands alone in its rule.
 //

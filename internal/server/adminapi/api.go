@@ -1,4 +1,4 @@
-// Package adminapi is the admin REST API (DESIGN part 9): policies,
+// Package adminapi is the admin REST API (docs/api.md): policies,
 // employees, the event log (list and Server-Sent Events), cluster status and
 // membership, staged rollouts (rollouts.go, docs/rollouts.md), health,
 // readiness, metrics and, for the admin role, the Go runtime profiles
@@ -86,7 +86,7 @@ type Backend interface {
 // ClusterStatus is GET /v1/cluster.
 type ClusterStatus struct {
 	NodeID string `json:"node_id"`
-	// ClusterID names the cluster (DESIGN part 11); "" until its first
+	// ClusterID names the cluster; "" until its first
 	// leader has named it.
 	ClusterID    string `json:"cluster_id"`
 	State        string `json:"state"`
@@ -258,7 +258,7 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			a.latency.WithLabelValues(path, method).Observe(time.Since(start).Seconds())
 		}()
 		// A node certificate from the cluster CA opens the peer plane
-		// only (DESIGN part 11): it gets no admin role.
+		// only (docs/security.md): it gets no admin role.
 		if need >= 0 && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && tlsfiles.IsNodeCertificate(r.TLS.PeerCertificates[0]) {
 			a.writeError(sw, r, fmt.Errorf("a node certificate is for the peer plane, not the admin API: %w", auth.ErrForbidden))
 			return

@@ -1,4 +1,4 @@
-// Package discovery serves the sidecar discovery stream (DESIGN part 4): an
+// Package discovery serves the sidecar discovery stream (docs/sidecars.md): an
 // xDS-like gRPC protocol over which a node pushes, from its local replica,
 // the policy set that applies to each sidecar's scope, and records each
 // sidecar's ACK or NACK for rollout tracking.
@@ -50,7 +50,7 @@
 //   - Scope with auth.mode jwt. The scope served is the employee record's
 //     identity; the token's org must match the record (auth.Identify). A
 //     request may leave scope empty, or must name the token's org and
-//     employee, else PermissionDenied (DESIGN part 4: a scope that differs).
+//     employee, else PermissionDenied (a scope that differs).
 //     The team it names is not checked, on the first request or any later
 //     one: the record decides the team, as it does over the token's team
 //     claim, and the SDK sends the scope it was configured with in every

@@ -1,5 +1,5 @@
 // Package drift runs the drift-detection webhook's integration with the
-// cluster and with Kubernetes (DESIGN part 7); the decision itself is the
+// cluster and with Kubernetes (docs/drift.md); the decision itself is the
 // pure admission package.
 //
 //   - Objects resolves parents and namespaces from informers, started for a

@@ -1,4 +1,4 @@
-// Package feed is the WebSocket policy feed (DESIGN part 5, seed 002):
+// Package feed is the WebSocket policy feed (docs/sidecars.md):
 // GET /ws/policies on the HTTP listener pushes, to every connected sidecar,
 // the policies that apply to its identity, as they are committed. The wire
 // contract (messages, close codes, parameters) is api/feed/v1.

@@ -1,4 +1,4 @@
-// Package peer is the door of the peer plane (DESIGN part 11): one TCP
+// Package peer is the door of the peer plane (docs/security.md): one TCP
 // listener, raft.addr, that carries Raft and the node-to-node API, and that
 // only cluster members get through.
 //

@@ -2,7 +2,7 @@
 // stored, and answers "which policies apply to this identity, at which
 // version" without reading the database. The discovery stream and the
 // WebSocket feed both serve from it, so a sidecar sees the same set and the
-// same version (DESIGN part 2) whichever transport it uses.
+// same version whichever transport it uses.
 //
 // The node's change dispatcher calls Update for every committed batch before
 // it tells the listeners, so a listener that reacts to a change always reads

@@ -14,7 +14,7 @@ import (
 )
 
 // vetCommand is the leader's check of a command that reached it through
-// the peer plane (DESIGN part 11): the content rules the REST edge
+// the peer plane (docs/security.md): the content rules the REST edge
 // applies, so that a forged or buggy forward stores nothing the admin API
 // would refuse. Commands a node makes itself (its REST edge, its leader
 // tasks) were checked where they were made. Types without content rules
