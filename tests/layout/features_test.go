@@ -47,6 +47,7 @@ var exceptions = map[exception]string{
 	{"api/feed/v1/feed.go", "CapabilityRollouts"}:          "one row of the table of client capabilities",
 	{"api/feed/v1/feed.go", "CapabilityShadow"}:            "one row of the table of client capabilities",
 	{"internal/server/policyset/rollouts.go", "CapShadow"}: "mirrors feedv1.CapabilityShadow beside CapRollouts in the capability table",
+	{"internal/policy/policy.go", "EnforcementShadow"}:     "one row of the table of enforcement modes",
 	{"internal/reload/hash.go", "drifted"}:                 "one value of the reload controller's startup-action enum (the ConfigMap changed while away), not the drift feature",
 }
 
