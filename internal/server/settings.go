@@ -174,17 +174,6 @@ func (n *Node) applyClusterSecret(cfg config.Config) (applied, needRestart []str
 	return []string{"cluster.secret_file"}, nil, nil
 }
 
-// applyDriftCallbacks hands the new URLs to the drift follow-up. Without
-// the webhook (drift.addr empty) nothing sends callbacks, so there is
-// nothing to apply.
-func (n *Node) applyDriftCallbacks(cfg config.Config) (applied, needRestart []string, err error) {
-	if n.drift == nil {
-		return nil, nil, nil
-	}
-	n.SetDriftCallbacks(cfg.Drift.Callbacks)
-	return []string{"drift.callbacks"}, nil, nil
-}
-
 // applyJWT re-reads the JWT secret or key files. With auth.mode none there
 // is no verifier, and changing the mode needs a restart.
 func (n *Node) applyJWT(config.Config) (applied, needRestart []string, err error) {
