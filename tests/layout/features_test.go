@@ -42,8 +42,6 @@ type exception struct {
 var exceptions = map[exception]string{
 	{"internal/tlsfiles/tlsfiles.go", "Reloader"}:          "re-reads TLS files, not the ConfigMap reload controller; internal/server/raftnode names the type",
 	{"internal/store/store.go", "StartHistory"}:            "starts the event log's indexes anew for a restore, not the history view; internal/server/raftnode calls it",
-	{"internal/store/write.go", "EntityDrift"}:             "one row of the table of event entity types",
-	{"internal/store/write.go", "EntityReload"}:            "one row of the table of event entity types",
 	{"api/feed/v1/feed.go", "TypeShadowReport"}:            "one row of the table of feed message types",
 	{"api/feed/v1/feed.go", "CapabilityRollouts"}:          "one row of the table of client capabilities",
 	{"api/feed/v1/feed.go", "CapabilityShadow"}:            "one row of the table of client capabilities",
