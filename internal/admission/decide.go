@@ -34,8 +34,6 @@ const (
 	OutcomeExpected       = "expected"
 	OutcomeRejected       = "rejected"
 	OutcomeApproved       = "approved"
-	OutcomeDriftDenied    = "drift-denied"
-	OutcomeDriftLogged    = "drift-logged"
 )
 
 // Decide is the whole admission decision for one request. It is
@@ -466,24 +464,6 @@ func (d *decider) objectRef(o *unstructured.Unstructured) ObjectRef {
 		}
 	}
 	return ref
-}
-
-// driftEffect is a Detected or Resolved effect for this child.
-func (d *decider) driftEffect(kind EffectKind, parent ObjectRef, oldSpec, newSpec map[string]any) Effect {
-	child := d.child
-	e := Effect{
-		Kind: kind, Parent: parent, Child: &child, At: d.in.Now,
-		Request: &RequestInfo{
-			User: d.req.UserInfo.Username, Groups: d.req.UserInfo.Groups, UID: string(d.req.UID),
-			Operation: string(d.req.Operation), DryRun: d.req.DryRun != nil && *d.req.DryRun,
-		},
-	}
-	if kind == EffectDriftDetected {
-		e.ID = DetectedID(parent, child, oldSpec, newSpec)
-	} else {
-		e.ID = ResolvedID(parent, child)
-	}
-	return e
 }
 
 // withObjects adds what a receiver needs to judge the change: both objects

@@ -59,42 +59,6 @@ type Kubernetes struct {
 	Kubeconfig string `mapstructure:"kubeconfig"`
 }
 
-// Reload configures the ConfigMap reload controller (run by the Raft leader).
-type Reload struct {
-	Enabled bool `mapstructure:"enabled"`
-	// Namespace watched for ConfigMaps and Deployments.
-	Namespace string `mapstructure:"namespace"`
-	// Selector (key=value) picks the ConfigMaps and the Deployments.
-	Selector string `mapstructure:"selector"`
-	// ScopeLabel is the label whose value ties a ConfigMap to Deployments.
-	ScopeLabel string `mapstructure:"scope_label"`
-	// Debounce delays a restart after a ConfigMap change; a further change
-	// inside the window pushes it back, so the changes coalesce into one.
-	Debounce time.Duration `mapstructure:"debounce"`
-	// AnnotationPrefix prefixes restartedAt and config-hash-<cm>.
-	AnnotationPrefix string `mapstructure:"annotation_prefix"`
-}
-
-// Drift configures the drift-detection admission webhook (every node).
-type Drift struct {
-	// Addr is the HTTPS listener for /admission/drift; empty = not served.
-	Addr string `mapstructure:"addr"`
-	TLS  TLS    `mapstructure:"tls"`
-	// MaxConnections caps the webhook listener's open connections; a new
-	// one over the cap is closed at once. 0 = no cap.
-	MaxConnections   int    `mapstructure:"max_connections"`
-	AnnotationPrefix string `mapstructure:"annotation_prefix"`
-	// Mode is the default for drift: enforce (deny) or log (allow, warn).
-	Mode string `mapstructure:"mode"`
-	// Callbacks receive a DriftReport POST per drift (sent by the leader).
-	Callbacks []string `mapstructure:"callbacks"`
-	// Initialization holds per-kind initialization rules for parents, each
-	// "group/Kind=Signal+Signal" or "group/Kind=default" (package
-	// internal/admission/initrule); rules of one kind are alternatives and replace
-	// its built-in rule.
-	Initialization []string `mapstructure:"initialization"`
-}
-
 // Log configures the process logger.
 type Log struct {
 	Level  string `mapstructure:"level"`  // debug|info|warn|error

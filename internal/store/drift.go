@@ -13,6 +13,9 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
+// EntityDrift is a drift report.
+const EntityDrift EntityType = "drift"
+
 // Drift state (docs/drift.md). The webhook on every node proposes what its
 // decisions ask for; the store keeps, in log order:
 //   - reports (bucket drift_reports, by report id): every Detected and

@@ -21,8 +21,6 @@ type EntityType string
 const (
 	EntityPolicy   EntityType = "policy"
 	EntityEmployee EntityType = "employee"
-	EntityDrift    EntityType = "drift"
-	EntityReload   EntityType = "reload"
 	EntityMember   EntityType = "member"
 	// EntityRetention is the event log itself: a retention prune records
 	// one event (RecordPrune).

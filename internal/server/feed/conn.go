@@ -354,11 +354,6 @@ type clientMessage struct {
 	Type string `json:"type"`
 }
 
-// maxShadowReportBytes is the read limit of a connection that declared the
-// shadow capability, when feed.max_message_bytes is below it: a report of
-// 256 entries (shadow.MaxEntries) with long policy names fits.
-const maxShadowReportBytes = 128 << 10
-
 // readTask reads the client's messages: while polled, until the client is
 // between messages and the socket holds nothing more; otherwise until the
 // connection ends. Only pong and shadow_report are accepted; anything else

@@ -50,36 +50,6 @@ type Set struct {
 	enforced atomic.Pointer[Set]
 }
 
-// WithoutShadow is s without its shadow policies, versioned by its own
-// content: what a client that did not declare the shadow capability is
-// served. It is s itself when s holds no shadow policy, and the same *Set
-// on every call, so snapshots and messages encoded per set are shared.
-func (s *Set) WithoutShadow() *Set {
-	if e := s.enforced.Load(); e != nil {
-		return e
-	}
-	if !slices.ContainsFunc(s.Policies, func(rp store.RawPolicy) bool { return rp.Policy.Shadow() }) {
-		s.enforced.CompareAndSwap(nil, s)
-		return s.enforced.Load()
-	}
-	e := &Set{Identity: s.Identity, Index: s.Index, Rollouts: s.Rollouts}
-	h := store.NewSetHash()
-	for _, rp := range s.Policies {
-		if rp.Policy.Shadow() {
-			continue
-		}
-		h.Add(rp.Policy.Name, rp.Stored)
-		e.Policies = append(e.Policies, rp)
-	}
-	e.Version = h.Sum()
-	e.enforced.Store(e)
-	s.enforced.CompareAndSwap(nil, e)
-	return s.enforced.Load()
-}
-
-// HasShadow reports whether s holds a shadow policy.
-func (s *Set) HasShadow() bool { return s.WithoutShadow() != s }
-
 // Lookup returns the policy named name if the set holds it.
 func (s *Set) Lookup(name string) (store.RawPolicy, bool) {
 	i, ok := slices.BinarySearchFunc(s.Policies, name, func(rp store.RawPolicy, n string) int {
@@ -127,13 +97,13 @@ func New(st *store.Store) (*Index, error) {
 
 func newIndex(st *store.Store, listRollouts func() ([]*commandv1.Rollout, uint64, error)) (*Index, error) {
 	x := &Index{st: st, listRollouts: listRollouts, ended: map[string]endedRollout{}}
-	if err := x.reload(); err != nil {
+	if err := x.load(); err != nil {
 		return nil, err
 	}
 	return x, nil
 }
 
-func (x *Index) reload() error {
+func (x *Index) load() error {
 	all, index, err := x.st.RawPolicies()
 	if err != nil {
 		return fmt.Errorf("load policies: %w", err)
@@ -177,7 +147,7 @@ func (x *Index) countNamed(rp store.RawPolicy, delta int) {
 // is skipped.
 func (x *Index) Update(c store.Change) (err error) {
 	if c.Resync {
-		if err := x.reload(); err != nil {
+		if err := x.load(); err != nil {
 			return err
 		}
 		x.mu.Lock()
