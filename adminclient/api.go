@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // HeaderAppliedIndex is the header of GET /v1/snapshot naming the applied
@@ -58,12 +57,6 @@ func (c *Client) Policies(ctx context.Context, f PolicyFilter) (*PolicyList, err
 func (c *Client) Policy(ctx context.Context, name string) (*Policy, error) {
 	var out Policy
 	return &out, c.Do(ctx, http.MethodGet, "/v1/policies/"+url.PathEscape(name), nil, nil, &out)
-}
-
-// PolicyShadow reads the shadow counts of policy name, summed across nodes.
-func (c *Client) PolicyShadow(ctx context.Context, name string) (*ShadowView, error) {
-	var out ShadowView
-	return &out, c.Do(ctx, http.MethodGet, "/v1/policies/"+url.PathEscape(name)+"/shadow", nil, nil, &out)
 }
 
 // PutPolicy creates or replaces the policy name with the JSON doc;
@@ -120,14 +113,6 @@ func consistentQuery(consistent bool) string {
 		return "?consistent=true"
 	}
 	return ""
-}
-
-// History lists the revisions of key in collection ("policies" or
-// "employees") that the event log still holds; consistent reads through
-// the leader.
-func (c *Client) History(ctx context.Context, collection, key string, consistent bool) (*History, error) {
-	var out History
-	return &out, c.Do(ctx, http.MethodGet, entityPath(collection, key)+"/history"+consistentQuery(consistent), nil, nil, &out)
 }
 
 // Document reads key in collection as JSON: revision rev as its write
@@ -281,68 +266,6 @@ func (c *Client) Clients(ctx context.Context) (*ClientList, error) {
 	return &out, c.Do(ctx, http.MethodGet, "/v1/clients", nil, nil, &out)
 }
 
-// ProxyStatus reports each version's acknowledgements; wait > 0 blocks
-// (up to 5m) until every discovery client answered.
-func (c *Client) ProxyStatus(ctx context.Context, wait time.Duration) (*ProxyStatus, error) {
-	return c.proxyStatus(ctx, "/v1/proxy-status", wait)
-}
-
-// Rollout is ProxyStatus at the path's old name, GET /v1/rollout, which a
-// node older than the rename also serves.
-//
-// Deprecated: use ProxyStatus.
-func (c *Client) Rollout(ctx context.Context, wait time.Duration) (*Rollout, error) {
-	return c.proxyStatus(ctx, "/v1/rollout", wait)
-}
-
-func (c *Client) proxyStatus(ctx context.Context, path string, wait time.Duration) (*ProxyStatus, error) {
-	q := url.Values{}
-	if wait > 0 {
-		q.Set("wait", wait.String())
-	}
-	var out ProxyStatus
-	return &out, c.Do(ctx, http.MethodGet, withQuery(path, q), nil, nil, &out)
-}
-
-// Reload reports the ConfigMap reload controller.
-func (c *Client) Reload(ctx context.Context) (*ReloadView, error) {
-	var out ReloadView
-	return &out, c.Do(ctx, http.MethodGet, "/v1/reload", nil, nil, &out)
-}
-
-// Drift lists drift reports.
-func (c *Client) Drift(ctx context.Context, f DriftFilter) (*DriftList, error) {
-	q := url.Values{}
-	setNonEmpty(q, "phase", f.Phase)
-	setNonEmpty(q, "delivery", f.Delivery)
-	if f.Limit > 0 {
-		q.Set("limit", strconv.Itoa(f.Limit))
-	}
-	if f.Consistent {
-		q.Set("consistent", "true")
-	}
-	var out DriftList
-	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/drift", q), nil, nil, &out)
-}
-
-// maxDriftLimit is the API's page limit for drift reports.
-const maxDriftLimit = 1000
-
-// DriftReport finds one report by id. The API has no per-report route, so
-// it looks through the newest 1,000; ErrNotFound beyond.
-func (c *Client) DriftReport(ctx context.Context, id string) (*DriftReport, error) {
-	list, err := c.Drift(ctx, DriftFilter{Limit: maxDriftLimit})
-	if err != nil {
-		return nil, err
-	}
-	for i := range list.Reports {
-		if list.Reports[i].ID == id {
-			return &list.Reports[i], nil
-		}
-	}
-	return nil, &Error{Status: http.StatusNotFound, Code: "not_found", Message: fmt.Sprintf("drift report %q not found", id)}
-}
-
 // Snapshot is an open GET /v1/snapshot stream.
 type Snapshot struct {
 	// Body is the state database; the caller closes it.
@@ -371,43 +294,3 @@ func (c *Client) Snapshot(ctx context.Context, consistent bool) (*Snapshot, erro
 
 // IsNotFound reports whether err is a 404 answer.
 func IsNotFound(err error) bool { return errors.Is(err, ErrNotFound) }
-
-// Staged rollout actions (POST /v1/rollouts/{id}/ACTION).
-const (
-	RolloutPause   = "pause"
-	RolloutResume  = "resume"
-	RolloutPromote = "promote"
-	RolloutAbort   = "abort"
-)
-
-// StartRollout starts a staged rollout.
-func (c *Client) StartRollout(ctx context.Context, req StartRollout) (*StagedRollout, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, fmt.Errorf("encode rollout: %w", err)
-	}
-	var out StagedRollout
-	return &out, c.Do(ctx, http.MethodPost, "/v1/rollouts", nil, body, &out)
-}
-
-// StagedRollouts lists staged rollouts; state is "active", "all" (or "")
-// or one state.
-func (c *Client) StagedRollouts(ctx context.Context, state string) (*StagedRolloutList, error) {
-	q := url.Values{}
-	setNonEmpty(q, "state", state)
-	var out StagedRolloutList
-	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/rollouts", q), nil, nil, &out)
-}
-
-// StagedRollout reads one staged rollout with its status.
-func (c *Client) StagedRollout(ctx context.Context, id string) (*StagedRollout, error) {
-	var out StagedRollout
-	return &out, c.Do(ctx, http.MethodGet, "/v1/rollouts/"+url.PathEscape(id), nil, nil, &out)
-}
-
-// RolloutAction pauses, resumes, promotes or aborts a staged rollout
-// (RolloutPause and the others).
-func (c *Client) RolloutAction(ctx context.Context, id, action string) (*StagedRollout, error) {
-	var out StagedRollout
-	return &out, c.Do(ctx, http.MethodPost, "/v1/rollouts/"+url.PathEscape(id)+"/"+url.PathEscape(action), nil, nil, &out)
-}

@@ -1,16 +1,10 @@
-// Package adminclient is the Go client of the admin REST API (docs/api.md),
-// shared by the CLI, bench/, chaos/ and the end-to-end tests, like Consul's
-// api package. It imports no server package: its request and response types
-// mirror the documented JSON, and a test decodes real answers into them
-// strictly.
-//
-// A Client knows several servers. A request goes to the one that answered
-// last; on a connection error or a 503 it moves on to the next, never on
-// another 4xx or 5xx answer, which every node would give alike. A write is
-// sent to the next server only when the connection was refused before the
-// request left, or on a 503, which the API answers before anything is
-// committed or when the outcome is unknown (then a retried PUT with
-// If-Match gets 409, never a double write).
+// Package adminclient is the Go client of the admin REST API, shared by the
+// CLI, bench/, chaos/ and the end-to-end tests. It imports no server
+// package: its request and response types mirror the documented JSON, and
+// a test decodes real answers into them strictly. A Client knows several
+// servers and moves on only on a connection error or a 503, and a write only
+// when it cannot have been committed twice. See docs/api.md and
+// docs/cli.md.
 package adminclient
 
 import (

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestImportsOnlyAPI holds the package to DESIGN part 1: of this module it
+// TestImportsOnlyAPI holds the package to the module's layering: of this module it
 // imports only api/, so bench/, chaos/ and outside programs can use it
 // without the server.
 func TestImportsOnlyAPI(t *testing.T) {

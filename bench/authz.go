@@ -29,7 +29,7 @@ import (
 	"github.com/policyd/policyd/internal/loopback"
 )
 
-// Issue 31's target for a decision through ext_authz gRPC on loopback.
+// The target for one decision through ext_authz gRPC on loopback.
 const targetAuthzP99 = time.Millisecond
 
 // authzConfig holds the authz scenario's flags.
@@ -45,7 +45,7 @@ type authzConfig struct {
 	authzCPUs    string
 }
 
-// authzScenario measures `policyd authz`, the decision sidecar (issue 31):
+// authzScenario measures `policyd authz`, the decision sidecar:
 // its idle RSS, the latency of one check at a time through ext_authz gRPC
 // and POST /v1/check, and the decisions per second it serves with many
 // checks in flight, on the CPUs of -authz-cpus. One policyd node holds 20

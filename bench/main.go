@@ -1,50 +1,14 @@
-// Command bench is policyd's load and latency harness (DESIGN part 10). It
-// starts a real policyd cluster on loopback, as separate processes of the
-// policyd binary, drives a workload against its admin REST API and prints one
-// JSON line per measured figure on stdout, followed by a readable summary
-// table on stderr (so that stdout stays machine-readable).
+// Command bench is policyd's load and latency harness. It starts a real
+// policyd cluster on loopback, as separate processes of the policyd binary,
+// drives a workload (writes, propagation, idle-memory, etcd, failover,
+// rollout, shadow, authz, or the whole suite) and prints one JSON line per
+// measured figure on stdout, followed by a readable summary table on
+// stderr, so that stdout stays machine-readable.
 //
-// Usage:
-//
-//	go run ./bench <scenario> [flags]
-//	go run ./bench writes -writers 100 -duration 20s -out results.jsonl
-//	go run ./bench propagation -streams 1000 -ws 1000 -writes 50
-//	go run ./bench propagation -nodes 1 -streams 0 -ws 10000 -writes 20
-//	go run ./bench idle-memory -streams 1000 -ws 1000
-//	go run ./bench etcd -writers 100 -duration 20s
-//	go run ./bench failover -rounds 3 -grpc 200 -ws 200
-//	go run ./bench authz -requests 20000 -concurrency 32 -authz-cpus 1
+//	go run ./bench <scenario> [flags]    # -h lists a scenario's flags
 //	go run ./bench suite -results bench/results/latest.json   (make bench)
 //
-// Scenarios:
-//
-//	writes       write throughput and commit latency (PUT /v1/policies/{name})
-//	propagation  latency from a PUT's ack to every connected sidecar (gRPC
-//	             discovery streams and WebSocket feed connections) holding it
-//	idle-memory  a node's RSS and Go heap per idle gRPC stream and per idle
-//	             WebSocket connection
-//	etcd         the writes workload against policyd, then against a
-//	             3-member etcd started by bench, and the ratio
-//	failover     kill -9 the leader under write load with SDK sidecars
-//	             connected: new leader, writes, sidecars current, lost writes
-//	authz        the `policyd authz` sidecar: idle RSS, ext_authz gRPC and
-//	             POST /v1/check latency, decisions/s on one core
-//	suite        the standard set above, in one run (make bench)
-//
-// The sidecar scenarios (sidecars.go) run thousands of simulated sidecars in
-// bench's own process, which shares the machine's CPUs with the nodes: their
-// latencies include bench's scheduling delay, so compare them with the
-// nodes' own histograms (server_p50/p99_ms_le) before blaming the server.
-//
-// A scenario lives in its own file and is listed in scenarios() below; it
-// registers its own flags next to the common ones (-binary, -keep, -out,
-// -ready-timeout, -node-log-level, -node-env, -node-cpus, -load-cpus) and reports its figures through
-// runEnv.emit.
-//
-// Every node listens on 127.0.0.1 only. The nodes are stopped (SIGTERM, then
-// SIGKILL after 10s) and the temp dir removed (unless -keep) on every path,
-// including errors and Ctrl-C; if bench itself is killed, the kernel kills
-// the nodes (Linux parent-death signal).
+// The scenarios, targets and last figures are in docs/performance.md.
 package main
 
 import (
@@ -89,7 +53,8 @@ type runner interface {
 }
 
 // scenarios lists every scenario. Adding one is a new file defining a
-// scenario value, plus a line here.
+// scenario value, which registers its own flags next to the common ones
+// and reports its figures through runEnv.emit, plus a line here.
 func scenarios() []scenario {
 	return []scenario{
 		writesScenario(),

@@ -22,16 +22,16 @@ import (
 // Issue targets for propagation (p99 from PUT ack to every sidecar holding
 // the write).
 const (
-	targetGRPCP99  = 250 * time.Millisecond // issue 3: 1k gRPC streams over 3 nodes
-	targetWSP99    = 500 * time.Millisecond // issue 4: 10k WebSocket connections on one node
-	targetMixedP99 = 500 * time.Millisecond // issue 7: 10k gRPC + 10k WebSocket on one node
-	mixedTargetMin = 10000                  // sidecars of each kind for issue 7's target
+	targetGRPCP99  = 250 * time.Millisecond // 1k gRPC streams over 3 nodes
+	targetWSP99    = 500 * time.Millisecond // 10k WebSocket connections on one node
+	targetMixedP99 = 500 * time.Millisecond // 10k gRPC + 10k WebSocket on one node
+	mixedTargetMin = 10000                  // sidecars of each kind for the mixed target
 )
 
-// propagationTarget is the issue target a run's figure for transport k is
+// propagationTarget is the target a run's figure for transport k is
 // judged against. A run with at least 10,000 sidecars of each kind on one
-// node is issue 7's run, for both transports; otherwise each transport
-// keeps the target of the issue that introduced it.
+// node is the mixed run, for both transports; otherwise each transport
+// keeps its own target.
 func propagationTarget(cfg propagationConfig, k sidecarKind) (time.Duration, string) {
 	switch {
 	case cfg.nodes == 1 && cfg.streams >= mixedTargetMin && cfg.ws >= mixedTargetMin:

@@ -223,12 +223,12 @@ func TestPropagationTarget(t *testing.T) {
 		kind sidecarKind
 		p99  time.Duration
 	}{
-		{"1k+1k on 3 nodes, grpc: issue 3", cfg(3, 1000, 1000), kindGRPC, 250 * time.Millisecond},
-		{"1k+1k on 3 nodes, ws: issue 4", cfg(3, 1000, 1000), kindWS, 500 * time.Millisecond},
-		{"10k+10k on one node, grpc: issue 7", cfg(1, 10000, 10000), kindGRPC, 500 * time.Millisecond},
-		{"10k+10k on one node, ws: issue 7", cfg(1, 10000, 10000), kindWS, 500 * time.Millisecond},
-		{"10k grpc alone on one node: issue 3", cfg(1, 10000, 0), kindGRPC, 250 * time.Millisecond},
-		{"10k+10k on 3 nodes, grpc: issue 3", cfg(3, 10000, 10000), kindGRPC, 250 * time.Millisecond},
+		{"1k+1k on 3 nodes, grpc: 250 ms", cfg(3, 1000, 1000), kindGRPC, 250 * time.Millisecond},
+		{"1k+1k on 3 nodes, ws: 500 ms", cfg(3, 1000, 1000), kindWS, 500 * time.Millisecond},
+		{"10k+10k on one node, grpc: mixed 500 ms", cfg(1, 10000, 10000), kindGRPC, 500 * time.Millisecond},
+		{"10k+10k on one node, ws: mixed 500 ms", cfg(1, 10000, 10000), kindWS, 500 * time.Millisecond},
+		{"10k grpc alone on one node: 250 ms", cfg(1, 10000, 0), kindGRPC, 250 * time.Millisecond},
+		{"10k+10k on 3 nodes, grpc: 250 ms", cfg(3, 10000, 10000), kindGRPC, 250 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -244,7 +244,7 @@ func TestPropagationTarget(t *testing.T) {
 	_, grpc := propagationTarget(cfg(1, 10000, 10000), kindGRPC)
 	_, ws := propagationTarget(cfg(1, 10000, 10000), kindWS)
 	if grpc != ws {
-		t.Errorf("issue 7's run labels its transports differently: %q, %q", grpc, ws)
+		t.Errorf("the mixed run labels its transports differently: %q, %q", grpc, ws)
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/policyd/policyd/internal/store"
 )
 
-// targetRollbackP99 is issue 32's target: from a halt condition being met to
+// targetRollbackP99 is the rollback target: from a halt condition being met to
 // every cohort sidecar holding the stable set again.
 const targetRollbackP99 = time.Second
 
@@ -67,7 +67,7 @@ type rolloutConfig struct {
 	percents         []int // parsed from stages by validate
 }
 
-// rolloutScenario measures a staged rollout's halt and rollback (issue 32):
+// rolloutScenario measures a staged rollout's halt and rollback:
 // a 3-node cluster, -grpc discovery and -ws feed SDK sidecars of one org
 // that holds acme.p1, each listing every node from its own. Each round
 // starts a rollout of acme.p1 whose candidate every sidecar's Apply

@@ -68,7 +68,7 @@ type shadowConfig struct {
 	startConcurrency int
 }
 
-// shadowScenario measures what the shadow reports cost a node (issue 32):
+// shadowScenario measures what the shadow reports cost a node:
 // -sidecars SDK sidecars on the discovery stream, each declaring the
 // shadow capability, evaluating requests against one enforced and ten
 // shadow policies, and reporting their counts every 6 s. Each round

@@ -34,7 +34,7 @@ type suiteStep struct {
 // (and temp subdirectory), one after the other: writes with -writers and 1
 // writer against policyd and then etcd (the etcd scenario), propagation
 // with 1,000 gRPC streams and 1,000 WebSocket connections on 3 nodes, the
-// same with 10,000 of each on one node (issue 7's propagation target; it
+// same with 10,000 of each on one node (the mixed propagation target; it
 // needs an open-files limit of about 10,500 for bench and for the node),
 // with SDK sidecars, again with the node and bench pinned to a CPU each and
 // then with simulated sidecars, idle-memory with
@@ -96,7 +96,7 @@ func (c *suiteConfig) all() []suiteStep {
 		// connection per 100 (client.Config.GRPCConn).
 		{"propagation", "propagation", []string{"-streams", "1000", "-ws", "1000", "-nodes", "3", "-writes", "50", "-streams-per-conn", "1"}},
 		{"propagation-10k", "propagation", []string{"-streams", "10000", "-ws", "10000", "-nodes", "1", "-writes", "20"}},
-		// The same with the node on CPU 0 and bench on CPU 1 (issue 29): a
+		// The same with the node on CPU 0 and bench on CPU 1: a
 		// figure that neither side's bursts can blur by taking the other's
 		// core. Next to propagation-10k, so the summary shows their p99s
 		// one above the other.
@@ -111,10 +111,10 @@ func (c *suiteConfig) all() []suiteStep {
 		// stream's: the harder case for the 48 KB target.
 		{"idle-memory-conn", "idle-memory", []string{"-streams", "1000", "-ws", "0", "-streams-per-conn", "1"}},
 		{"failover", "failover", []string{"-rounds", strconv.Itoa(c.rounds), "-writers", "20", "-grpc", "200", "-ws", "200"}},
-		// Issue 32: 3 rollouts that 1,000 + 1,000 SDK sidecars reject,
+		// 3 rollouts that 1,000 + 1,000 SDK sidecars reject,
 		// halted and rolled back (about 5 s).
 		{"rollout", "rollout", nil},
-		// Issue 32: the node's CPU per 1,000 shadow reports of 1,000 SDK
+		// The node's CPU per 1,000 shadow reports of 1,000 SDK
 		// sidecars; one round of the scenario's five (about 35 s): enough
 		// to check that no report is rejected and the counts add up, but
 		// one round's figure is noisy (35–160 ms per 1,000 reports where

@@ -20,7 +20,7 @@ const maxWalkDepth = 64
 
 // program is one expression compiled twice. cel-go's cost tracker
 // observes every step and costs about as much as the evaluation itself
-// (bench/FINDINGS.md, issue 31), so when the checker proves that the expression's
+// (bench/FINDINGS.md), so when the checker proves that the expression's
 // worst case on inputs no larger than fastUpTo is within the cost limit,
 // such inputs run the untracked program; anything larger runs the tracked
 // one, which stops at the limit.

@@ -14,7 +14,7 @@ import (
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
-// State is the client's connection state (see the package doc).
+// State is the client's connection state (see docs/sidecars.md).
 type State string
 
 // States.
@@ -243,7 +243,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 }
 
 // IsBlocked reports whether a call of tool with input must be blocked, and
-// why. See the package doc for the exact semantics.
+// why. See docs/sidecars.md for the exact semantics.
 func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, blocked bool) {
 	v := c.view.Load()
 	if v.block != "" {

@@ -44,11 +44,6 @@ const (
 	// decides on the request path (it stops a runaway expression within
 	// tens of milliseconds on a small machine).
 	DefaultCELCostLimit = 100_000
-	// DefaultShadowReportInterval is how often shadow-policy counts are
-	// reported; MinShadowReportInterval the least accepted. A node takes
-	// about one report per 5 s from a sidecar and drops the rest.
-	DefaultShadowReportInterval = 10 * time.Second
-	MinShadowReportInterval     = time.Second
 )
 
 // Scope names the identity whose policies a gRPC client asks for. With the

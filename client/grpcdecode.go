@@ -14,7 +14,7 @@ import (
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 )
 
-// A discovery response carries the whole set in force (DESIGN part 4), so a
+// A discovery response carries the whole set in force (docs/sidecars.md), so a
 // change of one policy in a set of N brings N policies. Decoding all of them
 // was most of a sidecar's work per update. The SDK now receives a response
 // undecoded, splits it into its policies' encodings, and decodes only those

@@ -275,3 +275,13 @@ func feedShadowCounts(deltas []ShadowCount) []feedv1.ShadowCount {
 	}
 	return out
 }
+
+// Config.ShadowReportInterval's default, which New applies to a zero
+// field, and its least accepted value.
+const (
+	// DefaultShadowReportInterval is how often shadow-policy counts are
+	// reported; MinShadowReportInterval the least accepted. A node takes
+	// about one report per 5 s from a sidecar and drops the rest.
+	DefaultShadowReportInterval = 10 * time.Second
+	MinShadowReportInterval     = time.Second
+)

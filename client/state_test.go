@@ -10,7 +10,7 @@ import (
 	"github.com/policyd/policyd/internal/poll"
 )
 
-// TestStateMachineGraceAndRecovery walks seed 002's state machine against a
+// TestStateMachineGraceAndRecovery walks the SDK's state machine against a
 // real (in-process) discovery server, with the grace period driven by a fake
 // clock: connecting blocks all; ready enforces; disconnected serves the
 // cached policies until grace has elapsed, then blocks all; a reconnect

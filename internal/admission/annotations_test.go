@@ -223,7 +223,7 @@ func TestApprovedOccurrence(t *testing.T) {
 	}
 }
 
-// TestReport: Decide's drift effects become DESIGN's DriftReport, stable
+// TestReport: Decide's drift effects become the DriftReport of docs/drift.md, stable
 // over a JSON round trip (Raft).
 func TestReport(t *testing.T) {
 	p := steadyParent()

@@ -1,6 +1,6 @@
 package admission
 
-// This file is the contract the server (issue 6 part B) builds on. Keep it
+// This file is the contract the server (internal/server/drift) builds on. Keep it
 // stable: change it only by adding.
 //
 // Changes since first published: Effect.ID added (set by Decide for drift
@@ -12,8 +12,6 @@ package admission
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -21,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/policyd/policyd/internal/admission/initrule"
-	"github.com/policyd/policyd/internal/config"
 )
 
 // Path is where every node serves the webhook on drift.addr.
@@ -46,44 +43,20 @@ const (
 // Config is what the decision depends on besides the request and the
 // objects. Build it with ConfigFromDrift.
 type Config struct {
-	// AnnotationPrefix replaces the seed's kausality.io (default policyd.io).
+	// AnnotationPrefix prefixes every annotation (default policyd.io; Kausality uses kausality.io).
 	AnnotationPrefix string
 	// Mode is the default response to drift: ModeEnforce or ModeLog.
 	Mode string
 	// Initialization holds per-kind initialization rules. A parent is
 	// initialized when any rule of its group and kind holds; a kind with
 	// rules here does not use its built-in one (Deployment, StatefulSet,
-	// ReplicaSet), and a kind with no rule at all uses the seed's order.
+	// ReplicaSet), and a kind with no rule at all uses the default order.
 	Initialization []InitOverride
 }
 
 // InitOverride is one drift.initialization rule (see package initrule for
-// its text form): the seed's default order, or all of its signals.
+// its text form): the default order, or all of its signals.
 type InitOverride = initrule.Rule
-
-// ConfigFromDrift builds the webhook's Config from the daemon configuration.
-// It fails on an unknown mode or an unparsable initialization entry.
-func ConfigFromDrift(d config.Drift) (Config, error) {
-	cfg := Config{AnnotationPrefix: strings.TrimSpace(d.AnnotationPrefix), Mode: d.Mode}
-	if cfg.AnnotationPrefix == "" {
-		cfg.AnnotationPrefix = "policyd.io"
-	}
-	switch cfg.Mode {
-	case "":
-		cfg.Mode = ModeLog
-	case ModeEnforce, ModeLog:
-	default:
-		return Config{}, fmt.Errorf("drift.mode %q: must be %s or %s", d.Mode, ModeEnforce, ModeLog)
-	}
-	for i, s := range d.Initialization {
-		o, err := initrule.Parse(s)
-		if err != nil {
-			return Config{}, fmt.Errorf("drift.initialization[%d]: %w", i, err)
-		}
-		cfg.Initialization = append(cfg.Initialization, o)
-	}
-	return cfg, nil
-}
 
 // Objects reads the objects a decision needs. The server implements it with
 // informers so the hot path makes no API call.
@@ -137,16 +110,6 @@ const (
 	// EffectPruneApprovals removes once and generation approvals whose
 	// generation is not Parent.Generation.
 	EffectPruneApprovals EffectKind = "PruneApprovals"
-	// EffectDriftDetected is a drift to report (phase Detected). Detected
-	// reports are deduplicated by ID for 10 minutes cluster-wide.
-	EffectDriftDetected EffectKind = "DriftDetected"
-	// EffectDriftResolved ends a drift of Parent and Child (phase Resolved);
-	// Resolution says how. An approved drift (ResolvedApproved) is always
-	// reported, once per Occurrence. The other two are emitted whenever the
-	// pair's drift would be over, as Decide has no memory: send those only
-	// when a Detected report for the pair is outstanding
-	// (ResolvedID(Parent, Child) identifies the pair).
-	EffectDriftResolved EffectKind = "DriftResolved"
 )
 
 // How a DriftResolved effect ends a drift (Effect.Resolution).
@@ -248,30 +211,6 @@ const (
 	ApprovalGeneration = "generation"
 	ApprovalAlways     = "always"
 )
-
-// DriftReport is the body POSTed to each drift.callbacks URL and listed by
-// GET /v1/drift.
-type DriftReport struct {
-	APIVersion string          `json:"apiVersion"` // policyd.io/v1
-	Kind       string          `json:"kind"`       // DriftReport
-	Spec       DriftReportSpec `json:"spec"`
-}
-
-// DriftReportSpec is the content of a DriftReport.
-type DriftReportSpec struct {
-	// ID is the effect's ID: 16 hex characters, equal on every replica
-	// that saw the same drift (DetectedID, ResolvedID).
-	ID    string `json:"id"`
-	Phase string `json:"phase"` // Detected or Resolved
-	// Parent has no uid or resourceVersion in a report.
-	Parent    ObjectRef       `json:"parent"`
-	Child     ObjectRef       `json:"child"`
-	OldObject json.RawMessage `json:"oldObject"`
-	NewObject json.RawMessage `json:"newObject"`
-	Request   RequestInfo     `json:"request"`
-	// Diff summarizes the spec change: the changed paths, sorted.
-	Diff []string `json:"diff,omitempty"`
-}
 
 // Report phases.
 const (

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// The three compute functions of seed 001, plus CREATE. Each returns the
+// The three annotation compute functions, plus CREATE. Each returns the
 // object's complete new annotation map, except the trace: where it is
 // recomputed (a CREATE, a spec change) the caller sets it, since its last
 // hop takes its labels from the map. "System" annotations are trace,

@@ -14,7 +14,7 @@ func hopAt(apiVersion, kind, name string, gen int64, user string) Hop {
 	return Hop{APIVersion: apiVersion, Kind: kind, Name: name, Generation: gen, User: user, Timestamp: "2026-03-01T12:00:00Z"}
 }
 
-// TestComputeAnnotations covers seed 001's compute-function tables: UPDATE
+// TestComputeAnnotations covers the compute-function tables: UPDATE
 // and CREATE, controller and user, spec and no spec change, the child that
 // is also a parent, and status updates.
 func TestComputeAnnotations(t *testing.T) {

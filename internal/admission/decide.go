@@ -34,11 +34,9 @@ const (
 	OutcomeExpected       = "expected"
 	OutcomeRejected       = "rejected"
 	OutcomeApproved       = "approved"
-	OutcomeDriftDenied    = "drift-denied"
-	OutcomeDriftLogged    = "drift-logged"
 )
 
-// Decide is the whole admission decision of seed 001 for one request. It is
+// Decide is the whole admission decision for one request. It is
 // pure: everything it needs is in Input, and its side effects are returned
 // as Effects for the leader.
 func Decide(in Input) Decision {
@@ -198,7 +196,7 @@ type judgement struct {
 	approval string
 }
 
-// judge runs the seed's admission flow for a spec change of a child whose
+// judge runs the admission flow for a spec change of a child whose
 // parent is known: short-circuits, freeze, actor, generation, then the drift
 // case's rejections, approvals, snooze and mode.
 func (d *decider) judge(parent *unstructured.Unstructured, parentAnn map[string]string, role role, oldSpec, newSpec map[string]any) judgement {
@@ -345,7 +343,7 @@ func (r role) String() string {
 	return "user"
 }
 
-// identify is DESIGN part 7's controller identification. The requester is
+// identify is the controller identification of docs/drift.md. The requester is
 // counted among the child's updaters first; with a controllers record on
 // the parent the intersection decides; without one a single updater is the
 // controller (late installation); otherwise we cannot tell.
@@ -466,24 +464,6 @@ func (d *decider) objectRef(o *unstructured.Unstructured) ObjectRef {
 		}
 	}
 	return ref
-}
-
-// driftEffect is a Detected or Resolved effect for this child.
-func (d *decider) driftEffect(kind EffectKind, parent ObjectRef, oldSpec, newSpec map[string]any) Effect {
-	child := d.child
-	e := Effect{
-		Kind: kind, Parent: parent, Child: &child, At: d.in.Now,
-		Request: &RequestInfo{
-			User: d.req.UserInfo.Username, Groups: d.req.UserInfo.Groups, UID: string(d.req.UID),
-			Operation: string(d.req.Operation), DryRun: d.req.DryRun != nil && *d.req.DryRun,
-		},
-	}
-	if kind == EffectDriftDetected {
-		e.ID = DetectedID(parent, child, oldSpec, newSpec)
-	} else {
-		e.ID = ResolvedID(parent, child)
-	}
-	return e
 }
 
 // withObjects adds what a receiver needs to judge the change: both objects

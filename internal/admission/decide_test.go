@@ -113,7 +113,7 @@ const (
 
 func eff(k ...EffectKind) []EffectKind { return k }
 
-// TestDetection covers seed 001's actor × parent state table and DESIGN's
+// TestDetection covers the actor × parent state table and the
 // controller identification (requester counted among updaters; single
 // updater only without a controllers record; intersection; lenient).
 func TestDetection(t *testing.T) {
@@ -166,8 +166,8 @@ func TestDetection(t *testing.T) {
 	}
 }
 
-// TestResponseCodes has one case per row of seed 001's response-code table,
-// plus DESIGN's decisions on freeze, rejections and modes.
+// TestResponseCodes has one case per row of the response-code table,
+// plus the decisions on freeze, rejections and modes.
 func TestResponseCodes(t *testing.T) {
 	p := steadyParent()
 	freeze := `{"user":"bob","message":"incident 42","at":"2026-03-01T10:00:00Z"}`
@@ -414,7 +414,7 @@ func TestMode(t *testing.T) {
 	}
 }
 
-// TestOperations is seed 001's operations-by-type table against the
+// TestOperations is the operations-by-type table against the
 // lifecycle phases.
 func TestOperations(t *testing.T) {
 	initializing := initializingParent()

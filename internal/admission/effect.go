@@ -76,7 +76,7 @@ func (e Effect) ReportID() string {
 }
 
 // Report is the DriftReport of a DriftDetected or DriftResolved effect, as
-// DESIGN part 7 defines it. For other kinds it is the zero report.
+// docs/drift.md defines it. For other kinds it is the zero report.
 func (e Effect) Report() DriftReport {
 	var phase string
 	switch e.Kind {

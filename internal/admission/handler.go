@@ -141,7 +141,7 @@ func (h *Handler) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 // confirm decides again on the parent as the API server has it, when the
 // decision rests on the parent being at rest and the parent came from a
 // cache (FreshObjects). If that read fails, the cached copy's decision
-// stands: it was right a moment ago, and the seed's 500 is for a parent
+// stands: it was right a moment ago, and a 500 is for a parent
 // that cannot be resolved at all.
 func (h *Handler) confirm(ctx context.Context, in Input, ns string, ref metav1.OwnerReference, d Decision) Decision {
 	f, ok := h.objs.(FreshObjects)
@@ -175,7 +175,7 @@ func subject(req *admissionv1.AdmissionRequest, oldObj, newObj *unstructured.Uns
 	return nil
 }
 
-// parentError is the seed's 500: the decision needs the parent and it could
+// parentError is the 500: the decision needs the parent and it could
 // not be read.
 func (h *Handler) parentError(err error) Decision {
 	h.logger.Warn("drift admission cannot resolve parent", "err", err)

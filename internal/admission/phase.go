@@ -7,8 +7,8 @@ import (
 )
 
 // builtinInit makes the common workloads initialize: they have no Ready or
-// Initialized condition, so the seed's default order would keep them
-// initializing forever (DESIGN part 7). A kind with configured rules does
+// Initialized condition, so the default order would keep them
+// initializing forever (docs/drift.md). A kind with configured rules does
 // not use its built-in one.
 var builtinInit = []InitOverride{
 	{Group: "apps", Kind: "Deployment", Conditions: []string{"Available"}, ObservedGeneration: true},
@@ -17,7 +17,7 @@ var builtinInit = []InitOverride{
 }
 
 // initRules are the rules for obj's group and kind: the configured ones if
-// there are any, else the built-in one; none means the seed's default
+// there are any, else the built-in one; none means the default
 // order.
 func (c Config) initRules(obj *unstructured.Unstructured) []InitOverride {
 	group, kind := groupOf(obj.GetAPIVersion()), obj.GetKind()
@@ -52,7 +52,7 @@ func (c Config) Phase(obj *unstructured.Unstructured) string {
 }
 
 // reachedInitialized holds when any of the kind's rules holds, or, for a
-// kind without rules, the seed's default order does.
+// kind without rules, the default order does.
 func (c Config) reachedInitialized(obj *unstructured.Unstructured) bool {
 	rules := c.initRules(obj)
 	if len(rules) == 0 {
@@ -61,7 +61,7 @@ func (c Config) reachedInitialized(obj *unstructured.Unstructured) bool {
 	return slices.ContainsFunc(rules, func(r InitOverride) bool { return ruleHolds(r, obj) })
 }
 
-// ruleHolds evaluates one rule: the seed's order, or all of its signals.
+// ruleHolds evaluates one rule: the default order, or all of its signals.
 func ruleHolds(r InitOverride, obj *unstructured.Unstructured) bool {
 	if r.Default {
 		return seedInitialized(obj)
@@ -87,7 +87,7 @@ func ruleHolds(r InitOverride, obj *unstructured.Unstructured) bool {
 	return true
 }
 
-// seedInitialized is seed 001's detection order after the annotation:
+// seedInitialized is the default detection order after the annotation:
 // Initialized=True, Ready=True, observedGeneration == generation with
 // Ready=True. Synced=True alone is not enough: Crossplane sets it before
 // the children exist.

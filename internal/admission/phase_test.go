@@ -11,8 +11,8 @@ import (
 	"github.com/policyd/policyd/internal/config"
 )
 
-// TestPhase covers seed 001's initialization detection order, the high
-// water mark, deletion, and DESIGN's per-kind rules.
+// TestPhase covers the default initialization detection order, the high
+// water mark, deletion, and the per-kind rules.
 func TestPhase(t *testing.T) {
 	widget := func(opts ...objOpt) *unstructured.Unstructured {
 		return newObj("example.com/v1", "Widget", "w", append([]objOpt{gen(2)}, opts...)...)
@@ -86,7 +86,7 @@ func TestPhase(t *testing.T) {
 		{"configured rule overrides a built-in: replicas no longer count", custom, rs("StatefulSet", statusField("readyReplicas", int64(1))), PhaseInitializing},
 		{"other kinds keep their rules", custom, deploy(obsGen(2), cond("Available", "True")), PhaseInitialized},
 
-		// Several rules of one kind are alternatives; default is the seed's
+		// Several rules of one kind are alternatives; default is the generic
 		// order; configured rules replace the kind's built-in one.
 		{"default rule: Ready=True", seedDeploy, deploy(cond("Ready", "True")), PhaseInitialized},
 		{"default rule: Initialized=True", seedDeploy, deploy(cond("Initialized", "True")), PhaseInitialized},

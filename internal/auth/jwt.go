@@ -49,10 +49,10 @@ const (
 	// section 3.2 requires a key at least as long as the hash output.
 	minHMACSecretLen = 32
 
-	// keyReloadInterval is how often, at most, the key files are re-read to
+	// keyRereadInterval is how often, at most, the key files are re-read to
 	// pick up rotated keys. The check runs inside Verify, so an idle
 	// verifier does no work at all.
-	keyReloadInterval = time.Second
+	keyRereadInterval = time.Second
 
 	// minRSABits refuses RSA keys that are too weak to trust.
 	minRSABits = 2048
@@ -99,7 +99,7 @@ type keyFile struct {
 
 	keys atomic.Pointer[[]verifyKey]
 
-	// Guarded by JWTVerifier.reloadMu.
+	// Guarded by JWTVerifier.rereadMu.
 	digest  [sha256.Size]byte // of the content last read, parsed or not
 	lastErr string            // last reload error, so it is logged once
 }
@@ -110,7 +110,7 @@ type keyFile struct {
 type JWTVerifier struct {
 	logger *slog.Logger
 	parser *jwt.Parser
-	// hmac is nil unless HS256 is configured; hmacFile is re-read by Reload.
+	// hmac is nil unless HS256 is configured; hmacFile is re-read by Reread.
 	hmac     atomic.Pointer[[]byte]
 	hmacFile string
 	files    []*keyFile // public key sources, reloaded on change
@@ -121,7 +121,7 @@ type JWTVerifier struct {
 	// to be checked again. A duration rather than a time keeps the
 	// monotonic clock: a wall clock step back must not stall reloads.
 	nextCheck atomic.Int64
-	reloadMu  sync.Mutex
+	rereadMu  sync.Mutex
 }
 
 // NewJWTVerifier builds a verifier from cfg. Exactly one kind of key source
@@ -130,7 +130,7 @@ type JWTVerifier struct {
 // (another algorithm, curve or key type) is skipped with a warning.
 //
 // The key files are re-read when their content changes, at most once a
-// second; see Verify. The HMAC secret is read again only by Reload. A nil
+// second; see Verify. The HMAC secret is read again only by Reread. A nil
 // logger discards the reload messages.
 func NewJWTVerifier(cfg config.JWT, logger *slog.Logger) (*JWTVerifier, error) {
 	return newJWTVerifier(cfg, logger, time.Now)
@@ -154,7 +154,7 @@ func newJWTVerifier(cfg config.JWT, logger *slog.Logger, now func() time.Time) (
 	}
 
 	v := &JWTVerifier{logger: logger, now: now, start: now()}
-	v.nextCheck.Store(int64(keyReloadInterval))
+	v.nextCheck.Store(int64(keyRereadInterval))
 	var methods []string
 	if cfg.HMACSecretFile != "" {
 		secret, err := loadHMACSecret(cfg.HMACSecretFile)
@@ -223,7 +223,7 @@ func (v *JWTVerifier) Verify(token string) (Claims, error) {
 	if len(token) > MaxTokenLen {
 		return Claims{}, fmt.Errorf("%w: token is %d bytes, more than the %d allowed", ErrBadCredentials, len(token), MaxTokenLen)
 	}
-	v.maybeReload()
+	v.maybeReread()
 
 	var tc tokenClaims
 	if _, err := v.parser.ParseWithClaims(token, &tc, v.keyFunc); err != nil {
@@ -289,12 +289,12 @@ func (v *JWTVerifier) keyFunc(t *jwt.Token) (any, error) {
 	return set, nil
 }
 
-// maybeReload re-reads the key files if keyReloadInterval has passed since
+// maybeReread re-reads the key files if keyRereadInterval has passed since
 // the last check. Reading the whole (small) file and comparing digests
 // rather than trusting mtime and size catches a rewrite within the mtime
 // granularity and a same-size key swap, and works for files replaced by
 // rename or symlink swap (Kubernetes ConfigMaps).
-func (v *JWTVerifier) maybeReload() {
+func (v *JWTVerifier) maybeReread() {
 	if len(v.files) == 0 {
 		return
 	}
@@ -304,26 +304,26 @@ func (v *JWTVerifier) maybeReload() {
 	}
 	// Whoever gets the lock reloads; the others go on with the current
 	// keys rather than queue behind file I/O.
-	if !v.reloadMu.TryLock() {
+	if !v.rereadMu.TryLock() {
 		return
 	}
-	defer v.reloadMu.Unlock()
+	defer v.rereadMu.Unlock()
 	if int64(elapsed) < v.nextCheck.Load() {
 		return // reloaded while we were getting the lock
 	}
-	v.nextCheck.Store(int64(elapsed + keyReloadInterval))
+	v.nextCheck.Store(int64(elapsed + keyRereadInterval))
 	for _, f := range v.files {
-		_ = v.reload(f) // logged
+		_ = v.reread(f) // logged
 	}
 }
 
-// Reload re-reads the HMAC secret and the key files now (SIGHUP) rather than
+// Reread re-reads the HMAC secret and the key files now (SIGHUP) rather than
 // at the next check. A source that fails to read or parse keeps its previous
 // keys, is logged, and its error is returned (joined with the others'); the
 // sources that loaded are in use either way.
-func (v *JWTVerifier) Reload() error {
-	v.reloadMu.Lock()
-	defer v.reloadMu.Unlock()
+func (v *JWTVerifier) Reread() error {
+	v.rereadMu.Lock()
+	defer v.rereadMu.Unlock()
 	var errs []error
 	if v.hmacFile != "" {
 		secret, err := loadHMACSecret(v.hmacFile)
@@ -337,23 +337,23 @@ func (v *JWTVerifier) Reload() error {
 		}
 	}
 	for _, f := range v.files {
-		if err := v.reload(f); err != nil {
+		if err := v.reread(f); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", f.what, err))
 		}
 	}
-	v.nextCheck.Store(int64(v.now().Sub(v.start) + keyReloadInterval))
+	v.nextCheck.Store(int64(v.now().Sub(v.start) + keyRereadInterval))
 	return errors.Join(errs...)
 }
 
-// reload re-reads f and swaps in its keys if its content changed. It returns
+// reread re-reads f and swaps in its keys if its content changed. It returns
 // the error that keeps f on its previous keys, if any: this read's, or the
-// parse error of unchanged content. Called with reloadMu held.
-func (v *JWTVerifier) reload(f *keyFile) error {
+// parse error of unchanged content. Called with rereadMu held.
+func (v *JWTVerifier) reread(f *keyFile) error {
 	data, err := readKeyFile(f.path)
 	if err != nil {
 		// Forget the digest: content that reappears must be parsed again.
 		f.digest = [sha256.Size]byte{}
-		v.reloadFailed(f, err)
+		v.rereadFailed(f, err)
 		return err
 	}
 	digest := sha256.Sum256(data)
@@ -369,7 +369,7 @@ func (v *JWTVerifier) reload(f *keyFile) error {
 	f.digest = digest
 	keys, err := f.parse(f.path, data, v.logger)
 	if err != nil {
-		v.reloadFailed(f, err)
+		v.rereadFailed(f, err)
 		return err
 	}
 	f.keys.Store(&keys)
@@ -378,7 +378,7 @@ func (v *JWTVerifier) reload(f *keyFile) error {
 	return nil
 }
 
-func (v *JWTVerifier) reloadFailed(f *keyFile, err error) {
+func (v *JWTVerifier) rereadFailed(f *keyFile, err error) {
 	if msg := err.Error(); msg != f.lastErr {
 		f.lastErr = msg
 		v.logger.Warn("cannot reload JWT "+f.what+"; keeping the previous keys",

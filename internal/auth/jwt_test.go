@@ -560,7 +560,7 @@ func TestJWKSRotation(t *testing.T) {
 	t.Run("new key after the reload interval", func(t *testing.T) {
 		rewrite(t, cfg.JWKSFile, jwksJSON(t, testJWK{kid: "b", pub: &keys.rsaB.PublicKey}, testJWK{kid: "e", pub: &keys.ecA.PublicKey}))
 		// Not yet: the file is checked at most once per interval.
-		clock.Advance(keyReloadInterval - time.Millisecond)
+		clock.Advance(keyRereadInterval - time.Millisecond)
 		check(t, tokenB, false)
 		clock.Advance(time.Millisecond)
 		check(t, tokenB, true)
@@ -570,7 +570,7 @@ func TestJWKSRotation(t *testing.T) {
 			t.Errorf("%d reloads logged, want 1; logs:\n%s", got, logs)
 		}
 		// An unchanged file is not parsed again.
-		clock.Advance(keyReloadInterval)
+		clock.Advance(keyRereadInterval)
 		check(t, tokenB, true)
 		if got := strings.Count(logs.String(), "reloaded JWT keys"); got != 1 {
 			t.Errorf("%d reloads logged after a check of an unchanged file, want 1; logs:\n%s", got, logs)
@@ -598,7 +598,7 @@ func TestJWKSRotation(t *testing.T) {
 			} else {
 				rewrite(t, cfg.JWKSFile, tc.content)
 			}
-			clock.Advance(keyReloadInterval)
+			clock.Advance(keyRereadInterval)
 			check(t, tokenB, true)
 			check(t, tokenA, false)
 			if got := countWarnings(); got != before+1 {
@@ -608,7 +608,7 @@ func TestJWKSRotation(t *testing.T) {
 				t.Fatalf("warning does not say %q; logs:\n%s", tc.msg, logs)
 			}
 			// The same broken content is reported once, not every interval.
-			clock.Advance(keyReloadInterval)
+			clock.Advance(keyRereadInterval)
 			check(t, tokenB, true)
 			if got := countWarnings(); got != before+1 {
 				t.Fatalf("%d warnings logged after a second check, want 1", got-before)
@@ -618,7 +618,7 @@ func TestJWKSRotation(t *testing.T) {
 
 	t.Run("recovers", func(t *testing.T) {
 		rewrite(t, cfg.JWKSFile, jwksJSON(t, testJWK{kid: "a", pub: &keys.rsaA.PublicKey}))
-		clock.Advance(keyReloadInterval)
+		clock.Advance(keyRereadInterval)
 		check(t, tokenA, true)
 		check(t, tokenB, false)
 	})
@@ -640,7 +640,7 @@ func TestPEMRotation(t *testing.T) {
 	// Both keys during a rotation: the same length, so only the content
 	// tells the files apart.
 	rewrite(t, cfg.PublicKeysFile, pemPKIX(t, &keys.ecB.PublicKey))
-	clock.Advance(keyReloadInterval)
+	clock.Advance(keyRereadInterval)
 	if _, err := v.Verify(tokenB); err != nil {
 		t.Fatalf("Verify with the rotated key: %v", err)
 	}
@@ -648,7 +648,7 @@ func TestPEMRotation(t *testing.T) {
 		t.Fatal("token of the removed key A still verifies")
 	}
 	rewrite(t, cfg.PublicKeysFile, []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"))
-	clock.Advance(keyReloadInterval)
+	clock.Advance(keyRereadInterval)
 	if _, err := v.Verify(tokenB); err != nil {
 		t.Fatalf("Verify after a bad rewrite: %v", err)
 	}
@@ -675,7 +675,7 @@ func TestJWKSRotationRealClock(t *testing.T) {
 
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(5 * keyReloadInterval)
+	deadline := time.After(5 * keyRereadInterval)
 	for {
 		_, err := v.Verify(token)
 		if err == nil {
@@ -684,7 +684,7 @@ func TestJWKSRotationRealClock(t *testing.T) {
 		select {
 		case <-tick.C:
 		case <-deadline:
-			t.Fatalf("new key not picked up within %v: %v", 5*keyReloadInterval, err)
+			t.Fatalf("new key not picked up within %v: %v", 5*keyRereadInterval, err)
 		}
 	}
 }
@@ -716,7 +716,7 @@ func TestVerifyConcurrentReload(t *testing.T) {
 	}
 	for i := range 20 {
 		rewrite(t, cfg.JWKSFile, sets[i%len(sets)])
-		clock.Advance(keyReloadInterval)
+		clock.Advance(keyRereadInterval)
 	}
 	wg.Wait()
 	close(errs)

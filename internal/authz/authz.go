@@ -1,27 +1,12 @@
 // Package authz is `policyd authz`: a sidecar that follows one identity's
 // policies through the client SDK and answers authorization questions from
 // that replica, so a proxy decides locally and fails closed with the SDK.
-//
 // It serves Envoy's ext_authz gRPC API (envoy.service.auth.v3.Authorization)
-// and, for proxies that are not Envoy, a local HTTP decision API
-// (POST /v1/check), with /healthz, /readyz and /metrics beside it.
-//
-// Choices the issue left open, as an operator would expect them:
-//   - A denial by a policy is HTTP 403 with the validation's message as the
-//     body and x-policyd-policy (and x-policyd-reason) naming it; a denial
-//     by the SDK's state (connecting, revoked, disconnected past grace) is
-//     403 with x-policyd-state.
-//   - Input over the limits is a deny, not an error, so Envoy's answer does
-//     not depend on failure_mode_allow: 431 for headers, 413 for a body, 400
-//     for a header that is not UTF-8, 503 when every evaluation slot stayed
-//     busy until shortly before the request's deadline (or for a second).
-//   - The probe listener (Listeners.Probe, --probe-addr) serves /healthz and
-//     /readyz without TLS on any address, because the kubelet probes the
-//     pod's IP and presents no certificate; like a node's open probe paths,
-//     it tells only whether the process runs and is synced.
-//   - At most Config.MaxInFlight evaluations run at once; gRPC streams per
-//     connection and connections per listener are bounded by the caller
-//     (Serve), so 10,000 concurrent checks queue rather than grow memory.
+// and a local HTTP decision API (POST /v1/check), with /healthz, /readyz and
+// /metrics beside it, and optionally a plain probe listener. It bounds
+// concurrent evaluations (Config.MaxInFlight); connections and streams are
+// bounded by the caller (Serve). The answers, limits and flags are in
+// docs/authz.md.
 package authz
 
 import (

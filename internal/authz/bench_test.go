@@ -25,7 +25,7 @@ import (
 	"github.com/policyd/policyd/internal/server/servertest"
 )
 
-// These benchmarks measure a decision (issue 31): Server.Check in process
+// These benchmarks measure a decision: Server.Check in process
 // and through a real ext_authz gRPC client on loopback, against an SDK
 // client that a real single policyd node has synced with 20
 // ValidatingPolicies and 20 ToolPolicies. `go run ./bench authz` measures

@@ -16,7 +16,7 @@ import (
 
 // Staged rollouts (docs/rollouts.md): policyd rollout start, status, pause,
 // resume, promote and abort, beside the plain "policyd rollout" ACK view
-// (rollout.go).
+// (rollout.go; its handler, rolloutAlias, is in proxystatus_rolloutalias.go).
 
 // errRolloutFailed fails status --wait when a rollout ended halted, rolled
 // back or aborted.

@@ -44,7 +44,7 @@ func serveCommand() *cobra.Command {
 
 // serve runs a node until ctx ends, then shuts it down in order. On SIGHUP
 // it loads the configuration again (reload, the same file, environment and
-// flags) and applies its run-time settings; see server.Node.Reload.
+// flags) and applies its run-time settings; see server.Node.ApplySettings.
 func serve(ctx context.Context, cfg config.Config, reload func() (config.Config, error), logOut io.Writer) error {
 	out := &lastLineWriter{w: logOut}
 	logger, level := newLogger(cfg.Log, out)
@@ -72,7 +72,7 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 		select {
 		case <-ctx.Done():
 		case <-hup:
-			reloadSettings(node, reload, logger)
+			handleSIGHUP(node, reload, logger)
 		case <-node.Faulted():
 			return lastLine(cfg.Log, out, node.Fault())
 		}
@@ -92,9 +92,9 @@ func serve(ctx context.Context, cfg config.Config, reload func() (config.Config,
 	}
 }
 
-// reloadSettings handles one SIGHUP. A configuration that does not load
+// handleSIGHUP handles one SIGHUP. A configuration that does not load
 // changes nothing; the node logs what it applied and what needs a restart.
-func reloadSettings(node *server.Node, reload func() (config.Config, error), logger *slog.Logger) {
+func handleSIGHUP(node *server.Node, reload func() (config.Config, error), logger *slog.Logger) {
 	logger.Info("SIGHUP received, reloading the configuration")
 	cfg, err := reload()
 	if err != nil {

@@ -27,9 +27,11 @@ type Type uint8
 // Without it, an unknown type stops the node: skipping would diverge state.
 const IgnoreUnknown Type = 0x80
 
-// Command types: every number in one table. A number is never reused once
-// released, even for a retired command, and numbers are unique with the
-// IgnoreUnknown bit masked (TestTypesUnique).
+// Command types. commandv1.Body is their one table: each number is its
+// payload's field number there (TestTypesAreBodyFields), never reused once
+// released, even for a retired command, and unique with the IgnoreUnknown
+// bit masked. The features' own types are in their files: reload.go,
+// drift.go, rollout.go.
 const (
 	TypePutPolicy      Type = 1
 	TypeDeletePolicy   Type = 2
@@ -39,33 +41,9 @@ const (
 	TypeRemoveMember   Type = 6
 	TypePruneEvents    Type = 7
 
-	// Reload (DESIGN part 6): the leader's reload controller records its
-	// hash cache, its pending-restart queue and the outcome of every restart
-	// attempt. Ignorable: the state is the controller's memory, rebuilt from
-	// Kubernetes, so a node of an older version that skips them at worst
-	// restarts a Deployment once more when it leads later; stopping instead
-	// would take the old replicas down as soon as an upgraded leader with
-	// reload enabled starts.
-	TypeReloadObserve       = IgnoreUnknown | 8
-	TypeReloadRestarted     = IgnoreUnknown | 9
-	TypeReloadRestartFailed = IgnoreUnknown | 10
-
-	// Drift (DESIGN part 7): the webhook's observations, and the leader's
-	// record of the follow-up it performed.
-	TypeObserveDrift        Type = 11
-	TypeRecordDriftDelivery Type = 12
-	TypeCompleteDriftTasks  Type = 13
-	TypePruneDrift          Type = 14
-
 	// TypeSetClusterID is ignorable: the ID only guards peer handshakes,
 	// which an older node does not make.
 	TypeSetClusterID = IgnoreUnknown | 15
-
-	// Staged rollouts (docs/rollouts.md), command version 4. Not
-	// ignorable: a node that skipped them would serve other sets and accept
-	// writes the others refuse.
-	TypeRolloutStart      Type = 16
-	TypeRolloutTransition Type = 17
 )
 
 // ErrInvalidCommand is returned by ResultErr for a command the FSM rejected
@@ -85,14 +63,11 @@ var ErrInvalidCommand = errors.New("invalid command")
 // are refused until every member reads them.
 const CommandVersion = 4
 
-// Actors of the leader's own tasks: the "task:" prefix is reserved for
-// them (an admin token's actor is "token:NAME", a client certificate's
-// "cert:SUBJECT").
-const (
-	ActorReload    = "task:reload"    // the reload controller (restarts, hash cache)
-	ActorDrift     = "task:drift"     // the drift webhook's sink and follow-up, and drift pruning
-	ActorRetention = "task:retention" // event log pruning
-)
+// ActorRetention is the actor of event log pruning. The "task:" prefix is
+// reserved for the leader's own tasks (an admin token's actor is
+// "token:NAME", a client certificate's "cert:SUBJECT"); the features' are
+// ActorReload, ActorDrift and ActorRollout.
+const ActorRetention = "task:retention"
 
 // auditVersion is the command version that introduced the envelope's audit
 // fields.

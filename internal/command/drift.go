@@ -9,6 +9,19 @@ import (
 	"github.com/policyd/policyd/internal/store"
 )
 
+// Drift types (docs/drift.md): the webhook's observations, and the leader's
+// record of the follow-up it performed.
+const (
+	TypeObserveDrift        Type = 11
+	TypeRecordDriftDelivery Type = 12
+	TypeCompleteDriftTasks  Type = 13
+	TypePruneDrift          Type = 14
+)
+
+// ActorDrift is the actor of the drift webhook's sink and follow-up, and of
+// drift pruning.
+const ActorDrift = "task:drift"
+
 // Bounds on drift commands. A decision yields a handful of effects; these
 // only keep a buggy or hostile proposer from writing entries that are
 // expensive for every replica.

@@ -23,12 +23,6 @@ func PutPolicy(p *policy.Policy, ifMatch *uint64) (*Command, error) {
 	return New(&commandv1.PutPolicy{Policy: pb, IfMatch: precondition(ifMatch)})
 }
 
-// IsShadowPut reports whether c is a PutPolicy of a shadow policy
-// (command version 4: RolloutVersion).
-func IsShadowPut(c *Command) bool {
-	return c.Body.GetPutPolicy().GetPolicy().GetEnforcement() == policy.EnforcementShadow
-}
-
 // PolicyOf is the policy a typed command carries. The spec aliases the
 // message's bytes, which proto.Unmarshal owns.
 func PolicyOf(pb *commandv1.Policy) *policy.Policy {

@@ -9,6 +9,22 @@ import (
 	"github.com/policyd/policyd/internal/store"
 )
 
+// Reload types (docs/operations.md): the leader's reload controller records
+// its hash cache, its pending-restart queue and the outcome of every restart
+// attempt. Ignorable: the state is the controller's memory, rebuilt from
+// Kubernetes, so a node of an older version that skips them at worst
+// restarts a Deployment once more when it leads later; stopping instead
+// would take the old replicas down as soon as an upgraded leader with
+// reload enabled starts.
+const (
+	TypeReloadObserve       = IgnoreUnknown | 8
+	TypeReloadRestarted     = IgnoreUnknown | 9
+	TypeReloadRestartFailed = IgnoreUnknown | 10
+)
+
+// ActorReload is the actor of the reload controller (restarts, hash cache).
+const ActorReload = "task:reload"
+
 // Bounds on reload commands. They only keep a buggy or hostile proposer from
 // writing entries that every replica would have to store; the controller
 // stays far below them.

@@ -12,6 +12,14 @@ import (
 	"github.com/policyd/policyd/internal/store"
 )
 
+// Staged rollout types (docs/rollouts.md), command version 4. Not
+// ignorable: a node that skipped them would serve other sets and accept
+// writes the others refuse.
+const (
+	TypeRolloutStart      Type = 16
+	TypeRolloutTransition Type = 17
+)
+
 // RolloutVersion is the command version that introduced the rollout
 // commands: a node of an older release stops on them (they are not
 // ignorable: skipping one would leave that replica serving other sets), so

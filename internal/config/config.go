@@ -1,34 +1,11 @@
 // Package config is policyd's typed configuration: defaults, loading and
 // validation. It is the only package that imports viper, so the rest of the
-// code sees a plain Config value.
-//
-// # Precedence
-//
-// Load layers four sources, each overriding the one before:
-//
-//  1. Default(): a single node bootstrapping itself in ./data on loopback,
-//     so that `policyd serve` with no configuration at all works;
-//  2. the YAML file (--config); config.example.yaml lists every key;
-//  3. environment variables, for containers where files are awkward;
-//  4. command-line flags that were given explicitly, for one-off overrides.
-//
-// # Keys and environment variables
-//
-// A key is the path of mapstructure tags joined with dots
-// (raft.heartbeat_timeout). Its variable is POLICYD_ plus the key upper-cased
-// with dots as underscores (POLICYD_RAFT_HEARTBEAT_TIMEOUT=200ms). Durations
-// use Go syntax ("200ms", "1h30m"), and a bare number is rejected rather than
-// guessed. Lists are comma-separated in the environment:
-// POLICYD_POLICIES_EXTRA_KINDS=Foo,Bar and POLICYD_RAFT_PEERS=node1=10.0.0.1:7000,node2=10.0.0.2:7000.
-// An empty variable counts as unset. POLICYD_* variables that name no key are
-// ignored, because the CLI uses the same prefix for its own settings.
-//
-// # Strictness
-//
-// A key in the file that Config does not define is an error, with a
-// suggestion when one is close: a misspelt key would otherwise be silently
-// ignored and the default used. Keys are derived from the struct by
-// reflection, so a new field is known (and has a variable) automatically.
+// code sees a plain Config value. Load layers Default(), the YAML file,
+// POLICYD_* environment variables and explicit flags; keys are derived from
+// the struct by reflection, so a new field is known (and has a variable)
+// automatically, and a key in the file that Config does not define is an
+// error. It does not apply settings; the server does. See
+// docs/configuration.md.
 package config
 
 import "time"
@@ -80,42 +57,6 @@ func (t TLS) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }
 type Kubernetes struct {
 	// Kubeconfig is a kubeconfig file; empty = in-cluster configuration.
 	Kubeconfig string `mapstructure:"kubeconfig"`
-}
-
-// Reload configures the ConfigMap reload controller (run by the Raft leader).
-type Reload struct {
-	Enabled bool `mapstructure:"enabled"`
-	// Namespace watched for ConfigMaps and Deployments.
-	Namespace string `mapstructure:"namespace"`
-	// Selector (key=value) picks the ConfigMaps and the Deployments.
-	Selector string `mapstructure:"selector"`
-	// ScopeLabel is the label whose value ties a ConfigMap to Deployments.
-	ScopeLabel string `mapstructure:"scope_label"`
-	// Debounce delays a restart after a ConfigMap change; a further change
-	// inside the window pushes it back, so the changes coalesce into one.
-	Debounce time.Duration `mapstructure:"debounce"`
-	// AnnotationPrefix prefixes restartedAt and config-hash-<cm>.
-	AnnotationPrefix string `mapstructure:"annotation_prefix"`
-}
-
-// Drift configures the drift-detection admission webhook (every node).
-type Drift struct {
-	// Addr is the HTTPS listener for /admission/drift; empty = not served.
-	Addr string `mapstructure:"addr"`
-	TLS  TLS    `mapstructure:"tls"`
-	// MaxConnections caps the webhook listener's open connections; a new
-	// one over the cap is closed at once. 0 = no cap.
-	MaxConnections   int    `mapstructure:"max_connections"`
-	AnnotationPrefix string `mapstructure:"annotation_prefix"`
-	// Mode is the default for drift: enforce (deny) or log (allow, warn).
-	Mode string `mapstructure:"mode"`
-	// Callbacks receive a DriftReport POST per drift (sent by the leader).
-	Callbacks []string `mapstructure:"callbacks"`
-	// Initialization holds per-kind initialization rules for parents, each
-	// "group/Kind=Signal+Signal" or "group/Kind=default" (package
-	// internal/admission/initrule); rules of one kind are alternatives and replace
-	// its built-in rule.
-	Initialization []string `mapstructure:"initialization"`
 }
 
 // Log configures the process logger.

@@ -55,7 +55,7 @@ func (c *Config) Validate() error {
 	p.oneOf("auth.mode", c.Auth.Mode, "none", "jwt")
 	p.oneOf("raft.log_store", c.Raft.LogStore, "boltdb", "wal")
 	// Mutual TLS on the HTTP listener authenticates admin clients too
-	// (DESIGN part 9): only holders of a certificate from client_ca_file
+	// (docs/security.md): only holders of a certificate from client_ca_file
 	// reach the API, so no token file is needed then.
 	if c.Auth.AdminTokensFile == "" && !c.Auth.AllowOpenAdmin && c.HTTP.TLS.ClientCAFile == "" {
 		// An unparsable http.addr is reported on its own key already.
@@ -113,7 +113,7 @@ func (c *Config) Validate() error {
 var trustDomainPattern = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
 
 // validatePlanes refuses a sidecar or peer door that is reachable from
-// other hosts without authentication (DESIGN part 11), unless the opt-out
+// other hosts without authentication (docs/security.md), unless the opt-out
 // key says so.
 func (c *Config) validatePlanes(p *problems) {
 	if !trustDomainPattern.MatchString(c.Cluster.TrustDomain) {

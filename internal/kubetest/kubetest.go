@@ -1,16 +1,9 @@
 // Package kubetest runs a real kube-apiserver and etcd for the Kubernetes
 // tests of policyd's packages, through controller-runtime's envtest. It is
 // for tests only: _test.go files import it, the policyd binary never does.
-//
-// The binaries come from KUBEBUILDER_ASSETS, which hack/test.sh sets from
-// hack/kube-bins.sh. Start does not build or look for them itself: doing so
-// from a test binary would hide a several-minute build behind a silent
-// `go test`; it fails at once with the command to run instead.
-//
-// A package starts one Env in TestMain and gives each test its own
-// namespace (Env.Namespace). No kube-controller-manager runs unless a test
-// starts one (Env.StartControllerManager, with only the controllers it
-// names); otherwise tests play the controllers they need.
+// Start takes the binaries from KUBEBUILDER_ASSETS (hack/kube-bins.sh) and
+// never builds them; a package starts one Env in TestMain and gives each
+// test its own namespace. See docs/design.md.
 package kubetest
 
 import (

@@ -90,9 +90,6 @@ type Policy struct {
 	UpdatedAt   time.Time       `json:"updated_at"`
 }
 
-// Shadow reports whether p is a shadow policy: evaluated, never enforced.
-func (p *Policy) Shadow() bool { return p.Enforcement == EnforcementShadow }
-
 // CanonicalEnforcement is p's enforcement as stored: "" for enforce.
 func CanonicalEnforcement(e string) string {
 	if e == EnforcementEnforce {

@@ -114,7 +114,7 @@ const (
 	ActionAllow = "allow"
 )
 
-// ToolPolicySpec is the spec of a ToolPolicy (seed 002): what a sidecar does
+// ToolPolicySpec is the spec of a ToolPolicy: what a sidecar does
 // when an agent calls tool ToolName with an input matching one of
 // Conditions.Patterns (or any input, without conditions).
 type ToolPolicySpec struct {
@@ -130,8 +130,8 @@ type ToolConditions struct {
 	Patterns []string `json:"patterns,omitempty"`
 }
 
-// ValidatingPolicySpec is the spec of a ValidatingPolicy (seed 000,
-// Kyverno-style): every validation's CEL expression must hold, for the
+// ValidatingPolicySpec is the spec of a ValidatingPolicy
+// (Kyverno-style): every validation's CEL expression must hold, for the
 // requests on which every match condition holds.
 type ValidatingPolicySpec struct {
 	MatchConditions []MatchCondition `json:"matchConditions,omitempty"`

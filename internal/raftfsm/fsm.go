@@ -1,16 +1,11 @@
 // Package raftfsm adapts the store to hashicorp/raft: it decodes each log
-// entry's command (internal/command), dispatches on its Body, and applies a
-// whole batch of entries in one store transaction. It owns Snapshot/Restore,
-// builds no commands and does no networking.
-//
-// Apply is deterministic: everything that must be equal on every replica
-// (timestamps, IDs other than the Raft index) travels in the command. An
-// entry that does not decode, or an unknown type without the IgnoreUnknown
-// bit, is a bug or a version skew that would diverge replicas, so it panics;
-// a business error (a failed compare-and-set, a missing entity) is returned
-// as the entry's result and changes nothing. A batch or snapshot the store
-// cannot write (a full disk) goes to the node's fault handler, which ends
-// the node without a panic (SetStoreFault); without one it panics too.
+// entry (internal/command), dispatches on its Body and applies a batch of
+// entries in one store transaction; it owns Snapshot/Restore. It builds no
+// commands and does no networking. Apply is deterministic: what must be
+// equal on every replica travels in the command. An entry that does not
+// decode panics, since it would diverge replicas; a business error is the
+// entry's result; a store that cannot write goes to SetStoreFault's handler.
+// See docs/design.md.
 package raftfsm
 
 import (

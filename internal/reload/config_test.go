@@ -13,7 +13,7 @@ import (
 	"github.com/policyd/policyd/internal/server/servertest"
 )
 
-// TestStartupValidation: as in the seed, a selector that is not key=value
+// TestStartupValidation: a selector that is not key=value
 // or an empty namespace stops the daemon at start-up with a clear message,
 // rather than running a controller that would fail later.
 func TestStartupValidation(t *testing.T) {

@@ -137,7 +137,7 @@ func TestRestartOnlyTheConfigMapsScope(t *testing.T) {
 		t.Errorf("restarts_total{env=test} = %v, want 2", got)
 	}
 	// Every restart is an event of type reload, naming the controller as
-	// its actor (issue 30's audit trail).
+	// its actor (the audit trail).
 	page, err := n.Store().ListEvents(store.EventFilter{Type: store.EntityReload})
 	if err != nil {
 		t.Fatal(err)

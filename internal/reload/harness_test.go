@@ -104,7 +104,7 @@ func namespace(t *testing.T) string {
 	return name
 }
 
-// controllerRole is the RBAC the reload package documents; withPatch false
+// controllerRole is the RBAC docs/operations.md documents for the reload controller; withPatch false
 // takes away patch on deployments.
 func controllerRole(withPatch bool) *rbacv1.Role {
 	verbs := []string{"get", "list", "patch"}

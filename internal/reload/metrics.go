@@ -6,8 +6,9 @@ import (
 	"github.com/policyd/policyd/internal/buildinfo"
 )
 
-// metrics are seed 003's, with its names and labels, plus
-// configmap_reload_stopped, which reports the fatal stop the seed only logs.
+// metrics are the reload controller's collectors, plus
+// configmap_reload_stopped, which reports a fatal stop that would otherwise
+// only be logged.
 // The env label carries the scope value, whatever reload.scope_label is. The
 // seed's Info metric configmap_reload is exposed as configmap_reload_info,
 // the name the Prometheus Python client gives an Info metric.

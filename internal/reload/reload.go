@@ -48,7 +48,7 @@ type State interface {
 type Deps struct {
 	Kube  kubernetes.Interface
 	State State
-	// Registry receives the seed's metrics; nil makes a private one.
+	// Registry receives the controller's metrics; nil makes a private one.
 	Registry prometheus.Registerer
 }
 

@@ -25,7 +25,7 @@ type authzSample struct {
 	path string
 	body string
 	want int
-	// planned marks routes DESIGN part 9 lists that may not be registered
+	// planned marks routes docs/api.md lists that may not be registered
 	// yet; an entry for any other unregistered route is stale and fails.
 	planned bool
 	// adminOnly marks reads that expose more than state (a full database

@@ -15,7 +15,7 @@ import (
 	"github.com/policyd/policyd/internal/poll"
 )
 
-// TestSDKCELNackVisibleInRollout is issue 31's end-to-end case: a
+// TestSDKCELNackVisibleInRollout is the end-to-end case of a CEL NACK: a
 // ValidatingPolicy that compiles on the server but not on the sidecar
 // (forced by an environment mismatch: the SDK's CEL parser takes 20 code
 // points at most) is NACKed; GET /v1/rollout on another node shows the NACK

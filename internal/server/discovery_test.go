@@ -235,7 +235,7 @@ func (a *api) clients() adminapi.ClientsView {
 	return v
 }
 
-// TestDiscoveryProtocol walks DESIGN part 4's request table on a 3-node
+// TestDiscoveryProtocol walks the request table of docs/sidecars.md on a 3-node
 // cluster. Each case uses its own org, so cases don't see each other's
 // writes.
 func TestDiscoveryProtocol(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/raftnode"
+	"github.com/policyd/policyd/internal/store"
 	"github.com/policyd/policyd/internal/tlsfiles"
 )
 
@@ -152,4 +154,41 @@ func (n *Node) SetDriftCallbacks(urls []string) {
 	if n.drift != nil {
 		n.drift.followup.SetCallbacks(urls)
 	}
+}
+
+// driftReports counts the drift reports this node's replica holds, by
+// phase; read at scrape time from the store.
+type driftReports struct {
+	store *store.Store
+}
+
+var driftReportsDesc = prometheus.NewDesc("policyd_drift_reports",
+	"Drift reports held, by phase: Detected (drift still present) or Resolved.", []string{"phase"}, nil)
+
+func (d *driftReports) Describe(ch chan<- *prometheus.Desc) { ch <- driftReportsDesc }
+
+func (d *driftReports) Collect(ch chan<- prometheus.Metric) {
+	reports, err := d.store.DriftReports(store.DriftFilter{})
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(driftReportsDesc, err)
+		return
+	}
+	counts := map[string]int{}
+	for _, r := range reports {
+		counts[r.Phase]++
+	}
+	for _, ph := range []string{store.PhaseDetected, store.PhaseResolved} {
+		ch <- prometheus.MustNewConstMetric(driftReportsDesc, prometheus.GaugeValue, float64(counts[ph]), ph)
+	}
+}
+
+// applyDriftCallbacks hands the new URLs to the drift follow-up. Without
+// the webhook (drift.addr empty) nothing sends callbacks, so there is
+// nothing to apply.
+func (n *Node) applyDriftCallbacks(cfg config.Config) (applied, needRestart []string, err error) {
+	if n.drift == nil {
+		return nil, nil, nil
+	}
+	n.SetDriftCallbacks(cfg.Drift.Callbacks)
+	return []string{"drift.callbacks"}, nil, nil
 }

@@ -21,7 +21,7 @@ import (
 
 // These tests change an employee's record while its sidecars are connected
 // to every node of a real 3-node cluster in auth.mode jwt, over both
-// transports (DESIGN part 5, "Identity changes"): a team move re-scopes the
+// transports (docs/sidecars.md): a team move re-scopes the
 // open connections, an org change revokes them.
 
 // identityData writes the employee alice (acme/red) and a policy for each

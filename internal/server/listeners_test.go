@@ -15,7 +15,7 @@ import (
 const modulePath = "github.com/policyd/policyd"
 
 // listeners are the server sub-packages that each serve, or guard, a
-// listener of the node. None may import another (DESIGN part 1): what they
+// listener of the node. None may import another: what they
 // share sits in a package of its own (apierror, rollout, policyset,
 // grpccodec), and the server root wires them together.
 var listeners = []string{

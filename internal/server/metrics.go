@@ -8,7 +8,6 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	"github.com/policyd/policyd/internal/server/proxystatus"
-	"github.com/policyd/policyd/internal/store"
 )
 
 // registerMetrics exposes the node's Raft position, its readiness, its
@@ -67,7 +66,7 @@ const stateConnected = "connected"
 
 var proxyStateNames = []string{stateConnected, proxystatus.Pending, proxystatus.Acked, proxystatus.Nacked}
 
-// proxyStates is seed 002's proxy_state: the sidecars connected to this
+// proxyStates is proxy_state: the sidecars connected to this
 // node, by state and transport (grpc, ws). It is per node; sum over nodes
 // for the cluster. Every state is reported, at 0 when empty, so that alert
 // expressions see a series.
@@ -95,31 +94,5 @@ func (p *proxyStates) Collect(ch chan<- prometheus.Metric) {
 		for _, st := range proxyStateNames {
 			ch <- prometheus.MustNewConstMetric(proxyStateDesc, prometheus.GaugeValue, float64(counts[key{st, tr}]), st, tr)
 		}
-	}
-}
-
-// driftReports counts the drift reports this node's replica holds, by
-// phase; read at scrape time from the store.
-type driftReports struct {
-	store *store.Store
-}
-
-var driftReportsDesc = prometheus.NewDesc("policyd_drift_reports",
-	"Drift reports held, by phase: Detected (drift still present) or Resolved.", []string{"phase"}, nil)
-
-func (d *driftReports) Describe(ch chan<- *prometheus.Desc) { ch <- driftReportsDesc }
-
-func (d *driftReports) Collect(ch chan<- prometheus.Metric) {
-	reports, err := d.store.DriftReports(store.DriftFilter{})
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(driftReportsDesc, err)
-		return
-	}
-	counts := map[string]int{}
-	for _, r := range reports {
-		counts[r.Phase]++
-	}
-	for _, ph := range []string{store.PhaseDetected, store.PhaseResolved} {
-		ch <- prometheus.MustNewConstMetric(driftReportsDesc, prometheus.GaugeValue, float64(counts[ph]), ph)
 	}
 }

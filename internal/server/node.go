@@ -1,29 +1,13 @@
-// Package server runs one policyd node. It wires Raft (internal/server/raftnode,
-// the one owner of hashicorp/raft) to the listeners (admin REST in
-// internal/server/adminapi, gRPC discovery, the WebSocket feed, metrics), the
-// in-memory policy index, the settings SIGHUP may change, and the leader
-// tasks of the reload controller, drift detection and staged rollouts.
-//
-// Shutdown runs in a fixed order: stop accepting (listeners), end long-lived
-// streams, stop leader tasks and background loops, hand leadership over if
-// this node leads, shut raft down, then close the log store and the state
-// database.
-//
-// Each listener serves TLS when its tls block is set, mutual TLS with
-// client_ca_file (tls.go; Raft through a TLS stream layer, raftnode).
-// Nodes reach each other with their own certificate as client certificate.
-// Reload applies a re-read configuration's run-time settings, on SIGHUP
-// (settings.go).
-//
-// A damaged Raft log or state.db stops New with a raftnode.DataError that
-// names the file, the damage and the recovery, before any listener opens; a
-// failed write to either while the node runs parks the writer and closes
-// Faulted, and the process exits (docs/operations.md).
-//
-// Resource limits (connection caps per listener and per source address,
-// header and message sizes, streams per connection, keepalive enforcement,
-// and the set-up gate bounding concurrent connection set-ups) are wired
-// here and live in internal/server/limits, whose package doc records the choices.
+// Package server runs one policyd node. It wires Raft
+// (internal/server/raftnode, the one owner of hashicorp/raft) to the
+// listeners (admin REST in internal/server/adminapi, gRPC discovery, the
+// WebSocket feed, metrics), the in-memory policy index, the settings SIGHUP
+// may change (settings.go), TLS (tls.go), the resource limits of
+// internal/server/limits, and the leader tasks of the reload controller,
+// drift detection and staged rollouts. A damaged Raft log or state.db stops
+// New before any listener opens; a failed write while running closes
+// Faulted. It serves no protocol itself. See docs/design.md and
+// docs/operations.md.
 package server
 
 import (
@@ -497,18 +481,6 @@ func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string
 		return "", "", err
 	}
 	return from, n.consensus.LeaderID(), nil
-}
-
-// localShadow is this node's shadow-policy counts of the named policies.
-func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
-	var out []*clusterv1.ShadowScopeCount
-	for _, name := range names {
-		for _, sc := range n.shadow.Local(name) {
-			out = append(out, &clusterv1.ShadowScopeCount{Policy: name, Scope: sc.Scope,
-				WouldBlock: sc.WouldBlock, WouldAllow: sc.WouldAllow, Evaluated: sc.Evaluated})
-		}
-	}
-	return out
 }
 
 // Status describes the cluster as this node sees it.

@@ -20,7 +20,7 @@ import (
 
 // These tests run staged rollouts against real SDK sidecars, half over the
 // discovery stream and half over the WebSocket feed, spread over the three
-// nodes of a real cluster (issue 32).
+// nodes of a real cluster.
 
 // cohortFleet is the sidecars of one test, each with the member name its
 // cohort is hashed from (client_address, or the feed's employee id).

@@ -79,12 +79,12 @@ func (n *Node) ApplySettings(cfg config.Config) (applied, needRestart []string, 
 	n.settings.mu.Lock()
 	defer n.settings.mu.Unlock()
 	hooks := append([]SettingsHook{
-		{Name: "log level", Keys: []string{"log.level"}, Apply: n.reloadLogLevel},
-		{Name: "admin tokens", Keys: []string{"auth.admin_tokens_file"}, Apply: n.reloadAdminTokens},
-		{Name: "jwt keys", Apply: n.reloadJWT},
-		{Name: "tls certificates", Apply: n.reloadTLS},
-		{Name: "cluster secret", Keys: []string{"cluster.secret_file"}, Apply: n.reloadClusterSecret},
-		{Name: "drift callbacks", Keys: []string{"drift.callbacks"}, Apply: n.reloadDriftCallbacks},
+		{Name: "log level", Keys: []string{"log.level"}, Apply: n.applyLogLevel},
+		{Name: "admin tokens", Keys: []string{"auth.admin_tokens_file"}, Apply: n.applyAdminTokens},
+		{Name: "jwt keys", Apply: n.applyJWT},
+		{Name: "tls certificates", Apply: n.applyTLS},
+		{Name: "cluster secret", Keys: []string{"cluster.secret_file"}, Apply: n.applyClusterSecret},
+		{Name: "drift callbacks", Keys: []string{"drift.callbacks"}, Apply: n.applyDriftCallbacks},
 	}, n.settings.hooks...)
 
 	var errs []error
@@ -121,7 +121,7 @@ func (n *Node) ApplySettings(cfg config.Config) (applied, needRestart []string, 
 	return applied, needRestart, err
 }
 
-func (n *Node) reloadLogLevel(cfg config.Config) (applied, needRestart []string, err error) {
+func (n *Node) applyLogLevel(cfg config.Config) (applied, needRestart []string, err error) {
 	if n.settings.level == nil {
 		if cfg.Log.Level != n.cfg.Log.Level {
 			return nil, []string{"log.level"}, nil
@@ -139,10 +139,10 @@ func (n *Node) reloadLogLevel(cfg config.Config) (applied, needRestart []string,
 	return []string{"log.level"}, nil, nil
 }
 
-// reloadAdminTokens loads the tokens file again, or a new one if the path
+// applyAdminTokens loads the tokens file again, or a new one if the path
 // changed. Turning admin auth on or off needs a restart: the one would lock
 // out every client in flight, the other open the API on a signal.
-func (n *Node) reloadAdminTokens(cfg config.Config) (applied, needRestart []string, err error) {
+func (n *Node) applyAdminTokens(cfg config.Config) (applied, needRestart []string, err error) {
 	path := cfg.Auth.AdminTokensFile
 	if (path == "") != (n.cfg.Auth.AdminTokensFile == "") {
 		return nil, []string{"auth.admin_tokens_file"}, nil
@@ -158,40 +158,29 @@ func (n *Node) reloadAdminTokens(cfg config.Config) (applied, needRestart []stri
 	return []string{"auth.admin_tokens_file"}, nil, nil
 }
 
-// reloadClusterSecret re-reads the cluster secrets: that is how a secret
+// applyClusterSecret re-reads the cluster secrets: that is how a secret
 // rotates (docs/security.md). Turning the secret on or off, or moving the
 // file, needs a restart: the peers' handshakes would fail half-way.
-func (n *Node) reloadClusterSecret(cfg config.Config) (applied, needRestart []string, err error) {
+func (n *Node) applyClusterSecret(cfg config.Config) (applied, needRestart []string, err error) {
 	if cfg.Cluster.SecretFile != n.cfg.Cluster.SecretFile {
 		return nil, []string{"cluster.secret_file"}, nil
 	}
 	if n.keys == nil {
 		return nil, nil, nil
 	}
-	if err := n.keys.Reload(); err != nil {
+	if err := n.keys.Reread(); err != nil {
 		return nil, nil, fmt.Errorf("cluster.secret_file: %w", err)
 	}
 	return []string{"cluster.secret_file"}, nil, nil
 }
 
-// reloadDriftCallbacks hands the new URLs to the drift follow-up. Without
-// the webhook (drift.addr empty) nothing sends callbacks, so there is
-// nothing to apply.
-func (n *Node) reloadDriftCallbacks(cfg config.Config) (applied, needRestart []string, err error) {
-	if n.drift == nil {
-		return nil, nil, nil
-	}
-	n.SetDriftCallbacks(cfg.Drift.Callbacks)
-	return []string{"drift.callbacks"}, nil, nil
-}
-
-// reloadJWT re-reads the JWT secret or key files. With auth.mode none there
+// applyJWT re-reads the JWT secret or key files. With auth.mode none there
 // is no verifier, and changing the mode needs a restart.
-func (n *Node) reloadJWT(config.Config) (applied, needRestart []string, err error) {
+func (n *Node) applyJWT(config.Config) (applied, needRestart []string, err error) {
 	if n.verifier == nil {
 		return nil, nil, nil
 	}
-	if err := n.verifier.Reload(); err != nil {
+	if err := n.verifier.Reread(); err != nil {
 		return nil, nil, fmt.Errorf("auth.jwt: %w", err)
 	}
 	return []string{"auth.jwt"}, nil, nil

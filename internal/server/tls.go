@@ -80,9 +80,9 @@ func (n *Node) httpListener(ln net.Listener) net.Listener {
 	return tls.NewListener(ln, n.tls.http.ServerConfig("http/1.1"))
 }
 
-// reloadTLS re-reads every certificate set (SIGHUP). Each failure keeps that
+// applyTLS re-reads every certificate set (SIGHUP). Each failure keeps that
 // listener's previous certificate.
-func (n *Node) reloadTLS(config.Config) (applied, needRestart []string, err error) {
+func (n *Node) applyTLS(config.Config) (applied, needRestart []string, err error) {
 	var errs []error
 	for _, s := range []struct {
 		key string

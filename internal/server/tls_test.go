@@ -49,7 +49,7 @@ func (p *pki) issue(t *testing.T, name string, sans ...string) config.TLS {
 }
 
 // node issues the certificate of node id: it names the node identity
-// (DESIGN part 11), as the peer plane requires.
+// (docs/security.md), as the peer plane requires.
 func (p *pki) node(t *testing.T, id string) config.TLS {
 	return p.issue(t, id, tlsfiles.NodeURI("policyd", id))
 }

@@ -12,7 +12,7 @@ const EntityCluster EntityType = "cluster"
 var keyClusterID = []byte("cluster_id")
 
 // ClusterID is the cluster this state belongs to, "" until the first
-// leader has named it (DESIGN part 11).
+// leader has named it.
 func (s *Store) ClusterID() (string, error) {
 	var id string
 	err := s.view(func(tx *bolt.Tx) error {

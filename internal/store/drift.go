@@ -13,7 +13,10 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
-// Drift state (DESIGN part 7). The webhook on every node proposes what its
+// EntityDrift is a drift report.
+const EntityDrift EntityType = "drift"
+
+// Drift state (docs/drift.md). The webhook on every node proposes what its
 // decisions ask for; the store keeps, in log order:
 //   - reports (bucket drift_reports, by report id): every Detected and
 //     Resolved DriftReport, with its delivery status. Creating one, and its

@@ -17,7 +17,7 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
-// Event is one recorded change (seed 004). ID is the Raft index of the
+// Event is one recorded change. ID is the Raft index of the
 // command, so events are totally ordered and identical on every node.
 type Event struct {
 	ID           uint64          `json:"id"`
@@ -135,7 +135,7 @@ func (s *Store) PolicySet(id policy.Identity) (*PolicySet, error) {
 	return set, nil
 }
 
-// SetHash computes a policy-set version (DESIGN part 2). Feed it the
+// SetHash computes a policy-set version. Feed it the
 // applicable policies in name order: each name, then its stored bytes. It is
 // the one implementation of the version, used by PolicySet and by the
 // in-memory indexes that serve sidecars, so they always agree.
@@ -314,45 +314,6 @@ func (s *Store) ListEvents(f EventFilter) (*EventPage, error) {
 // ErrPruned marks a revision the event log no longer holds: retention
 // removed it. It wraps ErrNotFound.
 var ErrPruned = fmt.Errorf("past retention: %w", ErrNotFound)
-
-// History returns the events the log still holds for one policy or
-// employee, oldest first, and the highest event ID retention removed. It
-// walks the whole log (bounded by retention); ErrNotFound when no event
-// names the entity.
-func (s *Store) History(typ EntityType, id string) ([]Event, uint64, error) {
-	var out []Event
-	var pruned uint64
-	err := s.view(func(tx *bolt.Tx) error {
-		pruned = getUint(tx.Bucket(bucketMeta), keyPrunedThrough)
-		// A cheap test on the raw bytes skips most events undecoded; the
-		// decoded fields decide.
-		needle, err := json.Marshal(id)
-		if err != nil {
-			return err
-		}
-		c := tx.Bucket(bucketEvents).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(v) < 8 || !bytes.Contains(v[8:], needle) {
-				continue
-			}
-			var ev Event
-			if err := json.Unmarshal(v[8:], &ev); err != nil {
-				return fmt.Errorf("decode stored event %d: %w", binary.BigEndian.Uint64(k), err)
-			}
-			if ev.EntityType == typ && ev.EntityID == id {
-				out = append(out, ev)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, 0, err
-	}
-	if len(out) == 0 {
-		return nil, pruned, fmt.Errorf("%s %q has no events in the log (it never existed, or retention removed them; pruned through %d): %w", typ, id, pruned, ErrNotFound)
-	}
-	return out, pruned, nil
-}
 
 // Revision returns the event that wrote revision rev of one policy or
 // employee: a revision is the Raft index of its write, which is also its

@@ -11,7 +11,10 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
-// The reload controller's replicated state (DESIGN part 6): the data-hash
+// EntityReload is a restart by the ConfigMap reload controller.
+const EntityReload EntityType = "reload"
+
+// The reload controller's replicated state (docs/operations.md): the data-hash
 // cache and the pending-restart queue, both keyed by (scope value, ConfigMap
 // name), and bounded logs of the last restarts and failed attempts.
 var (

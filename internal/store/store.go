@@ -1,27 +1,12 @@
 // Package store is policyd's replicated state in one bbolt file
 // (data_dir/state.db): policies, employees, the event log, entity-state
-// versions, cluster members, drift and reload state and staged rollouts
-// (rollout.go), plus the index of the last applied Raft entry.
-//
-// The store knows nothing of Raft. Its writer (raftfsm) hands it batches of
-// already-decided changes: the Raft index, the proposer's timestamps and the
-// entity. One batch is one bbolt transaction; it writes every entity, its
-// event and its entity-state version, and the applied index, together. A crash
-// therefore never leaves an entity without its event, or a replayed entry
-// applied twice.
-//
-// After each committed batch the store tells its subscribers what changed
-// (see Subscribe). Subscribers never block the writer.
-//
-// Open refuses a damaged file with ErrDamaged and an error naming it: one
-// cut short, with both meta pages invalid, or with pages overwritten, as
-// found by internal/store/boltcheck before bbolt maps the file (bbolt itself would
-// read past the end of its mapping or panic on such a file). It never writes
-// to a file it refuses. The state is a copy of the Raft log applied in
-// order, so the daemon's way out is to move the file aside and start again:
-// the node rebuilds state.db from its Raft snapshot and log. A batch that
-// cannot be written (a full disk) fails with an error naming the file and
-// leaves the applied index where it was.
+// versions, cluster members, drift and reload state and staged rollouts,
+// plus the index of the last applied Raft entry. It knows nothing of Raft:
+// its writer (raftfsm) hands it batches of decided changes, one bbolt
+// transaction each, and subscribers hear of every committed batch
+// (Subscribe). Open refuses a damaged file with ErrDamaged and never writes
+// to it; the node then rebuilds state.db from its Raft snapshot and log.
+// See docs/design.md and docs/operations.md.
 package store
 
 import (

@@ -21,8 +21,6 @@ type EntityType string
 const (
 	EntityPolicy   EntityType = "policy"
 	EntityEmployee EntityType = "employee"
-	EntityDrift    EntityType = "drift"
-	EntityReload   EntityType = "reload"
 	EntityMember   EntityType = "member"
 	// EntityRetention is the event log itself: a retention prune records
 	// one event (RecordPrune).
@@ -32,7 +30,7 @@ const (
 // Action is what happened to an entity.
 type Action string
 
-// Actions, as in seed 004.
+// Actions an event records.
 const (
 	ActionCreate Action = "CREATE"
 	ActionUpdate Action = "UPDATE"

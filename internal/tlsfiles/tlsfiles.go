@@ -1,36 +1,13 @@
 // Package tlsfiles serves TLS from PEM files that may be replaced while the
 // process runs: a key pair (cert_file, key_file) and, for mutual TLS, a CA
-// bundle (client_ca_file) that peers' certificates must chain to.
-//
-// # Reloading
-//
-// A Reloader holds the parsed files and hands out *tls.Config values whose
-// certificate, client CA pool and roots are looked up per handshake, so a
-// reload takes effect from the next connection on; established connections
-// keep the certificate they were made with, as they do in every TLS server.
-//
-// The files are re-read on Reload (SIGHUP) and, at most once per
-// CheckInterval, at the start of a handshake, when their content (not their
-// mtime: a same-second rewrite or a Kubernetes symlink swap must count)
-// differs from what was last read. The check rides on handshakes rather than
-// on a timer, so the package starts no goroutine and an idle listener costs
-// nothing; a listener that takes no connection needs no new certificate.
-//
-// A version that does not load (unreadable, not PEM, key not matching the
-// certificate — typically a rotation caught between writing the certificate
-// and writing the key) keeps the previous material and logs an error, once
-// per distinct content, so the next complete write is picked up.
-//
-// # Roles
-//
-// ServerConfig is for listeners: it presents the key pair and, when
-// client_ca_file is set, requires a client certificate that chains to it
-// (tls.RequireAndVerifyClientCert, with the client-auth extended key usage).
-// ClientConfig is for the node's own connections to its peers: it presents
-// the same key pair as client certificate and verifies the server against
-// client_ca_file (the cluster CA), or the system roots when it is not set.
-// Server names are always verified: a peer's certificate must carry its
-// dialled host name or IP address as a subject alternative name.
+// bundle (client_ca_file) that peers' certificates must chain to. A
+// Reloader hands out *tls.Config values whose certificate, client CA pool
+// and roots are looked up per handshake: ServerConfig for listeners,
+// ClientConfig for the node's connections to its peers. Files are re-read
+// on Reload (SIGHUP) and on handshakes when their content changed; a
+// version that does not load keeps the previous one. It starts no
+// goroutine. It does not choose which files a listener uses (internal/config
+// does). The rotation rules are in docs/security.md.
 package tlsfiles
 
 import (

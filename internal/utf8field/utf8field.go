@@ -2,18 +2,9 @@
 // UTF-8, so that every listener can refuse the request with 400 (gRPC:
 // InvalidArgument) naming that field instead of storing or serving text
 // that every JSON and protobuf encoder downstream would mangle or refuse.
-//
-// The decoders do not help: encoding/json replaces invalid bytes, and \u
-// escapes of lone UTF-16 surrogates ("\ud800"), with U+FFFD without a word,
-// and protobuf-go refuses invalid UTF-8 in a proto3 string without naming
-// the field. So JSON and Proto read the raw request. Both count a lone
-// surrogate escape as invalid, since no UTF-8 text can hold it.
-//
-// Every finder returns an *Error naming the first bad field, or nil. Syntax
-// is not their business: in JSON or wire format that does not parse they
-// report what they found before the point where it stops parsing, and
-// otherwise nil, and the decoder reports the syntax error as it always
-// has.
+// JSON and Proto read the raw request and count a lone-surrogate \u escape
+// as invalid; each returns an *Error naming the first bad field, or nil.
+// Syntax is not their business: the decoder reports it. See docs/design.md.
 package utf8field
 
 import (

@@ -46,8 +46,8 @@ const (
 )
 
 // TestChaos runs clients against a 3-node cluster while faults are injected,
-// then heals everything and checks the history and the replicas (see the
-// package doc).
+// then heals everything and checks the history and the replicas (see docs/design.md,
+// the chaos suite).
 func TestChaos(t *testing.T) {
 	seed := *flagSeed
 	if seed == 0 {

@@ -21,7 +21,7 @@ import (
 const identifyTimeout = 10 * time.Second
 
 // network is the set of Raft proxies, one per node, and the links currently
-// cut between nodes (see the package doc).
+// cut between nodes (see docs/design.md, the chaos suite).
 type network struct {
 	ids map[string]int // Raft server ID → node index
 

@@ -1,13 +1,9 @@
 // Package feedv1 is the wire contract of the WebSocket policy feed
-// (GET /ws/policies, DESIGN part 5): the JSON messages, their type names,
-// the close codes and the request parameters. The server (internal/server/feed) and
-// the SDK (client) both use these types, so the two cannot drift apart.
-//
-// Every message is one text frame holding one JSON object with a "type"
-// field. Server → client: init, upsert, delete, revoke, ping. Client →
-// server: pong, shadow_report. Unknown fields must be ignored by both sides, so fields can
-// be added later; unknown message types are ignored by clients and answered
-// with a close (CloseInvalidMessage) by the server.
+// (GET /ws/policies): the JSON messages, their type names, the close codes
+// and the request parameters. The server (internal/server/feed) and the SDK
+// (client) both use these types, so the two cannot drift apart. Unknown
+// fields are ignored by both sides, so fields can be added later.
+// See docs/sidecars.md.
 package feedv1
 
 import "encoding/json"
@@ -121,7 +117,7 @@ type Init struct {
 	Policies []Policy `json:"policies"`
 	// Version is the Raft index the set was read at.
 	Version uint64 `json:"version"`
-	// Digest is the scoped policy-set version (DESIGN part 2), the same
+	// Digest is the scoped policy-set version, the same
 	// value the discovery stream calls version_info.
 	Digest string `json:"digest"`
 }
@@ -158,23 +154,6 @@ type Ping struct {
 // Pong answers a Ping.
 type Pong struct {
 	Type string `json:"type"` // TypePong
-}
-
-// ShadowReport is a client's counts of the shadow policies it evaluated
-// since its previous report.
-type ShadowReport struct {
-	Type   string        `json:"type"` // TypeShadowReport
-	Counts []ShadowCount `json:"counts"`
-}
-
-// ShadowCount is one shadow policy's counts: decisions where it would have
-// denied while the enforced policies allowed (would_block), the reverse
-// (would_allow), and how often it was evaluated.
-type ShadowCount struct {
-	Policy     string `json:"policy"`
-	WouldBlock uint64 `json:"would_block"`
-	WouldAllow uint64 `json:"would_allow"`
-	Evaluated  uint64 `json:"evaluated"`
 }
 
 // Message decodes any message: read Type, then the fields that type uses.

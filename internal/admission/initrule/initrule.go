@@ -1,26 +1,11 @@
 // Package initrule parses drift.initialization rules: when a parent of one
-// group and kind counts as initialized (DESIGN part 7). It has no
-// dependencies, so config validates the rules when it loads them and the
-// admission package evaluates them.
-//
-// A rule is "group/Kind=Signal+Signal": the core group is empty
-// ("/Pod=Ready") and all signals of a rule must hold. A signal is
-//
-//   - a condition type whose status must be True. Condition types start
-//     with an upper-case letter (Ready, Available, Synced), optionally after
-//     a DNS prefix (example.com/Healthy), as Kubernetes API conventions name
-//     them;
-//   - observedGeneration: status.observedGeneration equals
-//     metadata.generation;
-//   - readyReplicas: status.readyReplicas equals spec.replicas (1 when
-//     unset);
-//   - default: seed 001's whole detection order (Initialized=True, or
-//     Ready=True, or observedGeneration == generation with Ready=True). It
-//     stands alone in its rule.
-//
-// Any other word, for example "ready" or "ObservedGeneration", is an
-// unknown signal and an error, so a typo fails at load time instead of
-// leaving parents initializing forever.
+// group and kind counts as initialized. A rule is "group/Kind=Signal+Signal"
+// and a signal is a condition type that must be True, observedGeneration,
+// readyReplicas, or default (the built-in order, alone in its rule); any
+// other word is an error, so a typo fails at load time instead of leaving
+// parents initializing forever. It has no dependencies, so config validates
+// the rules when it loads them and the admission package evaluates them.
+// See docs/drift.md.
 package initrule
 
 import (
@@ -38,7 +23,7 @@ const (
 var keywords = []string{SignalDefault, SignalObservedGeneration, SignalReadyReplicas}
 
 // Rule says when a parent of one group and kind is initialized: Default
-// (the seed's order), or all of Conditions True and, if set,
+// (the default order), or all of Conditions True and, if set,
 // observedGeneration == generation and readyReplicas == replicas.
 type Rule struct {
 	Group              string   `json:"group"`
@@ -49,7 +34,7 @@ type Rule struct {
 	ReadyReplicas      bool     `json:"readyReplicas,omitempty"`
 }
 
-// Parse reads one rule in its text form (see the package doc).
+// Parse reads one rule in its text form (see the package doc and docs/drift.md).
 func Parse(s string) (Rule, error) {
 	target, signals, ok := strings.Cut(strings.TrimSpace(s), "=")
 	if !ok {

@@ -1,5 +1,5 @@
 // Package benchset holds the policy set and the requests that authz's
-// benchmarks decide (issue 31): the Go benchmarks in package authz and
+// benchmarks decide: the Go benchmarks in package authz and
 // `go run ./bench authz` measure the same work.
 package benchset
 

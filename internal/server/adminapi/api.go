@@ -1,28 +1,10 @@
-// Package adminapi is the admin REST API (DESIGN part 9): policies,
-// employees, the event log (list and Server-Sent Events), cluster status and
-// membership, staged rollouts (rollouts.go, docs/rollouts.md), health,
-// readiness, metrics and, for the admin role, the Go runtime profiles
-// (/debug/pprof/).
-//
-// Every route declares the role it needs (read for GET, admin for writes);
-// /livez, /healthz and /readyz are open so probes need no credentials:
-// /livez (and its alias /healthz) is 200 while the process serves; /readyz
-// is 200 only while the node is caught up (Backend.Ready: it has applied the
-// leader's commit index as of the check, learned through a read index
-// bounded under a second; concurrent probes share one check and an answer
-// is reused for 100 ms, see internal/server/raftnode's ready.go). Every error,
-// including an unknown path or method, is the JSON envelope of package
-// apierror, {"error": {"code", "message"}}, produced by writeError, the one
-// place where errors become HTTP statuses. Request bodies are capped at
-// 1 MiB (413).
-//
-// Text is valid UTF-8 or refused: a request whose path parameter, query
-// parameter, or any string of its JSON body (member names included) is not
-// valid UTF-8, or is a \u escape of a lone UTF-16 surrogate, gets 400
-// naming the field ("body: spec.reason is not valid UTF-8") before anything
-// is decoded, proposed or stored. encoding/json would otherwise store
-// U+FFFD in its place without a word. A path that matches no route gets the
-// same 400 rather than 404 when it is not valid UTF-8.
+// Package adminapi is the admin REST API: policies, employees, the event
+// log (list and Server-Sent Events), cluster status and membership, staged
+// rollouts (rollouts.go), health, readiness, metrics and, for the admin
+// role, the Go runtime profiles (/debug/pprof/). Every route declares the
+// role it needs; every error is apierror's JSON envelope, produced by
+// writeError, the one place where errors become HTTP statuses. It reads and
+// writes through its Backend and holds no state of its own. See docs/api.md.
 package adminapi
 
 import (
@@ -87,7 +69,7 @@ type Backend interface {
 // ClusterStatus is GET /v1/cluster.
 type ClusterStatus struct {
 	NodeID string `json:"node_id"`
-	// ClusterID names the cluster (DESIGN part 11); "" until its first
+	// ClusterID names the cluster; "" until its first
 	// leader has named it.
 	ClusterID    string `json:"cluster_id"`
 	State        string `json:"state"`
@@ -259,7 +241,7 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			a.latency.WithLabelValues(path, method).Observe(time.Since(start).Seconds())
 		}()
 		// A node certificate from the cluster CA opens the peer plane
-		// only (DESIGN part 11): it gets no admin role.
+		// only (docs/security.md): it gets no admin role.
 		if need >= 0 && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && tlsfiles.IsNodeCertificate(r.TLS.PeerCertificates[0]) {
 			a.writeError(sw, r, fmt.Errorf("a node certificate is for the peer plane, not the admin API: %w", auth.ErrForbidden))
 			return

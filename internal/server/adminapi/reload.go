@@ -8,7 +8,7 @@ import (
 )
 
 // reloadStatuser is the part of the Backend that reports the reload
-// controller (DESIGN part 6).
+// controller (docs/operations.md).
 type reloadStatuser interface {
 	// ReloadStatus is this node's controller status: running only on the
 	// leader.

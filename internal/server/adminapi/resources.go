@@ -18,7 +18,7 @@ import (
 type PolicyList struct {
 	Policies []*policy.Policy `json:"policies"`
 	// Version is the policy-set version of the identity given by org, team
-	// and employee (DESIGN part 2): what a sidecar with that identity holds
+	// and employee: what a sidecar with that identity holds
 	// when it is current. Only set when an identity and no kind is given.
 	Version string `json:"version,omitempty"`
 	// AppliedIndex is the local replica's position when it was read.

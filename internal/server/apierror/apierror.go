@@ -1,5 +1,5 @@
 // Package apierror holds the JSON error envelope every HTTP listener answers
-// with (DESIGN part 9). It sits apart so that listeners share the envelope
+// with (docs/api.md). It sits apart so that listeners share the envelope
 // without importing each other; each listener keeps its own mapping from its
 // errors to a status and a code.
 package apierror

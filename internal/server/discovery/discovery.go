@@ -1,93 +1,10 @@
-// Package discovery serves the sidecar discovery stream (DESIGN part 4): an
-// xDS-like gRPC protocol over which a node pushes, from its local replica,
-// the policy set that applies to each sidecar's scope, and records each
-// sidecar's ACK or NACK for rollout tracking.
-//
-// # Protocol decisions
-//
-//   - Push, not lazy notification. When a committed change alters a scope's
-//     set, every stream of that scope is sent the new snapshot at once; the
-//     seed's request-driven design stalls a client that has ACKed and then
-//     stays quiet.
-//   - One snapshot per set, encoded once. Its nonce is shared by every
-//     stream of the scope, and by every scope with the same set (each
-//     employee of a team that no policy names has its team's):
-//     "<node>.<incarnation>-<sequence>", unique across nodes and restarts,
-//     so a nonce a stream never saw (another node's, or from before a
-//     restart) is recognisably unknown.
-//   - Request table: nonce "" → the current snapshot, or `unchanged` when the
-//     client's version_info is already current; the latest nonce sent on this
-//     stream → ACK (version matches) or NACK (error_detail set), nothing sent;
-//     an older nonce this stream was sent → ignored (superseded: the client
-//     will answer the newer one, so no ping-pong); any other nonce → as
-//     nonce "". A NACK is not retried: the next change is.
-//   - Slow streams. Each stream has one writer that holds only the newest
-//     pending response, older ones are dropped, so a slow sidecar costs one
-//     pointer, never a queue. A single send blocked for longer than
-//     discovery.send_timeout (a sidecar that stopped reading) ends the
-//     stream with ResourceExhausted; it reconnects and resumes with its
-//     version. A push runs the writers of streams that share a client
-//     connection (an agent multiplexing its workloads' streams) one after
-//     the other on one goroutine, so that their messages leave in a few
-//     write syscalls; a send that makes no progress between two checks
-//     10 ms apart hands the streams behind it to goroutines of their own,
-//     so a stalled stream holds up its neighbours by 20 ms at most.
-//   - Liveness. Any request or HealthCheck refreshes a stream's last-active
-//     time; every discovery.flush_interval streams idle for longer than
-//     discovery.max_client_inactive are ended with DeadlineExceeded and
-//     forgotten by every tracker. A client that half-closes its side (sends
-//     no more requests) keeps receiving pushes until then.
-//   - Text. A request whose strings are not valid UTF-8 (proto3 requires
-//     it) ends the stream, or fails HealthCheck, with InvalidArgument
-//     naming the field ("invalid request: scope.team is not valid UTF-8"),
-//     never the Internal that grpc-go answers a failed decode with: the
-//     codec ServerOptions installs (grpccodec) does that for every method
-//     of the server, health and reflection included.
-//   - Scope with auth.mode none. The request's scope is trusted (local
-//     development only): team or employee need org. A stream's scope is
-//     fixed when it opens; asking for another one on the same stream is
-//     InvalidArgument.
-//   - Scope with auth.mode jwt. The scope served is the employee record's
-//     identity; the token's org must match the record (auth.Identify). A
-//     request may leave scope empty, or must name the token's org and
-//     employee, else PermissionDenied (DESIGN part 4: a scope that differs).
-//     The team it names is not checked, on the first request or any later
-//     one: the record decides the team, as it does over the token's team
-//     claim, and the SDK sends the scope it was configured with in every
-//     request (client.Config.Scope), so after a team move its requests,
-//     and its reconnects until it is reconfigured, still name the old
-//     team. Refusing them would revoke a sidecar the record still admits,
-//     or make it reconnect in a loop; it is served the new team instead.
-//   - Identity changes (jwt). Deactivating or deleting the employee ends
-//     its streams with PermissionDenied (revocation). Moving it to another
-//     team of its org keeps its streams open: each is moved to the new
-//     team's scope and pushed that scope's snapshot, a full set that
-//     replaces the old team's on the sidecar, and from then on follows the
-//     new team only. Moving it to another org is a tenant change: its
-//     streams end with PermissionDenied, never re-scoped across the
-//     boundary, and the token naming the old org is refused at the next
-//     connect. A change made while a stream was opening (between its token
-//     check and its first request) is handled the same way: registration
-//     reads the employee record again and serves the new team or refuses
-//     the stream. The first response, a move's and the answer to a request
-//     are offered under the service's lock, which a move holds, and pushes
-//     run on the dispatcher, which makes the moves, so the old team's
-//     snapshot is never offered after the new one's.
-//   - Staged rollouts (docs/rollouts.md). A stream's capabilities are read
-//     from its first request and kept for its life. A stream that declared
-//     "rollouts" and whose client_address hashes into the cohort of an
-//     active rollout that changes its scope's set is served the candidate
-//     set (policyset.SetFor); every other stream, and every stream of a
-//     client that declared nothing, the stable set. Streams are grouped by
-//     scope and set (the rollout tags), so a team's cohort shares one
-//     snapshot. A rollout change moves the streams it affects to their new
-//     group before the batch's policy changes are pushed: a member that
-//     leaves the cohort (rollback, abort) is pushed the stable set as any
-//     write would be; one whose content did not change (a later stage) is
-//     sent nothing, its ACK standing under the new tag. ClientInfo carries
-//     the tags of the newest version sent and the capabilities.
-//
-// Errors become gRPC codes in one place, statusOf.
+// Package discovery serves the sidecar discovery stream: an xDS-like gRPC
+// protocol over which a node pushes, from its local replica, the policy set
+// that applies to each sidecar's scope, and records each sidecar's ACK or
+// NACK for rollout tracking. It owns the streams, their snapshots and
+// nonces; the policy index is internal/server/policyset and the rollout view
+// internal/server/proxystatus. Errors become gRPC codes in one place,
+// statusOf. See docs/sidecars.md.
 package discovery
 
 import (
@@ -330,33 +247,6 @@ func (s *Service) OnChange(c store.Change) {
 		s.recohort(c.At, func(st *stream) bool {
 			return c.Resync || anyScope || policyset.Affects(rolloutScopes, st.scope)
 		})
-	}
-}
-
-// recohort moves every stream that declared rollouts and that check
-// selects (or that is served a candidate now) to the group of the set it
-// is to be served, and offers it that set's snapshot unless it was sent
-// that version already (a stage change that only adds members leaves a
-// member's content as it was): a cohort member of a rollout that is
-// rolled back gets the stable set on the same path as any push.
-func (s *Service) recohort(at time.Time, check func(*stream) bool) {
-	type cand struct {
-		st  *stream
-		key groupKey
-	}
-	s.mu.Lock()
-	var cands []cand
-	for st := range s.streams {
-		if st.caps.Rollouts && (st.key.tags != "" || check(st)) {
-			cands = append(cands, cand{st, st.key})
-		}
-	}
-	s.mu.Unlock()
-	for _, c := range cands {
-		set := s.setFor(c.st, c.key.id)
-		if keyOf(c.key.id, set, c.st.caps) != c.key {
-			s.move(c.st, at)
-		}
 	}
 }
 

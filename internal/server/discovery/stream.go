@@ -388,7 +388,7 @@ func (st *stream) kill(err error) {
 	}
 }
 
-// handle applies one request to the stream (DESIGN part 4's table).
+// handle applies one request to the stream (the request table of docs/sidecars.md).
 func (s *Service) handle(st *stream, req *discoveryv1.PolicyDiscoveryRequest) error {
 	st.lastActive.Store(s.now().UnixNano())
 	if err := checkRequest(req); err != nil {

@@ -363,7 +363,7 @@ func newDeploymentNoWebhook(t *testing.T, ns string) *appsv1.Deployment {
 }
 
 // TestInitializationRules: env's node has two rules for Deployments, the
-// built-in one and the seed's default order ("any of"), so a Deployment
+// built-in one and the default order ("any of"), so a Deployment
 // whose controller reports Ready=True but never Available is initialized,
 // and its controller's drift is caught. A rule that names an unknown
 // signal stops the node at start.

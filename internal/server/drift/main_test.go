@@ -77,7 +77,7 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	// The seed's initialization order as an alternative to the built-in
+	// The default initialization order as an alternative to the built-in
 	// rule for Deployments (which the test-played controller meets), so
 	// TestInitializationRules can show both.
 	s, err := startStack(dir, "single", logger, func(c *config.Config) {

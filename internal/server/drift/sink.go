@@ -176,7 +176,7 @@ func observation(e admission.Effect) (store.DriftObservation, error) {
 		case e.Kind == admission.EffectDriftDetected:
 		case e.Resolution == admission.ResolvedApproved && e.Occurrence != "":
 			// Every approved drift is its own report: stored under its
-			// occurrence, while the report's id names the pair (DESIGN).
+			// occurrence, while the report's id names the pair.
 			o.Kind, o.ReportID = store.DriftApproved, e.Occurrence
 		default:
 			o.Kind = store.DriftResolved

@@ -85,7 +85,7 @@ func TestCommandsKeysAreContentOnly(t *testing.T) {
 
 // An approved drift's Resolved is stored under its occurrence (each
 // approved change its own report, every node's observation of it one),
-// while the report's id names the pair as DESIGN says.
+// while the report's id names the pair as docs/drift.md says.
 func TestCommandsApprovedResolved(t *testing.T) {
 	e := effects(time.Unix(100, 0), "uid-a")[3]
 	approvedIn := func(occurrence string) *commandv1.DriftEffect {

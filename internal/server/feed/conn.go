@@ -24,7 +24,7 @@ const maxReasonBytes = 123
 // conn is one feed connection. An idle one has no goroutine: its writes
 // run on a goroutine started when there is something to write (drain),
 // its reads on one started when its socket is readable (readTask, started
-// by the poller), its ping on a timer. See the package doc, Liveness.
+// by the poller), its ping on a timer. See docs/sidecars.md, the feed in detail.
 type conn struct {
 	h           *Hub
 	ws          *websocket.Conn
@@ -353,11 +353,6 @@ func (c *conn) readable() {
 type clientMessage struct {
 	Type string `json:"type"`
 }
-
-// maxShadowReportBytes is the read limit of a connection that declared the
-// shadow capability, when feed.max_message_bytes is below it: a report of
-// 256 entries (shadow.MaxEntries) with long policy names fits.
-const maxShadowReportBytes = 128 << 10
 
 // readTask reads the client's messages: while polled, until the client is
 // between messages and the socket holds nothing more; otherwise until the

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the feed's Prometheus collectors, named as in seed 002.
+// metrics are the feed's Prometheus collectors, named as in docs/operations.md.
 type metrics struct {
 	connections prometheus.Gauge
 	byOrg       *prometheus.GaugeVec

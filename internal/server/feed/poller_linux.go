@@ -17,8 +17,8 @@ import (
 const pollEvents = 256
 
 // poller tells idle connections that their socket has become readable, so
-// that they need no goroutine blocked in a read while idle (see the
-// package doc, Liveness). It is an epoll instance of its own, next to the
+// that they need no goroutine blocked in a read while idle (see
+// docs/sidecars.md, idle connections). It is an epoll instance of its own, next to the
 // Go runtime's: every connection's socket is registered level-triggered
 // and one-shot, so one event starts one read task, and the task re-arms
 // the registration when it is done. Events carry the connection's id, not

@@ -39,7 +39,7 @@ var errWouldBlock = errors.New("feed: no data ready")
 // wire is a connection's socket, as handed to the WebSocket library. Its
 // Read can refuse to wait for data (errWouldBlock) while the client is
 // between two messages, which is what lets an idle connection have no
-// reader goroutine: see the package doc, Liveness.
+// reader goroutine: see docs/sidecars.md, idle connections.
 //
 // The library only reads through a bufio.Reader over the wire, and a
 // bufio.Reader only calls Read when it holds nothing: every byte the wire

@@ -1,20 +1,10 @@
 // Package grpccodec answers a gRPC request whose strings are not valid
 // UTF-8 with InvalidArgument naming the field, instead of grpc-go's
-// Internal "failed to unmarshal the received message".
-//
-// protobuf-go refuses invalid UTF-8 in a proto3 string when it unmarshals,
-// and grpc-go turns any codec error into Internal before a handler or an
-// interceptor sees it; a unary handler's decode error does not even reach
-// the interceptors. So the codec does not fail on such a message: it
-// resets it, remembers which field was bad (utf8field.Proto), keyed by the
-// message being decoded into, and returns nil. The server's interceptors,
-// which every method goes through right after its decode (a unary
-// handler's, or a stream's RecvMsg), take that note and fail the call with
-// InvalidArgument, so no handler ever sees the message. Any other decode
-// error is returned as it is.
-//
-// Codec and interceptors work only together, so ServerOptions installs
-// them together.
+// Internal "failed to unmarshal the received message". Its codec notes the
+// bad field (utf8field.Proto) rather than failing the decode, and its
+// interceptors fail the call before any handler sees the message; they work
+// only together, so ServerOptions installs both. Any other decode error is
+// returned as it is. See docs/design.md.
 package grpccodec
 
 import (

@@ -1,73 +1,9 @@
 // Package limits holds the node's defences against resource exhaustion that
-// are shared by its listeners: caps on open connections, per listener and
-// per source address, and a set-up gate bounding concurrent connection
-// set-ups.
-//
-// # Connection caps
-//
-// Every listener counts its connections from accept to close:
-//
-//   - http.max_connections (default 20000) and grpc.max_connections
-//     (10000) bound the descriptors, goroutines and buffers a flood of
-//     connects can take. The HTTP count includes connections upgraded to
-//     the WebSocket feed until they close, so the HTTP cap is the node's
-//     feed capacity plus its admin clients: the default leaves room for
-//     the 10,000 feed connections per node the bench measures, and for
-//     the overlap of a reconnect storm, when a client's new connection
-//     arrives before the node has seen its old one close.
-//   - http.max_connections_per_ip and grpc.max_connections_per_ip bound
-//     what one source address may take of that. They are off (0) by
-//     default: sidecars behind a NAT gateway, an L4 load balancer or a
-//     node-local proxy all share one source address, so any fixed default
-//     would either refuse such a deployment or be too high to matter.
-//     Where every client has its own address (pod IPs), set them to a few
-//     times what one host legitimately opens (a few hundred), so one
-//     misbehaving host cannot fill the listener. An IPv6 client counts
-//     per address, not per prefix. The loopback clients of the flood test
-//     and the bench all come from 127.0.0.1, one address.
-//   - raft.max_connections (1024) bounds the Raft listener. Peers hold a
-//     few connections each (a pool of 3 and the replication pipeline), so
-//     the cap only ever bites on something that is not a peer. Raft keeps
-//     an inbound connection that sends nothing open indefinitely, so a
-//     flood can hold this cap: established connections, which carry
-//     replication, keep working, but a peer's new connection is refused
-//     until the flood ends. The cap turns what would be descriptor
-//     exhaustion of the whole process (every listener failing accept)
-//     into that. Keep the Raft port reachable only by peers, with mutual
-//     TLS (raft.tls).
-//   - drift.max_connections (1024) bounds the drift webhook's listener;
-//     an API server calling it holds one connection per review in flight.
-//
-// Connections are counted by wrapping the TCP listener (Conns.Listener),
-// under any TLS, so that a refused connection costs no handshake and the
-// count follows net.Conn.Close whoever closes the connection: the server,
-// or the feed after net/http handed it over. The counted connection passes
-// the socket through (SyscallConn), so the feed's epoll poller still
-// watches the socket itself.
-//
-// A connection accepted over a cap is closed immediately and counted in
-// policyd_connections_rejected_total{listener,reason}, reason being the
-// cap's key (max_connections, max_connections_per_ip), rather than left in
-// the kernel's accept backlog. Waiting in the backlog looks kinder but is
-// worse under a flood: the backlog fills with the flood's connections, a
-// well-behaved client's connect then hangs until its own timeout instead of
-// failing fast, and nothing tells the operator. Closing at once keeps the
-// node's file descriptors bounded and makes the client's
-// retry-with-backoff (the SDK's) the queue. Envoy's overload manager does
-// the same for downstream connections. Refusals are logged at most once
-// every 10 seconds per listener.
-//
-// # Set-up gate
-//
-// Setting a connection up is the expensive part of serving a sidecar: token
-// verification, an employee look-up, a read-index round trip to the leader,
-// and on the feed the init message. A reconnect storm (every sidecar of a
-// failed node reconnecting at once) would run all of them concurrently. The
-// Gate lets at most setup.max_concurrent set-ups run on a node; the rest
-// wait, in arrival order as far as the runtime schedules them, for at most
-// setup.max_wait and are then refused as retryable: gRPC Unavailable,
-// HTTP 503 with Retry-After. The wait keeps a storm from turning into
-// failures; the bound keeps a stuck set-up from pinning callers forever.
+// its listeners share: caps on open connections, per listener and per
+// source address (Conns, wrapping the TCP listener under any TLS), and a
+// set-up gate bounding concurrent connection set-ups (Gate). It does not
+// bound message sizes or send queues; each listener does. The keys, their
+// defaults and the reasons for them are in docs/configuration.md.
 package limits
 
 import (

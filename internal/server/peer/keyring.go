@@ -26,14 +26,14 @@ type Keyring struct {
 // start with # ignored, surrounding white space trimmed.
 func LoadKeyring(path string) (*Keyring, error) {
 	k := &Keyring{path: path}
-	if err := k.Reload(); err != nil {
+	if err := k.Reread(); err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Reload re-reads the file; on error the previous secrets stay.
-func (k *Keyring) Reload() error {
+// Reread re-reads the file; on error the previous secrets stay.
+func (k *Keyring) Reread() error {
 	keys, err := readKeys(k.path)
 	if err != nil {
 		return err

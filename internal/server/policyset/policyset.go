@@ -1,34 +1,12 @@
 // Package policyset keeps every policy of the local replica in memory, as
 // stored, and answers "which policies apply to this identity, at which
 // version" without reading the database. The discovery stream and the
-// WebSocket feed both serve from it, so a sidecar sees the same set and the
-// same version (DESIGN part 2) whichever transport it uses.
-//
-// The node's change dispatcher calls Update for every committed batch before
-// it tells the listeners, so a listener that reacts to a change always reads
-// a set that includes it, and nothing later: the index takes each batch's
-// policies in the state the change carries, not from the store, which may
-// be further along, so every set it gives existed at one Raft index.
-//
-// Sets are computed once per identity and cached until a change touches
-// that identity's scope. An employee that no policy names has exactly its
-// team's set, so it is handed the team's *Set: with thousands of sidecars,
-// one per employee, a change is hashed and encoded once per team rather than
-// once per employee, and the cache holds one entry per team instead of one
-// per connected employee.
-//
-// Staged rollouts (docs/rollouts.md, rollouts.go): the index also keeps the
-// active rollouts, from Update (a rollout change carries the whole rollout)
-// and from the store at load. SetFor serves a client
-// that declared the rollouts capability and whose member id hashes into an
-// active rollout's cohort the candidate set: the stable set with that
-// rollout's changes applied, versioned by its content like any set, and
-// shared by every cohort member of the identity (cached per identity and
-// rollout tags).
-//
-// Shadow policies (docs/rollouts.md) are in every set; a client that did
-// not declare the shadow capability is served Set.WithoutShadow, derived
-// once per set.
+// WebSocket feed both serve from it. The node's change dispatcher calls
+// Update for every committed batch before it tells the listeners, so every
+// set it gives existed at one Raft index. It also keeps the active staged
+// rollouts (SetFor serves a cohort member the candidate set) and derives
+// each set without its shadow policies. It does not write; the store does.
+// See docs/sidecars.md.
 package policyset
 
 import (
@@ -71,36 +49,6 @@ type Set struct {
 	// (WithoutShadow); the set itself when it holds none.
 	enforced atomic.Pointer[Set]
 }
-
-// WithoutShadow is s without its shadow policies, versioned by its own
-// content: what a client that did not declare the shadow capability is
-// served. It is s itself when s holds no shadow policy, and the same *Set
-// on every call, so snapshots and messages encoded per set are shared.
-func (s *Set) WithoutShadow() *Set {
-	if e := s.enforced.Load(); e != nil {
-		return e
-	}
-	if !slices.ContainsFunc(s.Policies, func(rp store.RawPolicy) bool { return rp.Policy.Shadow() }) {
-		s.enforced.CompareAndSwap(nil, s)
-		return s.enforced.Load()
-	}
-	e := &Set{Identity: s.Identity, Index: s.Index, Rollouts: s.Rollouts}
-	h := store.NewSetHash()
-	for _, rp := range s.Policies {
-		if rp.Policy.Shadow() {
-			continue
-		}
-		h.Add(rp.Policy.Name, rp.Stored)
-		e.Policies = append(e.Policies, rp)
-	}
-	e.Version = h.Sum()
-	e.enforced.Store(e)
-	s.enforced.CompareAndSwap(nil, e)
-	return s.enforced.Load()
-}
-
-// HasShadow reports whether s holds a shadow policy.
-func (s *Set) HasShadow() bool { return s.WithoutShadow() != s }
 
 // Lookup returns the policy named name if the set holds it.
 func (s *Set) Lookup(name string) (store.RawPolicy, bool) {
@@ -149,13 +97,13 @@ func New(st *store.Store) (*Index, error) {
 
 func newIndex(st *store.Store, listRollouts func() ([]*commandv1.Rollout, uint64, error)) (*Index, error) {
 	x := &Index{st: st, listRollouts: listRollouts, ended: map[string]endedRollout{}}
-	if err := x.reload(); err != nil {
+	if err := x.load(); err != nil {
 		return nil, err
 	}
 	return x, nil
 }
 
-func (x *Index) reload() error {
+func (x *Index) load() error {
 	all, index, err := x.st.RawPolicies()
 	if err != nil {
 		return fmt.Errorf("load policies: %w", err)
@@ -199,7 +147,7 @@ func (x *Index) countNamed(rp store.RawPolicy, delta int) {
 // is skipped.
 func (x *Index) Update(c store.Change) (err error) {
 	if c.Resync {
-		if err := x.reload(); err != nil {
+		if err := x.load(); err != nil {
 			return err
 		}
 		x.mu.Lock()

@@ -1,5 +1,5 @@
-// Package rollout holds the rollout view of discovery clients (DESIGN part
-// 4): the states a stream reports for its newest version, and how
+// Package proxystatus holds the rollout view of discovery clients
+// (docs/sidecars.md): the states a stream reports for its newest version, and how
 // GET /v1/rollout groups clients by version. The discovery server writes
 // the states and the admin API reads them, so they live apart from both.
 package proxystatus

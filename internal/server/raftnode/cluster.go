@@ -354,7 +354,7 @@ func (n *Node) localClients() []*clusterv1.ClientInfo {
 }
 
 // newPeerServer is the node-to-node API's gRPC server, on the peer plane
-// only (DESIGN part 11).
+// only (docs/security.md).
 func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Server {
 	srv := grpc.NewServer(append(grpccodec.New(encoding.GetCodecV2(protoenc.Name)).ServerOptions(), opts...)...)
 	clusterv1.RegisterClusterServer(srv, s)

@@ -17,7 +17,7 @@ import (
 )
 
 // ClusterID is the cluster this node belongs to, "" until the first leader
-// has named it (DESIGN part 11).
+// has named it.
 func (n *Node) ClusterID() string {
 	if id := n.clusterID.Load(); id != nil {
 		return *id

@@ -205,7 +205,7 @@ func (n *Node) forgetRemovedMembers(ctx context.Context) {
 }
 
 // pruneEventsTask proposes the retention cutoff every cleanup interval
-// (seed 004's hourly cleanup of events older than 24h by default).
+// (hourly by default, dropping events older than 24h).
 func (n *Node) pruneEventsTask(ctx context.Context) {
 	t := time.NewTicker(n.cfg.Events.CleanupInterval)
 	defer t.Stop()

@@ -1,17 +1,11 @@
 // Package raftnode is the one owner of hashicorp/raft in policyd: it opens a
-// node's data directory (Layout: the Raft log store, its stable store,
-// snapshots and state.db), builds raft over raftfsm and store with a
+// node's data directory (Layout), builds raft over raftfsm and store with a
 // transport on the peer plane (internal/server/peer), bootstraps or joins the
-// cluster, forwards writes from followers to the leader over the internal
-// gRPC service (api/cluster/v1) and checks forwarded commands there, answers
-// linearizable reads with a read index, changes membership, runs
-// leader-only tasks while this node leads, and runs the offline operations
-// of `policyd recover` and `policyd snapshot restore`.
-//
-// A damaged Raft log or state.db stops New with a DataError that names the
-// file, the damage and the recovery; a failed write to either while the
-// node runs parks the writer and closes Faulted, and the process exits
-// (diskfault.go, docs/operations.md).
+// cluster, forwards writes to the leader (api/cluster/v1) and checks them
+// there, answers linearizable reads with a read index, changes membership,
+// runs leader-only tasks, and runs `policyd recover` and `policyd snapshot
+// restore`. A damaged Raft log or state.db stops New with a DataError; a
+// failed write while running closes Faulted. See docs/operations.md.
 package raftnode
 
 import (

@@ -9,11 +9,10 @@ import (
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/store"
 )
 
 // vetCommand is the leader's check of a command that reached it through
-// the peer plane: the content rules the REST edge applies, so that a forged
+// the peer plane (docs/security.md): the content rules the REST edge applies, so that a forged
 // or buggy forward stores nothing the admin API would refuse. Commands a
 // node makes itself (its REST edge, its leader tasks) were checked where
 // they were made. Types without content rules beyond what the FSM checks
@@ -86,27 +85,4 @@ func (n *Node) vetEmployee(c *commandv1.PutEmployee) error {
 		return err
 	}
 	return n.validator.Employee(e)
-}
-
-// vetRollout checks a forwarded rollout as the REST edge does, each put's
-// policy as vetPolicy checks a typed one.
-func (n *Node) vetRollout(r *commandv1.Rollout) error {
-	if r == nil {
-		return fmt.Errorf("rollout start: no rollout")
-	}
-	if err := command.CheckRollout(r); err != nil {
-		return err
-	}
-	for i, c := range r.GetChanges() {
-		if c.GetOp() != store.OpPut {
-			continue
-		}
-		if !utf8.Valid(c.GetPolicy().GetSpec()) {
-			return fmt.Errorf("changes[%d].policy.spec: not valid UTF-8", i)
-		}
-		if err := n.validator.Shape(command.PolicyOf(c.GetPolicy())); err != nil {
-			return fmt.Errorf("changes[%d].policy: %w", i, err)
-		}
-	}
-	return nil
 }

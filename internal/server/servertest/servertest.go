@@ -14,12 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/protobuf/proto"
 
-	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/config"
-	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/store"
 )
 
 // Config is a node that listens on loopback with free ports and stores in
@@ -139,15 +135,4 @@ func CleanEnv() []string {
 		}
 	}
 	return env
-}
-
-// RolloutEntity is the change notification the store sends when rollout r
-// is written at index, touching the policies of scopes.
-func RolloutEntity(t testing.TB, r *commandv1.Rollout, index uint64, scopes ...policy.Scope) store.EntityChange {
-	t.Helper()
-	data, err := proto.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return store.EntityChange{Type: store.EntityRollout, ID: r.GetId(), Action: store.ActionUpdate, Index: index, Data: data, Scopes: scopes}
 }

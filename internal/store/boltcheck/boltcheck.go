@@ -1,23 +1,10 @@
 // Package boltcheck verifies that a bbolt file is whole before bbolt opens
-// it. bbolt trusts its file: it maps it into memory and follows page ids
-// without bounds checks, so a truncated or overwritten file makes it read
-// past the end of the mapping (SIGBUS, which Go cannot recover) or panic in
-// a goroutine of its own while it rebuilds the free list on open. Check
-// reads the file with ReadAt instead, and fails with an error naming the
-// first problem it finds.
-//
-// It checks what bbolt relies on when it opens a file and walks its
-// B+trees: a valid meta page (magic, version, checksum), a file long enough
-// for the meta page's high water mark, and, for every page reachable from
-// the root bucket, nested buckets included: an id that matches its
-// position, a branch or leaf type, elements and keys inside the page, keys
-// in order within the page and within the range its parent gives it, no
-// page referenced twice, and a persisted free list whose pages are neither
-// reachable nor out of range. The values themselves carry no checksum in
-// bbolt: a flipped byte inside a value is for the reader of that value to
-// find.
-//
-// The file format is read with the host's byte order, as bbolt writes it.
+// it, since bbolt trusts its file and a truncated or overwritten one makes it
+// read past its mapping (SIGBUS) or panic. Check reads the file with ReadAt
+// instead, walks what bbolt relies on (meta pages, reachable pages, keys,
+// the free list), and fails with an error naming the first problem it
+// finds. It does not check values, which bbolt carries without a checksum.
+// See docs/design.md.
 package boltcheck
 
 import (

@@ -21,11 +21,11 @@ func TestReloadHMAC(t *testing.T) {
 	newTok := sign(t, jwt.SigningMethodHS256, keys.other, claimsAt(clock.Now()), nil)
 
 	rewrite(t, cfg.HMACSecretFile, keys.other)
-	clock.Advance(10 * keyReloadInterval)
+	clock.Advance(10 * keyRereadInterval)
 	if _, err := v.Verify(oldTok); err != nil {
 		t.Fatalf("before Reload, the secret in use changed by itself: %v", err)
 	}
-	if err := v.Reload(); err != nil {
+	if err := v.Reread(); err != nil {
 		t.Fatalf("Reload: %v", err)
 	}
 	if _, err := v.Verify(newTok); err != nil {
@@ -36,7 +36,7 @@ func TestReloadHMAC(t *testing.T) {
 	}
 
 	rewrite(t, cfg.HMACSecretFile, []byte("tiny-secret-xyz"))
-	if err := v.Reload(); err == nil || !strings.Contains(err.Error(), "shorter than") {
+	if err := v.Reread(); err == nil || !strings.Contains(err.Error(), "shorter than") {
 		t.Fatalf("Reload of a too-short secret = %v, want an error", err)
 	}
 	if _, err := v.Verify(newTok); err != nil {
@@ -61,7 +61,7 @@ func TestReloadKeyFiles(t *testing.T) {
 
 	rewrite(t, cfg.PublicKeysFile, pemPKIX(t, &keys.ecB.PublicKey))
 	// No clock advance: Reload does not wait for the check interval.
-	if err := v.Reload(); err != nil {
+	if err := v.Reread(); err != nil {
 		t.Fatalf("Reload: %v", err)
 	}
 	if _, err := v.Verify(tokenB); err != nil {
@@ -73,7 +73,7 @@ func TestReloadKeyFiles(t *testing.T) {
 
 	rewrite(t, cfg.PublicKeysFile, []byte("garbage"))
 	for i := range 2 {
-		if err := v.Reload(); err == nil {
+		if err := v.Reread(); err == nil {
 			t.Fatalf("Reload #%d of an unparsable key file succeeded", i+1)
 		}
 	}
