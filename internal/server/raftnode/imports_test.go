@@ -12,12 +12,13 @@ import (
 )
 
 // forbiddenImports are what only raftnode (and the store and FSM below it)
-// may import: raft, its log stores and bbolt.
-var forbiddenImports = []string{"github.com/hashicorp/raft", "go.etcd.io/bbolt"}
+// may import: raft, its log stores, bbolt and the FSM itself. Listeners
+// build commands with internal/command.
+var forbiddenImports = []string{"github.com/hashicorp/raft", "go.etcd.io/bbolt", "github.com/policyd/policyd/internal/raftfsm"}
 
 // TestOnlyRaftnodeImportsRaft fails if the command (cmd/policyd and
 // internal/cli), the server root or any other server sub-package (the listeners among them) imports
-// hashicorp/raft, raft-boltdb, raft-wal or bbolt in its non-test files:
+// hashicorp/raft, raft-boltdb, raft-wal, bbolt or raftfsm in its non-test files:
 // raftnode is the one owner of Raft and the data directory.
 func TestOnlyRaftnodeImportsRaft(t *testing.T) {
 	root := filepath.Join("..", "..", "..")
