@@ -194,24 +194,24 @@ func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded boo
 }
 
 // admit is the leader's one check of a command before it enters the log,
-// and its encoding: a removed node may not register again; the audit
-// fields must be well formed; a forwarded command must pass the content
-// rules the REST edge applies (vetCommand), since its sender may be buggy
-// or hostile; nothing may enter that every replica would stop on
+// and its encoding: a forwarded command must pass the content rules the
+// REST edge applies (vetCommand), since its sender may be buggy or hostile;
+// a removed node may not register again; the audit fields must be well
+// formed; nothing may enter that every replica would stop on
 // (raftfsm.Check); and the command is written for the oldest member, or
 // refused as a conflict if that member cannot apply it. The leader stamps
 // the processed time, so the event log follows one clock.
 func (n *Node) admit(c *command.Command, forwarded bool) ([]byte, *commandv1.Result, error) {
+	if forwarded {
+		if err := n.vetCommand(c); err != nil {
+			return nil, nil, err
+		}
+	}
 	if reg := c.Body.GetRegisterMember(); reg != nil && !n.InConfiguration(reg.GetId()) {
 		return nil, nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 	}
 	if err := command.CheckEnvelope(c); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
-	}
-	if forwarded {
-		if err := n.vetCommand(c); err != nil {
-			return nil, nil, err
-		}
 	}
 	c, refused, err := n.forMembers(c)
 	if refused != nil || err != nil {
