@@ -42,6 +42,7 @@ import (
 	"github.com/policyd/policyd/internal/server/limits"
 	"github.com/policyd/policyd/internal/server/peer"
 	"github.com/policyd/policyd/internal/server/policyset"
+	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/server/shadow"
 	"github.com/policyd/policyd/internal/store"
@@ -121,7 +122,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir %q: %w", cfg.DataDir, err)
 	}
-	id, err := raftnode.ResolveNodeID(cfg.NodeID, raftnode.Layout{Dir: cfg.DataDir})
+	id, err := raftnode.ResolveNodeID(cfg.NodeID, raftlog.Layout{Dir: cfg.DataDir})
 	if err != nil {
 		return nil, err
 	}
