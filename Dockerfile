@@ -8,7 +8,6 @@
 #	FROM golang:1.26-bookworm AS build
 #	WORKDIR /src
 #	COPY go.mod go.sum ./
-#	COPY third_party third_party
 #	RUN go mod download
 #	COPY . .
 #	ARG VERSION=dev

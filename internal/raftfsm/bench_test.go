@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/raft"
 	"github.com/policyd/policyd/internal/command"
+	"github.com/policyd/policyd/third_party/raft"
 )
 
 // BenchmarkApplyPutPolicy4K applies batches of 4 KB policy writes over 10

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/third_party/raft"
 )
 
 // TestStoreFault: a batch or snapshot the store cannot take goes to the

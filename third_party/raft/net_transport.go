@@ -791,7 +791,7 @@ func decodeResponse(conn *netConn, resp interface{}) (bool, error) {
 
 	// Format an error if any
 	if rpcError != "" {
-		return true, fmt.Errorf(rpcError)
+		return true, fmt.Errorf("%s", rpcError) // policyd: go vet (go 1.24+) refuses a non-constant format
 	}
 	return true, nil
 }

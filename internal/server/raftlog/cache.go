@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/third_party/raft"
 )
 
 // Bounds of the leader's in-memory copy of recent log entries.

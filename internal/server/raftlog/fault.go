@@ -8,9 +8,9 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/policyd/policyd/third_party/raft"
 )
 
 // DataError is a file in the data directory that the node cannot go on

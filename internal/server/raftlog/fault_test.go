@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/raft"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/policyd/policyd/third_party/raft"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/internal/store/boltcheck"

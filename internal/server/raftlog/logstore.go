@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/policyd/policyd/third_party/raft"
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -231,7 +231,7 @@ func openStore(raftDir, kind string, logger hclog.Logger) (Store, string, error)
 			}
 			return nil, "", fmt.Errorf("open raft wal %q: %w", dir, err)
 		}
-		return &walStore{WAL: w, meta: meta}, kind, nil
+		return fromUpstream{&walStore{WAL: w, meta: meta}}, kind, nil
 	case KindBoltDB:
 		path := filepath.Join(raftDir, boltLogFile)
 		// The free list is not written on each commit but rebuilt by
@@ -255,7 +255,7 @@ func openStore(raftDir, kind string, logger hclog.Logger) (Store, string, error)
 			}
 			return nil, "", fmt.Errorf("open raft log %q: %w", path, err)
 		}
-		return ls, kind, nil
+		return fromUpstream{ls}, kind, nil
 	}
 	return nil, "", fmt.Errorf("raft.log_store %q: want %s or %s", kind, KindBoltDB, KindWAL)
 }

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/third_party/raft"
 )
 
 // Failover after a leader process dies (raft.leader_probe).

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/third_party/raft"
 
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/raftlog"

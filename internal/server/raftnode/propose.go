@@ -11,7 +11,7 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"github.com/hashicorp/raft"
+	"github.com/policyd/policyd/third_party/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
