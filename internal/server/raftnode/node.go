@@ -84,7 +84,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *raftfsm.FSM
 	logStore  raftlog.Store
-	faults    *raftlog.Faults // failed writes to the data directory (diskfault.go)
+	faults    *raftlog.Faults // failed writes to the data directory (raftlog.Faults)
 	transport *raft.NetworkTransport
 	validator *policy.Validator
 
@@ -247,7 +247,7 @@ func (n *Node) Stop() {
 // closed (Faulted).
 func (n *Node) Close() error {
 	if n.faults.Parked() {
-		// Raft waits on a failed write that never returns (diskfault.go):
+		// Raft waits on a failed write that never returns (raftlog.Faults):
 		// it cannot shut down, and the process exits instead.
 		return n.Fault()
 	}
