@@ -18,7 +18,7 @@ import (
 
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/server"
-	"github.com/policyd/policyd/internal/server/raftnode"
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 // shutdownTimeout bounds a graceful stop; Ctrl-C must not hang.
@@ -119,14 +119,14 @@ func newLogger(c config.Log, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 }
 
 // lastLine ends serve on a damaged data file or a failed write
-// (raftnode.DataError): it logs the error as the process's last line, one
+// (raftlog.DataError): it logs the error as the process's last line, one
 // ERROR record with the file, what is wrong and the recovery, and returns
 // it marked as reported, so that main exits non-zero without printing it
 // again. Lines other goroutines log after it are dropped: the node is
 // exiting, and the last line says why. Other errors are returned as they
 // are.
 func lastLine(c config.Log, out *lastLineWriter, err error) error {
-	var de *raftnode.DataError
+	var de *raftlog.DataError
 	if !errors.As(err, &de) {
 		return err
 	}

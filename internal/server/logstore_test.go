@@ -8,7 +8,7 @@ import (
 
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/server/raftnode"
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 // TestLogStoreKinds runs a 3-node cluster on each raft.log_store: writes
@@ -17,8 +17,8 @@ import (
 // setting changes.
 func TestLogStoreKinds(t *testing.T) {
 	for _, tc := range []struct{ kind, file, other string }{
-		{raftnode.LogStoreBoltDB, "raft.db", raftnode.LogStoreWAL},
-		{raftnode.LogStoreWAL, "wal", raftnode.LogStoreBoltDB},
+		{raftlog.KindBoltDB, "raft.db", raftlog.KindWAL},
+		{raftlog.KindWAL, "wal", raftlog.KindBoltDB},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			c := newCluster(t, 3, func(cfg *config.Config) { cfg.Raft.LogStore = tc.kind })
@@ -41,7 +41,7 @@ func TestLogStoreKinds(t *testing.T) {
 				return err
 			}, poll.Within(20*time.Second))
 
-			if got, err := raftnode.ExistingLogStore(raftnode.Layout{Dir: c.cfgs[l].DataDir}.RaftDir()); err != nil || got != tc.kind {
+			if got, err := raftlog.Existing(raftlog.Layout{Dir: c.cfgs[l].DataDir}.RaftDir()); err != nil || got != tc.kind {
 				t.Errorf("restarted node's log store = %q (%v), want %q", got, err, tc.kind)
 			}
 			c.waitConverged()

@@ -25,7 +25,7 @@ func (n *Node) ClusterID() string {
 	return ""
 }
 
-// loadClusterID keeps the cluster ID beside state.db (Layout.ClusterIDPath):
+// loadClusterID keeps the cluster ID beside state.db (raftlog.Layout.ClusterIDPath):
 // a state.db discarded after an unclean stop (raft.state_fsync off) or lost
 // is rebuilt from the log, and the node must still refuse other clusters'
 // peers meanwhile. It reads the data dir's cluster ID and the replicated one, and

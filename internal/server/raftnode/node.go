@@ -1,11 +1,12 @@
-// Package raftnode is the one owner of hashicorp/raft in policyd: it opens a
-// node's data directory (Layout), builds raft over raftfsm and store with a
+// Package raftnode is the one owner of hashicorp/raft in policyd: it builds
+// raft over raftfsm, store and the log of internal/server/raftlog, with a
 // transport on the peer plane (internal/server/peer), bootstraps or joins the
 // cluster, forwards writes to the leader (api/cluster/v1) and checks them
 // there, answers linearizable reads with a read index, changes membership,
 // runs leader-only tasks, and runs `policyd recover` and `policyd snapshot
-// restore`. A damaged Raft log or state.db stops New with a DataError; a
-// failed write while running closes Faulted. See docs/operations.md.
+// restore`. A damaged Raft log or state.db stops New with a
+// raftlog.DataError; a failed write while running closes Faulted. See
+// docs/operations.md.
 package raftnode
 
 import (
@@ -29,6 +30,7 @@ import (
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/limits"
 	"github.com/policyd/policyd/internal/server/peer"
+	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/store"
 	"github.com/policyd/policyd/internal/tlsfiles"
 )
@@ -55,11 +57,11 @@ type Deps struct {
 	Conns *limits.Conns
 	// Addrs are the HTTP and gRPC addresses this node registers for others.
 	Addrs func() (http, grpc string)
-	// LocalClients lists the sidecars connected to this node.
-	LocalClients func() []*clusterv1.ClientInfo
-	// LocalShadow is this node's shadow-policy counts of the named
-	// policies, per policy and scope.
-	LocalShadow func(policies []string) []*clusterv1.ShadowScopeCount
+	// LocalClients and LocalShadow answer the peer API's application
+	// RPCs, a member asking for this node's part of a cluster-wide view;
+	// the packages that own the views implement them (proxystatus, shadow).
+	LocalClients func(context.Context, *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error)
+	LocalShadow  func(context.Context, *clusterv1.LocalShadowRequest) (*clusterv1.LocalShadowResponse, error)
 	// DropSidecars closes every sidecar stream with reason, once this node
 	// is removed from the cluster or finds its data dir belongs to another
 	// cluster, and says how many it closed.
@@ -75,14 +77,14 @@ type Node struct {
 	cfg    config.Config
 	logger *slog.Logger
 	id     string
-	layout Layout
+	layout raftlog.Layout
 	deps   Deps
 
 	store     *store.Store
 	raft      *raft.Raft
 	fsm       *raftfsm.FSM
-	logStore  LogStore
-	faults    *faults // failed writes to the data directory (diskfault.go)
+	logStore  raftlog.Store
+	faults    *raftlog.Faults // failed writes to the data directory (raftlog.Faults)
 	transport *raft.NetworkTransport
 	validator *policy.Validator
 
@@ -137,11 +139,11 @@ type Node struct {
 // starts with Setup; Release undoes New.
 func New(cfg config.Config, logger *slog.Logger, id string) (_ *Node, err error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, logger: logger, id: id, layout: Layout{Dir: cfg.DataDir}, ctx: ctx, cancel: cancel, askPeers: make(chan struct{}, 1)}
+	n := &Node{cfg: cfg, logger: logger, id: id, layout: raftlog.Layout{Dir: cfg.DataDir}, ctx: ctx, cancel: cancel, askPeers: make(chan struct{}, 1)}
 	if others, _ := n.otherPeers(); len(others) == 0 {
 		n.peersChecked.Store(true) // no peers to ask
 	}
-	n.faults = newFaults(cfg.DataDir)
+	n.faults = raftlog.NewFaults(cfg.DataDir)
 	n.ready = newReadiness(ctx, n.ConsistentRead)
 	n.leaderTasks = []LeaderTask{
 		// Followers forward writes to the leader's registered address, so a
@@ -178,9 +180,9 @@ func (n *Node) Setup(deps Deps) error {
 		return c, err
 	}, deps.DialOptions)
 	if err := n.setupRaft(); err != nil {
-		return n.faults.explain(err)
+		return n.faults.Explain(err)
 	}
-	n.faults.arm()
+	n.faults.Arm()
 	n.peerSrv = newPeerServer(&clusterService{n: n}, deps.ServerOptions)
 	return nil
 }
@@ -244,8 +246,8 @@ func (n *Node) Stop() {
 // everything. A node whose write to the data directory failed cannot be
 // closed (Faulted).
 func (n *Node) Close() error {
-	if n.faults.parked() {
-		// Raft waits on a failed write that never returns (diskfault.go):
+	if n.faults.Parked() {
+		// Raft waits on a failed write that never returns (raftlog.Faults):
 		// it cannot shut down, and the process exits instead.
 		return n.Fault()
 	}
@@ -346,7 +348,7 @@ func (n *Node) Removed() bool { return n.removed.Load() }
 func (n *Node) Raft() *raft.Raft { return n.raft }
 
 // LogStore is the Raft log and stable store, for the same tests.
-func (n *Node) LogStore() LogStore { return n.logStore }
+func (n *Node) LogStore() raftlog.Store { return n.logStore }
 
 func (n *Node) self() store.Member {
 	m := store.Member{ID: n.id, RaftAddr: string(n.transport.LocalAddr()), CommandVersion: command.CommandVersion}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 // ResolveNodeID returns the configured ID, or the one persisted in the data
@@ -16,7 +17,7 @@ import (
 // must not come back as a stranger to its own cluster. A configured ID that
 // differs from the persisted one is refused: the data directory belongs to
 // another node.
-func ResolveNodeID(configured string, l Layout) (string, error) {
+func ResolveNodeID(configured string, l raftlog.Layout) (string, error) {
 	p := l.NodeIDPath()
 	raw, err := os.ReadFile(p)
 	switch {

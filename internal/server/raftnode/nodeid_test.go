@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 func TestSanitizeHost(t *testing.T) {
@@ -31,19 +33,19 @@ func TestSanitizeHost(t *testing.T) {
 // with or without node_id configured, and refuse a different one.
 func TestResolveNodeID(t *testing.T) {
 	dir := t.TempDir()
-	id, err := ResolveNodeID("alpha", Layout{Dir: dir})
+	id, err := ResolveNodeID("alpha", raftlog.Layout{Dir: dir})
 	if err != nil || id != "alpha" {
 		t.Fatalf("first start = %q, %v", id, err)
 	}
-	if raw, err := os.ReadFile(Layout{Dir: dir}.NodeIDPath()); err != nil || strings.TrimSpace(string(raw)) != "alpha" {
+	if raw, err := os.ReadFile(raftlog.Layout{Dir: dir}.NodeIDPath()); err != nil || strings.TrimSpace(string(raw)) != "alpha" {
 		t.Fatalf("persisted %q, %v", raw, err)
 	}
 	for _, configured := range []string{"", "alpha"} {
-		if id, err := ResolveNodeID(configured, Layout{Dir: dir}); err != nil || id != "alpha" {
+		if id, err := ResolveNodeID(configured, raftlog.Layout{Dir: dir}); err != nil || id != "alpha" {
 			t.Fatalf("restart with %q = %q, %v", configured, id, err)
 		}
 	}
-	if _, err := ResolveNodeID("beta", Layout{Dir: dir}); err == nil || !strings.Contains(err.Error(), "alpha") {
+	if _, err := ResolveNodeID("beta", raftlog.Layout{Dir: dir}); err == nil || !strings.Contains(err.Error(), "alpha") {
 		t.Fatalf("mismatch accepted or unclear: %v", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/raftfsm"
+	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -48,7 +49,7 @@ func raftConfiguration(peers []config.Peer) raft.Configuration {
 // checkOffline refuses a data directory that belongs to another node or is
 // in use: a running node holds exclusive locks on state.db and its log.
 func checkOffline(cfg config.Config) error {
-	l := Layout{Dir: cfg.DataDir}
+	l := raftlog.Layout{Dir: cfg.DataDir}
 	raw, err := os.ReadFile(l.NodeIDPath())
 	switch {
 	case err == nil:
@@ -58,7 +59,7 @@ func checkOffline(cfg config.Config) error {
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("read node id: %w", err)
 	}
-	for _, p := range l.lockFiles() {
+	for _, p := range l.LockFiles() {
 		if _, err := os.Stat(p); err != nil {
 			continue
 		}
@@ -78,13 +79,13 @@ func checkOffline(cfg config.Config) error {
 // offlineRaft is a stopped node's Raft storage, opened for the offline
 // operations.
 type offlineRaft struct {
-	logs  LogStore
+	logs  raftlog.Store
 	snaps *raft.FileSnapshotStore
 	trans raft.Transport
 }
 
 func openOfflineRaft(cfg config.Config, logOut io.Writer) (*offlineRaft, error) {
-	dir := Layout{Dir: cfg.DataDir}.RaftDir()
+	dir := raftlog.Layout{Dir: cfg.DataDir}.RaftDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create raft dir %q: %w", dir, err)
 	}
@@ -92,7 +93,7 @@ func openOfflineRaft(cfg config.Config, logOut io.Writer) (*offlineRaft, error) 
 	if err != nil {
 		return nil, fmt.Errorf("open raft snapshots in %q: %w", dir, err)
 	}
-	logs, _, err := OpenLogStore(dir, cfg.Raft.LogStore, hclog.New(&hclog.LoggerOptions{Name: "raft", Output: logOut, Level: hclog.Warn}))
+	logs, _, err := raftlog.Open(dir, cfg.Raft.LogStore, hclog.New(&hclog.LoggerOptions{Name: "raft", Output: logOut, Level: hclog.Warn}))
 	if err != nil {
 		return nil, err
 	}
@@ -127,13 +128,13 @@ func Recover(cfg config.Config, servers []config.Peer, logOut io.Writer) (_ Reco
 	if err := checkOffline(cfg); err != nil {
 		return Recovered{}, err
 	}
-	l := Layout{Dir: cfg.DataDir}
+	l := raftlog.Layout{Dir: cfg.DataDir}
 	// Opening the stores would create empty ones; a wrong --data-dir should
 	// leave no trace.
 	if _, err := os.Stat(l.StatePath()); err != nil {
 		return Recovered{}, fmt.Errorf("nothing to recover in data_dir %s: %w (is --config or --data-dir right?)", cfg.DataDir, err)
 	}
-	if kind, err := ExistingLogStore(l.RaftDir()); err != nil {
+	if kind, err := raftlog.Existing(l.RaftDir()); err != nil {
 		return Recovered{}, fmt.Errorf("nothing to recover in data_dir %s: %w", cfg.DataDir, err)
 	} else if kind == "" {
 		return Recovered{}, fmt.Errorf("nothing to recover in data_dir %s: no raft log (is --config or --data-dir right?)", cfg.DataDir)
@@ -219,7 +220,7 @@ func Restore(cfg config.Config, file string, servers []config.Peer, force bool, 
 		return Restored{}, fmt.Errorf("restore: %w", err)
 	}
 	defer src.Close()
-	l := Layout{Dir: cfg.DataDir}
+	l := raftlog.Layout{Dir: cfg.DataDir}
 	moved, err := moveStateAside(l, force)
 	if err != nil {
 		return Restored{}, err
@@ -278,7 +279,7 @@ func Restore(cfg config.Config, file string, servers []config.Peer, force bool, 
 
 // moveStateAside moves state.db and raft/ into a fresh pre-restore-<time>
 // directory, if either exists. Without force, existing state is an error.
-func moveStateAside(l Layout, force bool) (string, error) {
+func moveStateAside(l raftlog.Layout, force bool) (string, error) {
 	var present []string
 	for _, p := range []string{l.StatePath(), l.RaftDir()} {
 		if _, err := os.Stat(p); err == nil {

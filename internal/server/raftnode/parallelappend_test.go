@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 // gatedStore holds the leader's StoreLogs of entries from index gate on
@@ -76,7 +77,7 @@ func TestLeaderAppendsInParallel(t *testing.T) {
 		conf.HeartbeatTimeout = 200 * time.Millisecond
 		conf.ElectionTimeout = 200 * time.Millisecond
 		conf.LeaderLeaseTimeout = 100 * time.Millisecond
-		logs := newLogCache(stores[i], logCacheEntries, logCacheBytes)
+		logs := raftlog.NewCache(stores[i])
 		r, err := raft.NewRaft(conf, nopFSM{}, logs, stores[i], raft.NewInmemSnapshotStore(), transports[i])
 		if err != nil {
 			t.Fatal(err)

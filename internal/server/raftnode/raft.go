@@ -11,6 +11,7 @@ import (
 
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/peer"
+	"github.com/policyd/policyd/internal/server/raftlog"
 )
 
 // peerHandshakeTimeout bounds TLS and the peer handshake of one connection.
@@ -114,7 +115,7 @@ func (n *Node) setupRaft() error {
 	fsm := raftfsm.New(n.store, n.logger.With("component", "fsm"))
 	fsm.SetStoreFault(n.storeFault)
 	n.fsm = fsm
-	logs := newLogCache(ls, logCacheEntries, logCacheBytes)
+	logs := raftlog.NewCache(ls)
 	r, err := raft.NewRaft(conf, fsm, logs, ls, snaps, tr)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)

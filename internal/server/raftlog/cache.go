@@ -1,4 +1,4 @@
-package raftnode
+package raftlog
 
 import (
 	"fmt"
@@ -9,29 +9,28 @@ import (
 
 // Bounds of the leader's in-memory copy of recent log entries.
 const (
-	// logCacheEntries: a replication batch (raft.max_append_entries, 512)
+	// cacheEntries: a replication batch (raft.max_append_entries, 512)
 	// fits.
-	logCacheEntries = 512
-	// logCacheBytes: 512 entries of 4 KB policies fit (about 2 MiB);
+	cacheEntries = 512
+	// cacheBytes: 512 entries of 4 KB policies fit (about 2 MiB);
 	// larger entries are cached fewer at a time. A policy may be up to
 	// 1 MiB (the request body limit), and hashicorp/raft's own LogCache,
 	// bounded in entries only, then held up to 512 MiB.
-	logCacheBytes = 8 << 20
+	cacheBytes = 8 << 20
 )
 
-// logCache keeps the most recent log entries in memory so that the leader
-// does not read back from disk every entry it has just appended in order to
-// send it to the followers (from raft.db that was a twentieth of the
-// leader's CPU under write load). It is hashicorp/raft's LogCache with a
-// bound in bytes as well as in entries: it holds a contiguous run of the
-// newest entries, at most logCacheEntries of them and at most
-// logCacheBytes of entry data, and anything else is read from the store.
-//
-// It is also the leader's raft.LogStager (third_party/raft): entries the
-// leader has sent to its followers but not yet written itself are served
-// from staged, outside the bounds, until StoreLogs returns. They are the
-// batch raft holds in memory anyway.
-type logCache struct {
+// Cache keeps the newest log entries in memory, bounded in entries and in
+// bytes, so that the leader does not read back from disk what it has just
+// appended; it is also the leader's raft.LogStager (third_party/raft).
+type Cache struct {
+	// Reading them back from raft.db was a twentieth of the leader's CPU
+	// under write load. It is hashicorp/raft's LogCache with a bound in
+	// bytes as well: a contiguous run of the newest entries, at most
+	// cacheEntries of them and cacheBytes of entry data; anything else is
+	// read from the store. Entries the leader has sent to its followers
+	// but not yet written itself are served from staged, outside the
+	// bounds, until StoreLogs returns: the batch raft holds in memory
+	// anyway.
 	store    raft.LogStore
 	maxCount int
 	maxBytes int
@@ -44,14 +43,17 @@ type logCache struct {
 	staged []*raft.Log
 }
 
-var _ raft.LogStager = (*logCache)(nil)
+var _ raft.LogStager = (*Cache)(nil)
 
-func newLogCache(store raft.LogStore, maxCount, maxBytes int) *logCache {
-	return &logCache{store: store, maxCount: maxCount, maxBytes: maxBytes}
+// NewCache caches the newest entries of store, within the bounds above.
+func NewCache(store raft.LogStore) *Cache { return newCache(store, cacheEntries, cacheBytes) }
+
+func newCache(store raft.LogStore, maxCount, maxBytes int) *Cache {
+	return &Cache{store: store, maxCount: maxCount, maxBytes: maxBytes}
 }
 
 // GetLog implements raft.LogStore.
-func (c *logCache) GetLog(idx uint64, log *raft.Log) error {
+func (c *Cache) GetLog(idx uint64, log *raft.Log) error {
 	c.mu.RLock()
 	l := lookup(c.staged, idx)
 	if l == nil {
@@ -76,21 +78,21 @@ func lookup(run []*raft.Log, idx uint64) *raft.Log {
 // StageLogs implements raft.LogStager: logs are readable from now until
 // StoreLogs has stored them. Raft stages one batch at a time, always the
 // batch it then stores.
-func (c *logCache) StageLogs(logs []*raft.Log) {
+func (c *Cache) StageLogs(logs []*raft.Log) {
 	c.mu.Lock()
 	c.staged = logs
 	c.mu.Unlock()
 }
 
 // StoreLog implements raft.LogStore.
-func (c *logCache) StoreLog(log *raft.Log) error {
+func (c *Cache) StoreLog(log *raft.Log) error {
 	return c.StoreLogs([]*raft.Log{log})
 }
 
 // StoreLogs implements raft.LogStore: the store first, then the cache, so
 // that the bounded run never holds an entry the store does not (only
 // staged, which StoreLogs clears, does).
-func (c *logCache) StoreLogs(logs []*raft.Log) error {
+func (c *Cache) StoreLogs(logs []*raft.Log) error {
 	if err := c.store.StoreLogs(logs); err != nil {
 		return fmt.Errorf("store logs: %w", err)
 	}
@@ -119,10 +121,10 @@ func (c *logCache) StoreLogs(logs []*raft.Log) error {
 	return nil
 }
 
-// entrySize is what an entry counts against logCacheBytes.
+// entrySize is what an entry counts against cacheBytes.
 func entrySize(l *raft.Log) int { return len(l.Data) + len(l.Extensions) }
 
-func (c *logCache) reset() {
+func (c *Cache) reset() {
 	clear(c.run)
 	c.run, c.bytes = c.run[:0], 0
 }
@@ -131,7 +133,7 @@ func (c *logCache) reset() {
 // snapshot and, on a follower, a conflicting suffix; either way the cache
 // starts over. (Staged entries are newer than any snapshot, and only a
 // leader stages, so neither deletion reaches them.)
-func (c *logCache) DeleteRange(lo, hi uint64) error {
+func (c *Cache) DeleteRange(lo, hi uint64) error {
 	c.mu.Lock()
 	c.reset()
 	c.mu.Unlock()
@@ -139,15 +141,15 @@ func (c *logCache) DeleteRange(lo, hi uint64) error {
 }
 
 // FirstIndex implements raft.LogStore.
-func (c *logCache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
+func (c *Cache) FirstIndex() (uint64, error) { return c.store.FirstIndex() }
 
 // LastIndex implements raft.LogStore.
-func (c *logCache) LastIndex() (uint64, error) { return c.store.LastIndex() }
+func (c *Cache) LastIndex() (uint64, error) { return c.store.LastIndex() }
 
 // IsMonotonic implements raft.MonotonicLogStore when the store does
 // (raft-wal), so that raft keeps treating the log as monotonic through the
 // cache.
-func (c *logCache) IsMonotonic() bool {
+func (c *Cache) IsMonotonic() bool {
 	m, ok := c.store.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
 }

@@ -1,4 +1,4 @@
-package raftnode
+package raftlog
 
 import "path/filepath"
 
@@ -12,14 +12,14 @@ func (l Layout) StatePath() string { return filepath.Join(l.Dir, "state.db") }
 // RaftDir holds the Raft log store and the snapshots.
 func (l Layout) RaftDir() string { return filepath.Join(l.Dir, "raft") }
 
-// NodeIDPath pins the node's Raft identity to the directory (nodeid.go).
+// NodeIDPath pins the node's Raft identity to the directory (raftnode's nodeid.go).
 func (l Layout) NodeIDPath() string { return filepath.Join(l.Dir, "node-id") }
 
-// ClusterIDPath keeps the cluster ID beside state.db (clusterid.go).
+// ClusterIDPath keeps the cluster ID beside state.db (raftnode's clusterid.go).
 func (l Layout) ClusterIDPath() string { return filepath.Join(l.Dir, "cluster-id") }
 
-// lockFiles are the bbolt files a running node holds locked: state.db and
+// LockFiles are the bbolt files a running node holds locked: state.db and
 // the log store's, for either kind of log.
-func (l Layout) lockFiles() []string {
-	return append([]string{l.StatePath()}, logStoreLockFiles(l.RaftDir())...)
+func (l Layout) LockFiles() []string {
+	return append([]string{l.StatePath()}, lockFiles(l.RaftDir())...)
 }

@@ -1,4 +1,4 @@
-package raftnode
+package raftlog
 
 import (
 	"bytes"
@@ -30,43 +30,43 @@ func TestLogCache(t *testing.T) {
 		}
 		return ls
 	}
-	store := func(ls []*raft.Log) func(*logCache) error { return func(c *logCache) error { return c.StoreLogs(ls) } }
-	del := func(lo, hi uint64) func(*logCache) error {
-		return func(c *logCache) error { return c.DeleteRange(lo, hi) }
+	store := func(ls []*raft.Log) func(*Cache) error { return func(c *Cache) error { return c.StoreLogs(ls) } }
+	del := func(lo, hi uint64) func(*Cache) error {
+		return func(c *Cache) error { return c.DeleteRange(lo, hi) }
 	}
 	tests := []struct {
 		name       string
 		maxCount   int
 		maxBytes   int
-		steps      []func(*logCache) error
+		steps      []func(*Cache) error
 		read       []uint64 // GetLog these, in order
 		fromStore  []uint64 // of which these reach the store
 		wantCached int
 	}{
 		{"newest entries by count", 4, 1 << 20,
-			[]func(*logCache) error{store(entries(1, 10, 100))},
+			[]func(*Cache) error{store(entries(1, 10, 100))},
 			[]uint64{10, 7, 6, 1}, []uint64{6, 1}, 4},
 		{"newest entries by bytes", 100, 3000,
-			[]func(*logCache) error{store(entries(1, 10, 1000))},
+			[]func(*Cache) error{store(entries(1, 10, 1000))},
 			[]uint64{10, 8, 7}, []uint64{7}, 3},
 		{"an entry larger than the budget is not cached, nor what came before it", 100, 3000,
-			[]func(*logCache) error{store(entries(1, 3, 100)), store([]*raft.Log{entry(4, 5000)})},
+			[]func(*Cache) error{store(entries(1, 3, 100)), store([]*raft.Log{entry(4, 5000)})},
 			[]uint64{4, 3}, []uint64{4, 3}, 0},
 		{"caching resumes after a large entry", 100, 3000,
-			[]func(*logCache) error{store([]*raft.Log{entry(1, 5000)}), store(entries(2, 3, 100))},
+			[]func(*Cache) error{store([]*raft.Log{entry(1, 5000)}), store(entries(2, 3, 100))},
 			[]uint64{3, 2, 1}, []uint64{1}, 2},
 		{"a rewritten suffix starts the run over", 100, 1 << 20,
-			[]func(*logCache) error{store(entries(1, 5, 100)), del(4, 5), store(entries(4, 6, 200))},
+			[]func(*Cache) error{store(entries(1, 5, 100)), del(4, 5), store(entries(4, 6, 200))},
 			[]uint64{6, 4, 3}, []uint64{3}, 3},
 		{"entries stored out of order are not mixed in", 100, 1 << 20,
 			// 7 and 8 come after a snapshot install.
-			[]func(*logCache) error{store(entries(1, 3, 100)), store(entries(7, 8, 100))},
+			[]func(*Cache) error{store(entries(1, 3, 100)), store(entries(7, 8, 100))},
 			[]uint64{8, 7, 3}, []uint64{3}, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			st := &countingStore{InmemStore: raft.NewInmemStore()}
-			c := newLogCache(st, tc.maxCount, tc.maxBytes)
+			c := newCache(st, tc.maxCount, tc.maxBytes)
 			for _, step := range tc.steps {
 				if err := step(c); err != nil {
 					t.Fatal(err)
@@ -117,7 +117,7 @@ func TestLogCacheStaged(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			st := &countingStore{InmemStore: raft.NewInmemStore()}
-			c := newLogCache(st, 100, 3000)
+			c := newCache(st, 100, 3000)
 			if err := c.StoreLogs(batch(1, 2, 100)); err != nil {
 				t.Fatal(err)
 			}

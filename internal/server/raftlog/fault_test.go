@@ -1,4 +1,4 @@
-package raftnode
+package raftlog
 
 import (
 	"encoding/binary"
@@ -23,7 +23,7 @@ import (
 // term, as a node leaves it.
 func writeLog(t *testing.T, raftDir, kind string) {
 	t.Helper()
-	ls, _, err := OpenLogStore(raftDir, kind, hclog.NewNullLogger())
+	ls, _, err := Open(raftDir, kind, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // TestOpenLogStoreRefusesDamage: a Raft log cut short, with its bbolt meta
 // pages overwritten, an entry that does not decode or is missing, or a term
-// that is not a number, is refused with ErrLogDamaged and an error naming
+// that is not a number, is refused with ErrDamaged and an error naming
 // the file, where bbolt faulted (SIGBUS) or raft panicked on reading it.
 func TestOpenLogStoreRefusesDamage(t *testing.T) {
 	tests := []struct {
@@ -99,24 +99,24 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 		damage     func(t *testing.T, raftDir string) // nil: intact
 		want       string
 	}{
-		{"intact", LogStoreBoltDB, nil, ""},
-		{"intact", LogStoreWAL, nil, ""},
-		{"truncated", LogStoreBoltDB, func(t *testing.T, d string) { truncateBelowHighMark(t, filepath.Join(d, boltLogFile)) }, "truncated"},
-		{"meta pages overwritten", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"intact", KindBoltDB, nil, ""},
+		{"intact", KindWAL, nil, ""},
+		{"truncated", KindBoltDB, func(t *testing.T, d string) { truncateBelowHighMark(t, filepath.Join(d, boltLogFile)) }, "truncated"},
+		{"meta pages overwritten", KindBoltDB, func(t *testing.T, d string) {
 			overwriteAt(t, filepath.Join(d, boltLogFile), 16, []byte("garbage"))
 			overwriteAt(t, filepath.Join(d, boltLogFile), 4096+16, []byte("garbage"))
 		}, "both meta pages are invalid"},
-		{"entry does not decode", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"entry does not decode", KindBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("logs")).Put(be64(25), []byte{0xc1, 0xff, 0x00})
 			})
 		}, "entry 25 of 1-50"},
-		{"entry missing", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"entry missing", KindBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("logs")).Delete(be64(30))
 			})
 		}, "entry 30 of 1-50"},
-		{"entries missing below the snapshot (a follower that installed one)", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"entries missing below the snapshot (a follower that installed one)", KindBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				for i := uint64(10); i <= 35; i++ {
 					if err := tx.Bucket([]byte("logs")).Delete(be64(i)); err != nil {
@@ -127,21 +127,21 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 			})
 			writeSnapshot(t, d, 35)
 		}, ""},
-		{"entry missing above the snapshot", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"entry missing above the snapshot", KindBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("logs")).Delete(be64(40))
 			})
 			writeSnapshot(t, d, 35)
 		}, "entry 40 of 1-50"},
-		{"term is not a number", LogStoreBoltDB, func(t *testing.T, d string) {
+		{"term is not a number", KindBoltDB, func(t *testing.T, d string) {
 			updateBolt(t, filepath.Join(d, boltLogFile), func(tx *bolt.Tx) error {
 				return tx.Bucket([]byte("conf")).Put(keyCurrentTerm, []byte{1})
 			})
 		}, "raft log damaged"},
-		{"meta db truncated", LogStoreWAL, func(t *testing.T, d string) {
+		{"meta db truncated", KindWAL, func(t *testing.T, d string) {
 			truncateBelowHighMark(t, filepath.Join(d, walDir, metadb.FileName))
 		}, "truncated"},
-		{"meta db pages overwritten", LogStoreWAL, func(t *testing.T, d string) {
+		{"meta db pages overwritten", KindWAL, func(t *testing.T, d string) {
 			overwriteAt(t, filepath.Join(d, walDir, metadb.FileName), 0, make([]byte, 3*4096))
 		}, "both meta pages are invalid"},
 		// A damaged tail segment reads back as a shorter log (raft-wal
@@ -155,10 +155,10 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 			if tc.damage != nil {
 				tc.damage(t, raftDir)
 			}
-			ls, _, err := OpenLogStore(raftDir, tc.kind, hclog.NewNullLogger())
+			ls, _, err := Open(raftDir, tc.kind, hclog.NewNullLogger())
 			if tc.want == "" {
 				if err != nil {
-					t.Fatalf("OpenLogStore on an intact log: %v", err)
+					t.Fatalf("Open on an intact log: %v", err)
 				}
 				if err := ls.Close(); err != nil {
 					t.Fatal(err)
@@ -167,11 +167,11 @@ func TestOpenLogStoreRefusesDamage(t *testing.T) {
 			}
 			if err == nil {
 				_ = ls.Close()
-				t.Fatal("OpenLogStore accepted a damaged log")
+				t.Fatal("Open accepted a damaged log")
 			}
-			path := logStorePath(raftDir, tc.kind)
-			if !errors.Is(err, ErrLogDamaged) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("OpenLogStore = %v, want ErrLogDamaged naming %s and saying %q", err, path, tc.want)
+			path := Path(raftDir, tc.kind)
+			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open = %v, want ErrDamaged naming %s and saying %q", err, path, tc.want)
 			}
 		})
 	}
@@ -197,39 +197,39 @@ func TestFaults(t *testing.T) {
 	tests := []struct {
 		name     string
 		err      error
-		write    func(ls LogStore) error
+		write    func(ls Store) error
 		path     string
 		recovery string
 	}{
 		{"append, disk full", &os.PathError{Op: "write", Path: "raft.db", Err: syscall.ENOSPC},
-			func(ls LogStore) error { return ls.StoreLogs([]*raft.Log{{Index: 1}}) }, "raft.db", "free space on the disk of /data"},
+			func(ls Store) error { return ls.StoreLogs([]*raft.Log{{Index: 1}}) }, "raft.db", "free space on the disk of /data"},
 		{"term, I/O error", syscall.EIO,
-			func(ls LogStore) error { return ls.SetUint64(keyCurrentTerm, 2) }, "raft.db", "check the disk of /data"},
+			func(ls Store) error { return ls.SetUint64(keyCurrentTerm, 2) }, "raft.db", "check the disk of /data"},
 		{"truncation, disk full", syscall.ENOSPC,
-			func(ls LogStore) error { return ls.DeleteRange(1, 2) }, "raft.db", "free space"},
+			func(ls Store) error { return ls.DeleteRange(1, 2) }, "raft.db", "free space"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFaults("/data")
+			f := NewFaults("/data")
 			park := make(chan struct{})
 			f.park = park
-			ls := watchLogStore(failingLog{raft.NewInmemStore(), tc.err}, "/data/raft", LogStoreBoltDB, f)
+			ls := watch(failingLog{raft.NewInmemStore(), tc.err}, "/data/raft", KindBoltDB, f)
 			var de *DataError
 			if err := tc.write(ls); !errors.As(err, &de) || !de.Write || !strings.HasSuffix(de.Path, tc.path) ||
 				!errors.Is(err, tc.err) || !strings.Contains(de.Recovery, tc.recovery) {
 				t.Fatalf("unarmed write = %v, want a DataError for %s wrapping %v, recovery %q", err, tc.path, tc.err, tc.recovery)
 			}
-			f.arm() // a failure before arming that did not stop New ends the node now
+			f.Arm() // a failure before arming that did not stop New ends the node now
 			select {
 			case <-f.done:
 			default:
 				t.Fatal("arm after a failed write did not signal it")
 			}
 
-			f = newFaults("/data")
+			f = NewFaults("/data")
 			f.park = park
-			ls = watchLogStore(failingLog{raft.NewInmemStore(), tc.err}, "/data/raft", LogStoreBoltDB, f)
-			f.arm()
+			ls = watch(failingLog{raft.NewInmemStore(), tc.err}, "/data/raft", KindBoltDB, f)
+			f.Arm()
 			returned := make(chan error, 1)
 			go func() { returned <- tc.write(ls) }()
 			select {
@@ -237,7 +237,7 @@ func TestFaults(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("Faulted not closed after a failed write")
 			}
-			if !f.parked() {
+			if !f.Parked() {
 				t.Error("parked = false after an armed failure")
 			}
 			select {
@@ -245,7 +245,7 @@ func TestFaults(t *testing.T) {
 				t.Fatalf("the failed write returned (%v): raft would go on", err)
 			default:
 			}
-			if err := f.fault(); err == nil || !strings.Contains(err.Error(), tc.path) || !strings.Contains(err.Error(), "to recover: ") {
+			if err := f.Fault(); err == nil || !strings.Contains(err.Error(), tc.path) || !strings.Contains(err.Error(), "to recover: ") {
 				t.Errorf("Fault = %v, want one naming %s and the recovery", err, tc.path)
 			}
 			close(park) // tests only: let the goroutine end
@@ -260,12 +260,12 @@ func TestFaults(t *testing.T) {
 // the wrapper, or raft would keep a gap after a snapshot restore.
 func TestWatchedLogStoreKeepsMonotonic(t *testing.T) {
 	dir := t.TempDir()
-	ls, _, err := OpenLogStore(dir, LogStoreWAL, hclog.NewNullLogger())
+	ls, _, err := Open(dir, KindWAL, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ls.Close()
-	w := watchLogStore(ls, dir, LogStoreWAL, newFaults(dir))
+	w := watch(ls, dir, KindWAL, NewFaults(dir))
 	if m, ok := any(w).(raft.MonotonicLogStore); !ok || !m.IsMonotonic() {
 		t.Fatal("the wrapped WAL is not monotonic")
 	}

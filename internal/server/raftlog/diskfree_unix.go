@@ -1,6 +1,6 @@
 //go:build unix
 
-package raftnode
+package raftlog
 
 import "syscall"
 

@@ -1,4 +1,4 @@
-package raftnode
+package raftlog
 
 import (
 	"errors"
@@ -23,16 +23,16 @@ import (
 
 // Raft log store kinds (config raft.log_store).
 const (
-	// LogStoreBoltDB is hashicorp/raft-boltdb: one bbolt file, raft/raft.db.
+	// KindBoltDB is hashicorp/raft-boltdb: one bbolt file, raft/raft.db.
 	// Each append is a bbolt commit: two fsyncs.
-	LogStoreBoltDB = "boltdb"
-	// LogStoreWAL is hashicorp/raft-wal: segment files in raft/wal/. Each
+	KindBoltDB = "boltdb"
+	// KindWAL is hashicorp/raft-wal: segment files in raft/wal/. Each
 	// append is one write and one fsync, and truncation after a snapshot
 	// deletes whole segments instead of freeing B-tree pages. The default
 	// for new data directories, as in Consul since 1.20
 	// (hashicorp/consul#21992). Term and vote go to its bbolt meta
 	// database, raft/wal/wal-meta.db.
-	LogStoreWAL = "wal"
+	KindWAL = "wal"
 )
 
 const (
@@ -40,20 +40,20 @@ const (
 	walDir      = "wal"
 )
 
-// LogStore is the Raft log and stable store of one node.
-type LogStore interface {
+// Store is the Raft log and stable store of one node.
+type Store interface {
 	raft.LogStore
 	raft.StableStore
 	io.Closer
 }
 
-// ExistingLogStore reports which kind of log raftDir holds, or "" if none.
-// A node keeps the kind it was created with whatever raft.log_store says
+// Existing reports which kind of log raftDir holds, or "" if none. A node
+// keeps the kind it was created with whatever raft.log_store says
 // later: there is no conversion between them.
-func ExistingLogStore(raftDir string) (string, error) {
+func Existing(raftDir string) (string, error) {
 	for _, c := range []struct{ kind, path string }{
-		{LogStoreBoltDB, filepath.Join(raftDir, boltLogFile)},
-		{LogStoreWAL, filepath.Join(raftDir, walDir)},
+		{KindBoltDB, filepath.Join(raftDir, boltLogFile)},
+		{KindWAL, filepath.Join(raftDir, walDir)},
 	} {
 		if _, err := os.Stat(c.path); err == nil {
 			return c.kind, nil
@@ -64,22 +64,23 @@ func ExistingLogStore(raftDir string) (string, error) {
 	return "", nil
 }
 
-// ErrLogDamaged is returned by OpenLogStore when the log on disk cannot be
-// read back whole.
-var ErrLogDamaged = errors.New("raft log damaged")
+// ErrDamaged is returned by Open when the log on disk cannot be read back
+// whole.
+var ErrDamaged = errors.New("raft log damaged")
 
-// OpenLogStore opens the log in raftDir: the kind already there, else kind.
-// It returns the kind it opened. Before opening, it checks the bbolt file
-// (raft.db, or raft-wal's wal-meta.db) with internal/store/boltcheck, since bbolt
-// would fault or panic on a damaged one; after, it reads every entry and
-// Raft's term and vote back, since hashicorp/raft panics on an entry it
-// cannot read. A log that fails either is refused with ErrLogDamaged and an
-// error naming the file. Entries at or below the latest snapshot may be
-// missing: a follower that installs a snapshot keeps the older entries it
-// had, so its log can skip from those to the snapshot's index, and raft
-// never reads them again.
-func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, error) {
-	ls, kind, err := openLogStore(raftDir, kind, logger)
+// Open opens the log in raftDir, the kind already there or else kind, and
+// returns the kind it opened; a log it cannot read back whole is refused
+// with ErrDamaged and an error naming the file.
+func Open(raftDir, kind string, logger hclog.Logger) (Store, string, error) {
+	// Before opening, it checks the bbolt file (raft.db, or raft-wal's
+	// wal-meta.db) with internal/store/boltcheck, since bbolt would fault or
+	// panic on a damaged one; after, it reads every entry and Raft's term
+	// and vote back, since hashicorp/raft panics on an entry it cannot read.
+	// Entries at or below the latest snapshot may be missing: a follower
+	// that installs a snapshot keeps the older entries it had, so its log
+	// can skip from those to the snapshot's index, and raft never reads them
+	// again.
+	ls, kind, err := openStore(raftDir, kind, logger)
 	if err != nil {
 		return nil, "", err
 	}
@@ -90,14 +91,14 @@ func OpenLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 	}
 	if err := verifyLog(ls, snap); err != nil {
 		_ = ls.Close()
-		return nil, "", fmt.Errorf("raft log %s: %w", logStorePath(raftDir, kind), err)
+		return nil, "", fmt.Errorf("raft log %s: %w", Path(raftDir, kind), err)
 	}
 	return ls, kind, nil
 }
 
-// logStorePath is the file (boltdb) or directory (wal) of a log store.
-func logStorePath(raftDir, kind string) string {
-	if kind == LogStoreWAL {
+// Path is the file (boltdb) or directory (wal) of a log store.
+func Path(raftDir, kind string) string {
+	if kind == KindWAL {
 		return filepath.Join(raftDir, walDir)
 	}
 	return filepath.Join(raftDir, boltLogFile)
@@ -106,18 +107,18 @@ func logStorePath(raftDir, kind string) string {
 // checkBolt refuses a bbolt file that is not whole (internal/store/boltcheck).
 func checkBolt(path string) error {
 	if err := boltcheck.Check(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("open raft log %q: %w: %w", path, ErrLogDamaged, err)
+		return fmt.Errorf("open raft log %q: %w: %w", path, ErrDamaged, err)
 	}
 	return nil
 }
 
 // guardOpen runs open, turning a panic or memory fault in this goroutine
-// (bbolt on a file checkBolt missed) into ErrLogDamaged.
+// (bbolt on a file checkBolt missed) into ErrDamaged.
 func guardOpen[T any](path string, open func() (T, error)) (_ T, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("open raft log %q: %w: %v", path, ErrLogDamaged, r)
+			err = fmt.Errorf("open raft log %q: %w: %v", path, ErrDamaged, r)
 		}
 	}()
 	return open()
@@ -130,8 +131,6 @@ var (
 	keyLastVoteCand = []byte("LastVoteCand")
 )
 
-// verifyLog reads back Raft's term and vote and every entry in the log, in
-// order, the way Raft reads them when it starts and replays.
 // latestSnapshot is the index of the newest snapshot in raftDir, 0 if none.
 func latestSnapshot(raftDir string, logger hclog.Logger) (uint64, error) {
 	if _, err := os.Stat(filepath.Join(raftDir, "snapshots")); errors.Is(err, fs.ErrNotExist) {
@@ -151,35 +150,36 @@ func latestSnapshot(raftDir string, logger hclog.Logger) (uint64, error) {
 	return metas[0].Index, nil
 }
 
-// verifyLog reads back the stable store's keys and every entry of the log;
-// an entry at or below snapshot may be missing.
-func verifyLog(ls LogStore, snapshot uint64) (err error) {
+// verifyLog reads back Raft's term and vote and every entry in the log, in
+// order, the way Raft reads them when it starts and replays; an entry at or
+// below snapshot may be missing.
+func verifyLog(ls Store, snapshot uint64) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v", ErrLogDamaged, r)
+			err = fmt.Errorf("%w: %v", ErrDamaged, r)
 		}
 	}()
 	for _, k := range [][]byte{keyCurrentTerm, keyLastVoteTerm} {
 		if _, err := ls.GetUint64(k); err != nil && !isNotFound(err) {
-			return fmt.Errorf("%w: read %s: %w", ErrLogDamaged, k, err)
+			return fmt.Errorf("%w: read %s: %w", ErrDamaged, k, err)
 		}
 	}
 	if _, err := ls.Get(keyLastVoteCand); err != nil && !isNotFound(err) {
-		return fmt.Errorf("%w: read %s: %w", ErrLogDamaged, keyLastVoteCand, err)
+		return fmt.Errorf("%w: read %s: %w", ErrDamaged, keyLastVoteCand, err)
 	}
 	first, err := ls.FirstIndex()
 	if err != nil {
-		return fmt.Errorf("%w: first index: %w", ErrLogDamaged, err)
+		return fmt.Errorf("%w: first index: %w", ErrDamaged, err)
 	}
 	last, err := ls.LastIndex()
 	if err != nil {
-		return fmt.Errorf("%w: last index: %w", ErrLogDamaged, err)
+		return fmt.Errorf("%w: last index: %w", ErrDamaged, err)
 	}
 	if first == 0 && last == 0 {
 		return nil
 	}
 	if first == 0 || first > last {
-		return fmt.Errorf("%w: the log runs from index %d to %d", ErrLogDamaged, first, last)
+		return fmt.Errorf("%w: the log runs from index %d to %d", ErrDamaged, first, last)
 	}
 	var l raft.Log
 	for i := first; i <= last; i++ {
@@ -188,10 +188,10 @@ func verifyLog(ls LogStore, snapshot uint64) (err error) {
 				i = snapshot // the rest up to the snapshot may be gone too
 				continue
 			}
-			return fmt.Errorf("%w: entry %d of %d-%d: %w", ErrLogDamaged, i, first, last, err)
+			return fmt.Errorf("%w: entry %d of %d-%d: %w", ErrDamaged, i, first, last, err)
 		}
 		if l.Index != i {
-			return fmt.Errorf("%w: entry %d of %d-%d holds index %d", ErrLogDamaged, i, first, last, l.Index)
+			return fmt.Errorf("%w: entry %d of %d-%d holds index %d", ErrDamaged, i, first, last, l.Index)
 		}
 	}
 	return nil
@@ -201,8 +201,8 @@ func verifyLog(ls LogStore, snapshot uint64) (err error) {
 // voted); raft-wal returns no error for one.
 func isNotFound(err error) bool { return errors.Is(err, raftboltdb.ErrKeyNotFound) }
 
-func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, error) {
-	existing, err := ExistingLogStore(raftDir)
+func openStore(raftDir, kind string, logger hclog.Logger) (Store, string, error) {
+	existing, err := Existing(raftDir)
 	if err != nil {
 		return nil, "", err
 	}
@@ -212,7 +212,7 @@ func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 		kind = existing
 	}
 	switch kind {
-	case LogStoreWAL:
+	case KindWAL:
 		dir := filepath.Join(raftDir, walDir)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, "", fmt.Errorf("create raft wal dir %q: %w", dir, err)
@@ -227,12 +227,12 @@ func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 		if err != nil {
 			_ = meta.Close()
 			if errors.Is(err, wal.ErrCorrupt) {
-				err = fmt.Errorf("%w: %w", ErrLogDamaged, err)
+				err = fmt.Errorf("%w: %w", ErrDamaged, err)
 			}
 			return nil, "", fmt.Errorf("open raft wal %q: %w", dir, err)
 		}
 		return &walStore{WAL: w, meta: meta}, kind, nil
-	case LogStoreBoltDB:
+	case KindBoltDB:
 		path := filepath.Join(raftDir, boltLogFile)
 		// The free list is not written on each commit but rebuilt by
 		// scanning the file on open (what etcd does for its backend): every
@@ -251,19 +251,19 @@ func openLogStore(raftDir, kind string, logger hclog.Logger) (LogStore, string, 
 		})
 		if err != nil {
 			if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
-				err = fmt.Errorf("%w: %w", ErrLogDamaged, err)
+				err = fmt.Errorf("%w: %w", ErrDamaged, err)
 			}
 			return nil, "", fmt.Errorf("open raft log %q: %w", path, err)
 		}
 		return ls, kind, nil
 	}
-	return nil, "", fmt.Errorf("raft.log_store %q: want %s or %s", kind, LogStoreBoltDB, LogStoreWAL)
+	return nil, "", fmt.Errorf("raft.log_store %q: want %s or %s", kind, KindBoltDB, KindWAL)
 }
 
-// logStoreLockFiles are the bbolt files in raftDir that a running node holds
+// lockFiles are the bbolt files in raftDir that a running node holds
 // locked, for either kind of log; the offline commands check them to refuse
 // a node that is running.
-func logStoreLockFiles(raftDir string) []string {
+func lockFiles(raftDir string) []string {
 	return []string{filepath.Join(raftDir, boltLogFile), filepath.Join(raftDir, walDir, metadb.FileName)}
 }
 
