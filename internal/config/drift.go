@@ -3,7 +3,7 @@ package config
 import (
 	"strings"
 
-	"github.com/policyd/policyd/internal/admission/initrule"
+	"github.com/policyd/policyd/internal/drift/admission/initrule"
 )
 
 // Drift configures the drift-detection admission webhook (every node).
@@ -21,7 +21,7 @@ type Drift struct {
 	Callbacks []string `mapstructure:"callbacks"`
 	// Initialization holds per-kind initialization rules for parents, each
 	// "group/Kind=Signal+Signal" or "group/Kind=default" (package
-	// internal/admission/initrule); rules of one kind are alternatives and replace
+	// internal/drift/admission/initrule); rules of one kind are alternatives and replace
 	// its built-in rule.
 	Initialization []string `mapstructure:"initialization"`
 }

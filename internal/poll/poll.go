@@ -77,6 +77,30 @@ func until(ctx context.Context, o options, cond func() error) error {
 	}
 }
 
+// Throughout polls cond for the whole of d, at the interval Every sets
+// (default 50 ms), and fails t the first time it returns an error: the
+// check that something does not happen within a window.
+func Throughout(t testing.TB, what string, d time.Duration, cond func() error, opts ...Option) {
+	t.Helper()
+	o := options{every: 50 * time.Millisecond}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	end := time.Now().Add(d)
+	for {
+		if err := cond(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+			return
+		}
+		left := time.Until(end)
+		if left <= 0 {
+			return
+		}
+		timer := time.NewTimer(min(o.every, left))
+		<-timer.C
+	}
+}
+
 // errNotYet is what Holds reports while its condition is false.
 var errNotYet = errors.New("the condition does not hold yet")
 

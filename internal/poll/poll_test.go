@@ -69,3 +69,36 @@ func TestUntil(t *testing.T) {
 		t.Fatalf("Until of a holding cond = %v", err)
 	}
 }
+
+func TestThroughout(t *testing.T) {
+	tests := []struct {
+		name     string
+		failAt   int // the call that returns an error; 0 for none
+		wantFail bool
+	}{
+		{"holds the whole window", 0, false},
+		{"fails on the third look", 3, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &recorder{TB: t}
+			calls := 0
+			Throughout(r, "quiet", 30*time.Millisecond, func() error {
+				calls++
+				if calls == tc.failAt {
+					return errors.New("it happened")
+				}
+				return nil
+			}, Every(5*time.Millisecond))
+			if got := r.failed != ""; got != tc.wantFail {
+				t.Fatalf("failed = %q, want failure %v", r.failed, tc.wantFail)
+			}
+			if tc.wantFail && (calls != tc.failAt || !strings.HasPrefix(r.failed, "quiet: it happened")) {
+				t.Fatalf("failure %q after %d calls", r.failed, calls)
+			}
+			if !tc.wantFail && calls < 3 {
+				t.Fatalf("cond called %d times over the window, want at least 3", calls)
+			}
+		})
+	}
+}

@@ -15,8 +15,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/store"

@@ -39,15 +39,14 @@ func TestLeaderProbeFailover(t *testing.T) {
 			if !probe {
 				// Long enough for the probe (lease 150 ms, then a dial)
 				// to have made a survivor campaign several times over.
-				deadline := time.Now().Add(3 * time.Second)
-				for time.Now().Before(deadline) {
+				poll.Throughout(t, "no survivor leads with the probe off", 3*time.Second, func() error {
 					for _, n := range c.running() {
 						if n.IsLeader() {
-							t.Fatalf("%s became leader within 3 s with the probe off and %v timeouts", n.ID(), slow)
+							return fmt.Errorf("%s became leader within 3 s with the probe off and %v timeouts", n.ID(), slow)
 						}
 					}
-					time.Sleep(50 * time.Millisecond) // poll interval
-				}
+					return nil
+				})
 				return
 			}
 			leader := c.leader()

@@ -47,7 +47,7 @@ func (n *Node) registerMetrics() {
 			Namespace: "policyd", Name: "raft_entries_skipped_total",
 			Help: "Log entries of a command type this node does not know, marked ignorable, that it skipped (a newer node's commands during a rolling upgrade).",
 		}, func() float64 { return float64(n.consensus.SkippedEntries()) }),
-		&proxyStates{clients: func() []*clusterv1.ClientInfo { return append(n.discovery.Clients(), n.feed.Clients()...) }},
+		&proxyStates{clients: n.localClients},
 		&driftReports{store: n.store},
 	)
 }

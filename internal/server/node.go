@@ -42,6 +42,7 @@ import (
 	"github.com/policyd/policyd/internal/server/limits"
 	"github.com/policyd/policyd/internal/server/peer"
 	"github.com/policyd/policyd/internal/server/policyset"
+	"github.com/policyd/policyd/internal/server/proxystatus"
 	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/server/shadow"
@@ -60,7 +61,7 @@ type Node struct {
 	reg    *prometheus.Registry
 
 	// consensus owns Raft, the data directory and the peer API; its
-	// methods (Propose, Join, Clients, …) are the node's own. store is its
+	// methods (Propose, Join, Status, …) are the node's own. store is its
 	// local replica.
 	*consensus
 	store     *store.Store
@@ -201,8 +202,8 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		Addrs: func() (string, string) {
 			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
 		},
-		LocalClients: func() []*clusterv1.ClientInfo { return append(n.discovery.Clients(), n.feed.Clients()...) },
-		LocalShadow:  n.localShadow,
+		LocalClients: proxystatus.Local{NodeID: id, Clients: n.localClients}.LocalClients,
+		LocalShadow:  n.shadow.LocalShadow,
 		DropSidecars: func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
 		ServerOptions: []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxGRPCMessage),
@@ -502,6 +503,18 @@ func (n *Node) Status(ctx context.Context) (*adminapi.ClusterStatus, error) {
 		})
 	}
 	return st, nil
+}
+
+// Clients lists the sidecars connected to every member of the cluster, this
+// node's first (proxystatus.Clients).
+func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
+	return proxystatus.Clients(ctx, n.consensus, n.localClients())
+}
+
+// localClients lists the sidecars connected to this node, on both
+// transports.
+func (n *Node) localClients() []*clusterv1.ClientInfo {
+	return append(n.discovery.Clients(), n.feed.Clients()...)
 }
 
 var _ adminapi.Backend = (*Node)(nil)

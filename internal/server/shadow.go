@@ -1,15 +1,13 @@
 package server
 
-import clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+import (
+	"context"
 
-// localShadow is this node's shadow-policy counts of the named policies.
-func (n *Node) localShadow(names []string) []*clusterv1.ShadowScopeCount {
-	var out []*clusterv1.ShadowScopeCount
-	for _, name := range names {
-		for _, sc := range n.shadow.Local(name) {
-			out = append(out, &clusterv1.ShadowScopeCount{Policy: name, Scope: sc.Scope,
-				WouldBlock: sc.WouldBlock, WouldAllow: sc.WouldAllow, Evaluated: sc.Evaluated})
-		}
-	}
-	return out
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+)
+
+// ShadowCounts gathers the shadow-policy counts of the named policies from
+// every member of the cluster (shadow.Aggregator.ClusterCounts).
+func (n *Node) ShadowCounts(ctx context.Context, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
+	return n.shadow.ClusterCounts(ctx, n.consensus, names)
 }

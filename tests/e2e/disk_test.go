@@ -94,18 +94,14 @@ func waitEnd(t *testing.T, d *daemon, base string, timeout time.Duration) refusa
 	t.Helper()
 	var r refusal
 	hc := &http.Client{Timeout: 100 * time.Millisecond}
-	deadline := time.After(timeout)
-	for {
+	poll.Eventually(t, "the node to exit", func() error {
 		select {
 		case err := <-d.done:
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
 				r.code = ee.ExitCode()
 			}
-			r.out = d.logs.String()
-			return r
-		case <-deadline:
-			t.Fatalf("the node did not exit within %v:\n%s", timeout, d.logs)
+			return nil
 		default:
 		}
 		if base != "" {
@@ -114,8 +110,10 @@ func waitEnd(t *testing.T, d *daemon, base string, timeout time.Duration) refusa
 				r.served = true
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // probe interval
-	}
+		return fmt.Errorf("still running:\n%s", d.logs)
+	}, poll.Within(timeout), poll.Every(20*time.Millisecond))
+	r.out = d.logs.String()
+	return r
 }
 
 // checkLastLine requires that the process ended with exit code 1 and one

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/policyd/policyd/internal/admission"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/kubetest"
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/servertest"

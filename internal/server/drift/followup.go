@@ -23,8 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/backoff"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/store"
 )
 

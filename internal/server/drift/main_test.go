@@ -29,8 +29,8 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/kubetest"
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server"

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/policyd/policyd/internal/admission"
+	"github.com/policyd/policyd/internal/drift/admission"
 )
 
 // ErrClosed is returned by Objects after Close.

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/policyd/policyd/internal/admission"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/servertest"

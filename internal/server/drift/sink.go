@@ -15,8 +15,8 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
-	"github.com/policyd/policyd/internal/admission"
 	"github.com/policyd/policyd/internal/backoff"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/store"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
-	"github.com/policyd/policyd/internal/admission"
+	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/servertest"

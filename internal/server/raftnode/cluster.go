@@ -339,19 +339,16 @@ func lastContact(r *raft.Raft) string {
 	return time.Since(t).Round(time.Millisecond).String()
 }
 
-func (s *clusterService) LocalClients(context.Context, *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error) {
-	return &clusterv1.LocalClientsResponse{NodeId: s.n.id, Clients: s.n.localClients()}, nil
+// LocalClients is the proxystatus view's (Deps.LocalClients).
+func (s *clusterService) LocalClients(ctx context.Context, req *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error) {
+	if s.n.deps.LocalClients == nil {
+		return &clusterv1.LocalClientsResponse{NodeId: s.n.id}, nil
+	}
+	return s.n.deps.LocalClients(ctx, req)
 }
 
 // peerQueryTimeout bounds how long a cluster-wide view waits for one member.
 const peerQueryTimeout = 2 * time.Second
-
-func (n *Node) localClients() []*clusterv1.ClientInfo {
-	if n.deps.LocalClients == nil {
-		return nil
-	}
-	return n.deps.LocalClients()
-}
 
 // newPeerServer is the node-to-node API's gRPC server, on the peer plane
 // only (docs/security.md).
@@ -361,33 +358,19 @@ func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Se
 	return srv
 }
 
-// Clients lists the sidecars connected to every voter and non-voter in the
-// Raft configuration, asking the others in parallel over the internal API.
-// A member that does not answer in time is listed in unreachable rather than
-// failing the whole view.
-func (n *Node) Clients(ctx context.Context) ([]*clusterv1.ClientInfo, []string, error) {
-	return askMembers(ctx, n, "list its clients", n.localClients(),
-		func(ctx context.Context, c clusterv1.ClusterClient) ([]*clusterv1.ClientInfo, error) {
-			resp, err := c.LocalClients(ctx, &clusterv1.LocalClientsRequest{})
-			return resp.GetClients(), err
-		})
-}
-
-// askMembers gathers a cluster-wide view: local, this node's part, and what
-// ask gets from every other member of the Raft configuration, asked in
-// parallel, each within peerQueryTimeout. A member that fails (what names
-// the question in the log) is listed in unreachable, sorted.
-func askMembers[T any](ctx context.Context, n *Node, what string, local []T,
-	ask func(ctx context.Context, c clusterv1.ClusterClient) ([]T, error),
-) ([]T, []string, error) {
+// AskMembers asks every other member of the Raft configuration over the
+// peer API, for a cluster-wide view: ask runs once per member, in parallel
+// and each within peerQueryTimeout, and AskMembers returns once every call
+// has. The members whose call failed (what names the question in the log)
+// come back sorted.
+func (n *Node) AskMembers(ctx context.Context, what string, ask func(ctx context.Context, c clusterv1.ClusterClient) error) ([]string, error) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, nil, fmt.Errorf("read configuration: %w", err)
+		return nil, fmt.Errorf("read configuration: %w", err)
 	}
 	type answer struct {
-		id   string
-		part []T
-		err  error
+		id  string
+		err error
 	}
 	var asks []string
 	addrs := map[string]string{}
@@ -407,21 +390,16 @@ func askMembers[T any](ctx context.Context, n *Node, what string, local []T,
 				answers <- answer{id: id, err: err}
 				return
 			}
-			part, err := ask(ctx, c)
-			answers <- answer{id: id, part: part, err: err}
+			answers <- answer{id: id, err: ask(ctx, c)}
 		}()
 	}
-	all := local
 	var unreachable []string
 	for range asks {
-		a := <-answers
-		if a.err != nil {
+		if a := <-answers; a.err != nil {
 			n.logger.Debug("member did not "+what, "member", a.id, "err", a.err)
 			unreachable = append(unreachable, a.id)
-			continue
 		}
-		all = append(all, a.part...)
 	}
 	slices.Sort(unreachable)
-	return all, unreachable, nil
+	return unreachable, nil
 }

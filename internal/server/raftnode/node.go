@@ -57,11 +57,11 @@ type Deps struct {
 	Conns *limits.Conns
 	// Addrs are the HTTP and gRPC addresses this node registers for others.
 	Addrs func() (http, grpc string)
-	// LocalClients lists the sidecars connected to this node.
-	LocalClients func() []*clusterv1.ClientInfo
-	// LocalShadow is this node's shadow-policy counts of the named
-	// policies, per policy and scope.
-	LocalShadow func(policies []string) []*clusterv1.ShadowScopeCount
+	// LocalClients and LocalShadow answer the peer API's application
+	// RPCs, a member asking for this node's part of a cluster-wide view;
+	// the packages that own the views implement them (proxystatus, shadow).
+	LocalClients func(context.Context, *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error)
+	LocalShadow  func(context.Context, *clusterv1.LocalShadowRequest) (*clusterv1.LocalShadowResponse, error)
 	// DropSidecars closes every sidecar stream with reason, once this node
 	// is removed from the cluster or finds its data dir belongs to another
 	// cluster, and says how many it closed.
@@ -84,7 +84,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *raftfsm.FSM
 	logStore  raftlog.Store
-	faults    *raftlog.Faults // failed writes to the data directory (diskfault.go)
+	faults    *raftlog.Faults // failed writes to the data directory (raftlog.Faults)
 	transport *raft.NetworkTransport
 	validator *policy.Validator
 
@@ -247,7 +247,7 @@ func (n *Node) Stop() {
 // closed (Faulted).
 func (n *Node) Close() error {
 	if n.faults.Parked() {
-		// Raft waits on a failed write that never returns (diskfault.go):
+		// Raft waits on a failed write that never returns (raftlog.Faults):
 		// it cannot shut down, and the process exits instead.
 		return n.Fault()
 	}

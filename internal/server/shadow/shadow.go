@@ -97,6 +97,7 @@ type key struct{ policy, scope string }
 
 // Aggregator is the node's aggregate. Safe for concurrent use.
 type Aggregator struct {
+	nodeID string
 	cfg    Config
 	logger *slog.Logger
 	now    func() time.Time
@@ -118,7 +119,7 @@ func New(cfg Config, logger *slog.Logger, nodeID string, reg prometheus.Register
 	}
 	labels := prometheus.Labels{"node": nodeID}
 	a := &Aggregator{
-		cfg: cfg, logger: logger, now: time.Now,
+		nodeID: nodeID, cfg: cfg, logger: logger, now: time.Now,
 		counts: map[key]*ScopeCount{},
 		last:   map[string]time.Time{},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/policyd/policyd/internal/admission/initrule"
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/drift/admission/initrule"
 )
 
 // The EffectKinds that report a drift; the others are in api.go.

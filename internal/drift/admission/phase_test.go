@@ -7,8 +7,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/policyd/policyd/internal/admission/initrule"
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/drift/admission/initrule"
 )
 
 // TestPhase covers the default initialization detection order, the high

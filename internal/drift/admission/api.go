@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/policyd/policyd/internal/admission/initrule"
+	"github.com/policyd/policyd/internal/drift/admission/initrule"
 )
 
 // Path is where every node serves the webhook on drift.addr.

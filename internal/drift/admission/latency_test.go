@@ -89,7 +89,7 @@ func latencyBodies(t testing.TB) [][]byte {
 // (as with warm informers). It logs p50/p99 and asserts only correctness;
 // speed is reported, not asserted.
 //
-//	go test ./internal/admission -run TestHandlerLatency -v -count=1
+//	go test ./internal/drift/admission -run TestHandlerLatency -v -count=1
 func TestHandlerLatency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("latency measurement")
@@ -122,7 +122,7 @@ func TestHandlerLatency(t *testing.T) {
 
 // BenchmarkHandler is the same path as TestHandlerLatency, per review.
 //
-//	go test ./internal/admission -run '^$' -bench BenchmarkHandler -benchmem
+//	go test ./internal/drift/admission -run '^$' -bench BenchmarkHandler -benchmem
 func BenchmarkHandler(b *testing.B) {
 	deploy, _ := realisticPair(b)
 	h := NewHandler(logMode(), nil, newFakeObjects(deploy), discardSink{}, nil)

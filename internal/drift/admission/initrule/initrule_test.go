@@ -63,7 +63,7 @@ func TestParse(t *testing.T) {
 
 // TestExampleRules parses the rules config.example.yaml shows.
 func TestExampleRules(t *testing.T) {
-	data, err := os.ReadFile("../../../config.example.yaml")
+	data, err := os.ReadFile("../../../../config.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestExampleRules(t *testing.T) {
 // FuzzParse: any text parses to a rule that names a kind or to an error,
 // never a panic, and default never comes with other signals.
 //
-//	go test ./internal/admission/initrule -run '^$' -fuzz FuzzParse -fuzztime 1m
+//	go test ./internal/drift/admission/initrule -run '^$' -fuzz FuzzParse -fuzztime 1m
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"apps/Deployment=default", "apps/Deployment=Available+observedGeneration", "/Pod=Ready",

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// Longer runs: go test ./internal/admission -run '^$' -fuzz FuzzHandler -fuzztime 5m
+// Longer runs: go test ./internal/drift/admission -run '^$' -fuzz FuzzHandler -fuzztime 5m
 // (likewise FuzzAnnotationParsers, FuzzDecideObjects).
 
 // FuzzHandler feeds arbitrary bodies to the handler: the answer is an HTTP
