@@ -23,8 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/config"
+	"github.com/policyd/policyd/internal/drift/admission"
 )
 
 // convert converts a manifest to its API type; an unknown field fails.

@@ -63,7 +63,7 @@ func closeNode(t testing.TB, n *Node) {
 }
 
 // inConfiguration reports whether id is in n's Raft configuration.
-func (n *Node) inConfiguration(id string) bool { return n.consensus.InConfiguration(id) }
+func (n *Node) inConfiguration(id string) bool { return n.InConfiguration(id) }
 
 // cluster is a set of nodes on loopback. Node 0 bootstraps; the rest join.
 type cluster struct {

@@ -21,13 +21,13 @@ func (n *Node) registerMetrics() {
 	}
 	n.reg.MustRegister(
 		gauge("raft_is_leader", "1 if this node is the Raft leader.", func() float64 {
-			if n.consensus.IsLeader() {
+			if n.IsLeader() {
 				return 1
 			}
 			return 0
 		}),
-		gauge("raft_term", "Current Raft term.", func() float64 { return float64(n.consensus.Term()) }),
-		gauge("raft_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.consensus.CommitIndex()) }),
+		gauge("raft_term", "Current Raft term.", func() float64 { return float64(n.Term()) }),
+		gauge("raft_commit_index", "Raft commit index known to this node.", func() float64 { return float64(n.CommitIndex()) }),
 		gauge("sidecars_refused_stale", "1 while this node has not heard from a Raft leader for longer than setup.max_staleness: it has closed its sidecar streams and refuses new ones.", func() float64 {
 			if n.stale.Load() {
 				return 1
@@ -46,7 +46,7 @@ func (n *Node) registerMetrics() {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "policyd", Name: "raft_entries_skipped_total",
 			Help: "Log entries of a command type this node does not know, marked ignorable, that it skipped (a newer node's commands during a rolling upgrade).",
-		}, func() float64 { return float64(n.consensus.SkippedEntries()) }),
+		}, func() float64 { return float64(n.SkippedEntries()) }),
 		&proxyStates{clients: n.localClients},
 		&driftReports{store: n.store},
 	)

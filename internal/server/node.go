@@ -134,7 +134,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	// is a local, not the named result, which is nil on failure.)
 	defer func() {
 		if err != nil {
-			if rerr := n.release(func() error { return n.consensus.Release() }); rerr != nil {
+			if rerr := n.release(func() error { return n.Release() }); rerr != nil {
 				logger.Warn("cleanup after failed start", "err", rerr)
 			}
 		}
@@ -197,7 +197,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if n.shadow, err = shadow.New(shadow.Config{}, logger.With("component", "shadow"), id, reg); err != nil {
 		return nil, err
 	}
-	if err = n.consensus.Setup(raftnode.Deps{
+	if err = n.Setup(raftnode.Deps{
 		Validator: n.validator, Keys: n.keys, TLS: n.tls.raft, Conns: raftConns,
 		Addrs: func() (string, string) {
 			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
@@ -218,16 +218,16 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 
 	// One gate for both transports: sidecars of both kinds that fail over
 	// together share the consistent reads.
-	caughtUp := n.consensus.NewReadGate()
+	caughtUp := n.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
-		NodeID: id, LeaderID: n.consensus.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
+		NodeID: id, LeaderID: n.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
 		CaughtUp: caughtUp, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		OwnWrites: n.consensus.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
+		OwnWrites: n.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
@@ -301,7 +301,7 @@ func (n *Node) Start() {
 		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		n.goBackground("health", n.healthLoop)
 		n.logger.Info("node started",
-			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.consensus.RaftAddr(),
+			"http", n.HTTPAddr(), "grpc", n.GRPCAddr(), "raft", n.RaftAddr(),
 			"data_dir", n.cfg.DataDir, "applied_index", n.store.AppliedIndex())
 	})
 }
@@ -318,7 +318,7 @@ func (n *Node) goBackground(name string, fn func()) {
 // Close shuts the node down in order and waits for it. It is safe to call
 // more than once; ctx bounds the graceful parts.
 func (n *Node) Close(ctx context.Context) error {
-	if n.consensus.Parked() {
+	if n.Parked() {
 		// Raft waits on a failed write that never returns: it cannot shut
 		// down, and the process exits instead.
 		return n.Fault()
@@ -346,7 +346,7 @@ func (n *Node) Close(ctx context.Context) error {
 		n.closeDrift(ctx)
 		// 2. Background loops and leader tasks.
 		n.cancel()
-		n.consensus.Stop()
+		n.Stop()
 		n.wg.Wait()
 		// 3. Raft: hand leadership over so the cluster doesn't wait out an
 		// election timeout, then shut it down.
@@ -423,7 +423,7 @@ func (n *Node) dispatchChanges() {
 			}
 		}
 		for _, c := range n.changes.Next() {
-			n.consensus.NoteChange(c)
+			n.NoteChange(c)
 			if err := n.policies.Update(c); err != nil {
 				// The index would serve stale sets; start over from the store.
 				n.logger.Error("policy index update failed, reloading", "index", c.Index, "err", err)
@@ -475,14 +475,14 @@ func (n *Node) Ready(ctx context.Context) error {
 // TransferLeadership hands leadership to voter id ("" lets raft choose); on
 // a follower it refuses with a conflict naming the leader.
 func (n *Node) TransferLeadership(_ context.Context, id string) (from, to string, err error) {
-	from = n.consensus.LeaderID()
+	from = n.LeaderID()
 	if err := n.consensus.TransferLeadership(id); err != nil {
 		if errors.Is(err, raftnode.ErrNotLeader) {
 			return "", "", fmt.Errorf("%w: node %s is not the leader (%q leads): send the transfer to the leader", store.ErrConflict, n.consensus.ID(), from)
 		}
 		return "", "", err
 	}
-	return from, n.consensus.LeaderID(), nil
+	return from, n.LeaderID(), nil
 }
 
 // Status describes the cluster as this node sees it.

@@ -66,7 +66,7 @@ func kubeConfig(path string) (*rest.Config, error) {
 // from the last contact with the previous leader until now. Zero for a node
 // that never followed one (bootstrap).
 func (n *Node) leaderlessFor() time.Duration {
-	last := n.consensus.LastContact()
+	last := n.LastContact()
 	if last.IsZero() {
 		return 0
 	}
@@ -102,7 +102,7 @@ func (s reloadState) Apply(ctx context.Context, cmd *command.Command) error {
 		cmd.OriginatedAtUnixNano = time.Now().UnixNano()
 	}
 	cmd.Actor = command.ActorReload
-	res, err := s.n.consensus.ProposeLocal(ctx, cmd)
+	res, err := s.n.ProposeLocal(ctx, cmd)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ type rolloutDriver struct {
 // setupRollouts registers the rollout driver as a leader task, and the
 // rollout metrics.
 func (n *Node) setupRollouts() {
-	d := newRolloutDriver(n.logger.With("component", "rollouts"), n.store, n.Clients, n.consensus.ProposeLocal)
+	d := newRolloutDriver(n.logger.With("component", "rollouts"), n.store, n.Clients, n.ProposeLocal)
 	n.reg.MustRegister(d.transitions, d.halts, d.cohort, &rolloutStates{store: n.store})
 	n.AddLeaderTask(raftnode.LeaderTask{Name: "rollouts", Run: d.Run})
 }

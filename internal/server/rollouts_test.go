@@ -344,7 +344,7 @@ func TestRolloutDriver(t *testing.T) {
 	sidecars = append(sidecars, ci("acked", good.ID+":0"), ci("acked", good.ID+":0"),
 		&clusterv1.ClientInfo{Transport: "ws", Rollouts: []string{good.ID + ":0"}})
 	d := newRolloutDriver(testLogger(t), n.store,
-		func(context.Context) ([]*clusterv1.ClientInfo, []string, error) { return sidecars, nil, nil }, n.consensus.ProposeLocal)
+		func(context.Context) ([]*clusterv1.ClientInfo, []string, error) { return sidecars, nil, nil }, n.ProposeLocal)
 	now := time.Now()
 	d.now = func() time.Time { return now }
 

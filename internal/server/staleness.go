@@ -63,7 +63,7 @@ func (n *Node) stalenessLoop() {
 			return
 		case now = <-t.C:
 		}
-		heard = lastHeard(heard, now, n.consensus.IsLeader(), n.consensus.LeaderID() != "", n.consensus.LastContact())
+		heard = lastHeard(heard, now, n.IsLeader(), n.LeaderID() != "", n.LastContact())
 		silent := now.Sub(heard)
 		stale := silent > bound
 		was := n.stale.Swap(stale)
@@ -90,7 +90,7 @@ const errStale = "this node has not heard from a Raft leader for longer than set
 // the Raft owner's reasons (removed, a data dir of another cluster), then
 // staleness.
 func (n *Node) refusal() string {
-	if msg := n.consensus.Refusal(); msg != "" {
+	if msg := n.Refusal(); msg != "" {
 		return msg
 	}
 	if n.stale.Load() {
