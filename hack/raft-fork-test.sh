@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # raft-fork-test.sh runs upstream hashicorp/raft's own test suite against the
-# patched copy in third_party/raft, with the leader's parallel append
+# patched copy in internal/third_party/raft, with the leader's parallel append
 # (LogStager) switched on for every test cluster (see
-# third_party/raft/README.md). hack/test.sh calls it; it needs only Go and
+# internal/third_party/raft/README.md). hack/test.sh calls it; it needs only Go and
 # the module proxy.
 #
 # Upstream's suite is timing-sensitive (hashicorp/raft#296, #372): on a
@@ -22,7 +22,7 @@
 #	RAFT_STAGE_LOGS  0 runs upstream's unpatched leader path instead
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/../third_party/raft"
+cd "$(dirname "${BASH_SOURCE[0]}")/../internal/third_party/raft"
 
 max_flaky=8
 # Fails often on its own under -race on 2 cores, in both paths (5 runs: 1

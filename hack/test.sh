@@ -3,11 +3,11 @@
 # It checks that the generated protobuf code matches the .proto files, checks
 # formatting, vets and lints the module, and runs the tests with the race
 # detector, then upstream hashicorp/raft's tests on the patched copy in
-# third_party/raft (hack/raft-fork-test.sh). The chaos suite runs on both
+# internal/third_party/raft (hack/raft-fork-test.sh). The chaos suite runs on both
 # Raft log stores.
 #
 # Environment:
-#	PKGS         packages to test (default: the module's, but third_party/raft)
+#	PKGS         packages to test (default: the module's, but internal/third_party/raft)
 #	GOTESTFLAGS  extra flags for go test, e.g. GOTESTFLAGS="-run TestRaft -v"
 set -euo pipefail
 
@@ -23,7 +23,7 @@ if [[ "$(ulimit -n)" != unlimited && "$(ulimit -n)" -lt 65536 ]]; then
 fi
 
 # own_packages lists the module's packages but the hashicorp/raft copy in
-# third_party/raft, whose upstream suite hack/raft-fork-test.sh runs (with
+# internal/third_party/raft, whose upstream suite hack/raft-fork-test.sh runs (with
 # its retries for that suite's timing-sensitive tests).
 own_packages() { go list ./... | grep -v '/third_party/'; }
 
@@ -146,7 +146,7 @@ else
 	echo "skipped: PKGS is set" >&2
 fi
 
-# third_party/raft is left out above: its upstream suite runs here.
+# internal/third_party/raft is left out above: its upstream suite runs here.
 step "hashicorp/raft fork: upstream's tests, with the parallel leader append"
 if [[ -z "${PKGS:-}" ]]; then
 	hack/raft-fork-test.sh

@@ -6,8 +6,8 @@
 #
 # protoc comes from Debian's protobuf-compiler package (installed with apt-get
 # if it is missing). protoc-gen-go, protoc-gen-go-grpc and golangci-lint are
-# built from the versions pinned in tools/go.mod into a cache directory keyed
-# by a hash of tools/go.mod, tools/go.sum and the Go toolchain, so the build
+# built from the versions pinned in hack/tools/go.mod into a cache directory keyed
+# by a hash of hack/tools/go.mod, hack/tools/go.sum and the Go toolchain, so the build
 # happens once per pin change and every later call returns at once.
 #
 # The bin directory is the only thing written to stdout; progress and errors
@@ -15,14 +15,14 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-tools_dir="$root/tools"
+tools_dir="$root/hack/tools"
 
 # The protoc release whose output is committed under api/. Generated files
 # record the protoc version in their header, so another release makes the
 # "generated code is up to date" check in hack/test.sh fail.
 want_protoc="3.21.12"
 
-# The tools to build, as package paths in tools/go.mod.
+# The tools to build, as package paths in hack/tools/go.mod.
 tools=(
 	google.golang.org/protobuf/cmd/protoc-gen-go
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc
@@ -105,7 +105,7 @@ if [[ ! -f "$marker" ]]; then
 		# golangci-lint takes its version from ldflags when built outside
 		# its own module; without them it reports "(devel)".
 		go build -trimpath -o "$bin/" \
-			-ldflags "-X main.version=${lint_version#v} -X main.commit=tools/go.mod -X main.date=unknown" \
+			-ldflags "-X main.version=${lint_version#v} -X main.commit=hack/tools/go.mod -X main.date=unknown" \
 			github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 	) >&2
 

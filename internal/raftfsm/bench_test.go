@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/policyd/policyd/internal/command"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // BenchmarkApplyPutPolicy4K applies batches of 4 KB policy writes over 10

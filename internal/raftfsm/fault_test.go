@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // TestStoreFault: a batch or snapshot the store cannot take goes to the

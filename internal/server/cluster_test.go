@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/client"
 	"github.com/policyd/policyd/internal/config"

@@ -17,7 +17,7 @@ import (
 // TestGoInstall installs the binary as a user would, with `go install
 // github.com/policyd/policyd/cmd/policyd@version`, from a module proxy on
 // disk that holds this tree as that version. go install refuses a module
-// whose go.mod has replace directives, which is why third_party/raft is a
+// whose go.mod has replace directives, which is why internal/third_party/raft is a
 // package of the module rather than a replaced one.
 func TestGoInstall(t *testing.T) {
 	if testing.Short() {

@@ -88,7 +88,7 @@ func handWrittenGoFiles(t *testing.T, root string) []string {
 		name := d.Name()
 		if d.IsDir() {
 			if rel != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") ||
-				name == "testdata" || name == "vendor" || rel == "third_party") {
+				name == "testdata" || name == "vendor" || rel == "internal/third_party") {
 				return filepath.SkipDir
 			}
 			return nil

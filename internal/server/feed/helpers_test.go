@@ -25,7 +25,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 

@@ -18,7 +18,7 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	gocmp "github.com/google/go-cmp/cmp"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 	"google.golang.org/protobuf/proto"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"

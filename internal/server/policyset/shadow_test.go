@@ -8,7 +8,7 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // Bounds of the leader's in-memory copy of recent log entries.
@@ -21,7 +21,7 @@ const (
 
 // Cache keeps the newest log entries in memory, bounded in entries and in
 // bytes, so that the leader does not read back from disk what it has just
-// appended; it is also the leader's raft.LogStager (third_party/raft).
+// appended; it is also the leader's raft.LogStager (internal/third_party/raft).
 type Cache struct {
 	// Reading them back from raft.db was a twentieth of the leader's CPU
 	// under write load. It is hashicorp/raft's LogCache with a bound in

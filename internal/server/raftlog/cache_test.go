@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // countingStore counts the reads that reach the store behind the cache.

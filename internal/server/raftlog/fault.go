@@ -10,7 +10,7 @@ import (
 
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // DataError is a file in the data directory that the node cannot go on
@@ -38,7 +38,7 @@ func (e *DataError) Unwrap() error { return e.Err }
 // store or state.db. Before Arm the failure is returned as a DataError.
 type Faults struct {
 	// Raft cannot be told about such a write: the leader panics when it
-	// fails to store entries it has already sent (third_party/raft change
+	// fails to store entries it has already sent (internal/third_party/raft change
 	// 1), on a failed term write, and when a snapshot it received does not
 	// restore; the FSM panicked when a batch did not commit. So once armed,
 	// the goroutine whose write failed never returns: nothing after the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft-wal/metadb"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/internal/store/boltcheck"

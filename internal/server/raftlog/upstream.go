@@ -6,7 +6,7 @@ import (
 
 	upstream "github.com/hashicorp/raft"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // upstreamStore is what raft-wal and raft-boltdb implement: hashicorp/raft's
@@ -18,7 +18,7 @@ type upstreamStore interface {
 }
 
 // fromUpstream adapts a store written against hashicorp/raft to the copy in
-// third_party/raft, which is a package of this module so that it builds
+// internal/third_party/raft, which is a package of this module so that it builds
 // without a replace directive (and `go install …@version` works). The two
 // Log types have the same fields; each call copies the struct and shares
 // the data.

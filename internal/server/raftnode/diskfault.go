@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/store"

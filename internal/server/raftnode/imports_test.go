@@ -14,7 +14,7 @@ import (
 // forbiddenImports are what only raftnode (and the store and FSM below it)
 // may import: raft, its log stores, bbolt and the FSM itself. Listeners
 // build commands with internal/command.
-var forbiddenImports = []string{"github.com/policyd/policyd/third_party/raft", "go.etcd.io/bbolt", "github.com/policyd/policyd/internal/raftfsm"}
+var forbiddenImports = []string{"github.com/policyd/policyd/internal/third_party/raft", "go.etcd.io/bbolt", "github.com/policyd/policyd/internal/raftfsm"}
 
 // allowedDirs are the server sub-packages that may import them.
 var allowedDirs = map[string]string{
@@ -85,7 +85,7 @@ func importsOf(t *testing.T, path string) []string {
 // TestImportsOfSeesRaft makes sure the check above can fail: it finds the
 // imports in this package's own setup.
 func TestImportsOfSeesRaft(t *testing.T) {
-	if imps := importsOf(t, "raft.go"); !slices.Contains(imps, "github.com/policyd/policyd/third_party/raft") {
+	if imps := importsOf(t, "raft.go"); !slices.Contains(imps, "github.com/policyd/policyd/internal/third_party/raft") {
 		t.Fatalf("imports of raft.go = %v, want github.com/hashicorp/raft among them", imps)
 	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/backoff"
 	"github.com/policyd/policyd/internal/store"

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // Failover after a leader process dies (raft.leader_probe).

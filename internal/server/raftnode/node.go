@@ -21,7 +21,7 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 	"google.golang.org/grpc"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/raftlog"
@@ -52,7 +52,7 @@ func (nopFSM) Restore(rc io.ReadCloser) error      { return rc.Close() }
 
 // TestLeaderAppendsInParallel runs three Raft nodes over loopback TCP with
 // policyd's log cache (a raft.LogStager) and the patched hashicorp/raft
-// (third_party/raft): while the leader's own append of an entry is held
+// (internal/third_party/raft): while the leader's own append of an entry is held
 // up, the followers must already receive and store it, and the entry must
 // commit once the leader's append completes.
 func TestLeaderAppendsInParallel(t *testing.T) {

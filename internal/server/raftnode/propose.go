@@ -11,7 +11,7 @@ import (
 
 	"github.com/policyd/policyd/internal/command"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -166,7 +166,7 @@ func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded boo
 	defer cancel()
 	f := n.raft.Apply(data, n.cfg.Raft.ApplyTimeout)
 	// The waiter ends once raft answers, which it also does at shutdown
-	// (third_party/raft), so a caller that gave up leaves nothing behind.
+	// (internal/third_party/raft), so a caller that gave up leaves nothing behind.
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
@@ -182,7 +182,7 @@ func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded boo
 		return nil, &unavailableError{msg: "raft is overloaded: " + err.Error()}
 	default:
 		// Leadership lost, or raft shut down, which answers a queued or
-		// appended entry too (third_party/raft): "never queued" and "maybe
+		// appended entry too (internal/third_party/raft): "never queued" and "maybe
 		// committed" look the same from here.
 		return nil, fmt.Errorf("%w: %w", ErrAmbiguous, err)
 	}

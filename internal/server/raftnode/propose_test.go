@@ -19,7 +19,7 @@ import (
 // of these entries are queued with no loop left to answer them: each call
 // must still fail as ambiguous, and the goroutine that waits for raft's
 // answer must end instead of waiting for ever (hashicorp/raft#498, patched
-// in third_party/raft).
+// in internal/third_party/raft).
 func TestApplyAtRaftShutdownEnds(t *testing.T) {
 	n, _ := singleNode(t, nil)
 	cmd, err := command.New(&commandv1.PruneEvents{CutoffUnixNano: 1})

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/server/peer"

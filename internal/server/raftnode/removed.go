@@ -3,7 +3,7 @@ package raftnode
 import (
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 )
 
 // A node removed from the cluster has nothing current to serve: raft stops

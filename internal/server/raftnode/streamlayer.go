@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/server/limits"
 	"github.com/policyd/policyd/internal/server/peer"

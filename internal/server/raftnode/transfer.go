@@ -3,7 +3,7 @@ package raftnode
 import (
 	"fmt"
 
-	"github.com/policyd/policyd/third_party/raft"
+	"github.com/policyd/policyd/internal/third_party/raft"
 
 	"github.com/policyd/policyd/internal/store"
 )
