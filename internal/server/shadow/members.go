@@ -2,17 +2,10 @@ package shadow
 
 import (
 	"context"
-	"sync"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	"github.com/policyd/policyd/internal/server/members"
 )
-
-// Members asks every other member of the cluster over the peer API
-// (raftnode.Node.AskMembers): ask runs once per member, in parallel, and
-// the members whose call failed come back sorted.
-type Members interface {
-	AskMembers(ctx context.Context, what string, ask func(ctx context.Context, c clusterv1.ClusterClient) error) (unreachable []string, err error)
-}
 
 // maxPolicies bounds the policies one LocalShadow asks for (a rollout has
 // at most 100 changes).
@@ -22,23 +15,11 @@ const maxPolicies = 256
 // this node's, then what each other member answers to LocalShadow. The
 // counts are each node's, per policy and scope, not summed; a member that
 // does not answer in time is named in unreachable.
-func (a *Aggregator) ClusterCounts(ctx context.Context, m Members, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
-	var mu sync.Mutex
-	all := a.localCounts(names)
-	unreachable, err := m.AskMembers(ctx, "report its shadow counts", func(ctx context.Context, c clusterv1.ClusterClient) error {
+func (a *Aggregator) ClusterCounts(ctx context.Context, m members.Asker, names []string) ([]*clusterv1.ShadowScopeCount, []string, error) {
+	return members.Gather(ctx, m, "report its shadow counts", a.localCounts(names), func(ctx context.Context, c clusterv1.ClusterClient) ([]*clusterv1.ShadowScopeCount, error) {
 		resp, err := c.LocalShadow(ctx, &clusterv1.LocalShadowRequest{Policies: names})
-		if err != nil {
-			return err
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		all = append(all, resp.GetScopes()...)
-		return nil
+		return resp.GetScopes(), err
 	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return all, unreachable, nil
 }
 
 // LocalShadow answers a member's LocalShadow with this node's counts of the
