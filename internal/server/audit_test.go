@@ -43,7 +43,7 @@ func auditCluster(t *testing.T) *cluster {
 	c := newCluster(t, 3, func(c *config.Config) { c.Auth.AdminTokensFile = path })
 	// Writes carry their actor once every member has registered command
 	// version 3: each node's first registration asks the others to
-	// register again (raftfsm.ForVersion).
+	// register again (command.ForVersion).
 	for _, n := range c.nodes {
 		waitCommandVersion(t, n)
 	}

@@ -368,7 +368,7 @@ func sortRollouts(rs []*commandv1.Rollout) {
 	})
 }
 
-// policyOf is the policy a command message carries (raftfsm.PolicyOf,
+// policyOf is the policy a command message carries (command.PolicyOf,
 // which the store cannot import).
 func policyOf(pb *commandv1.Policy) *policy.Policy {
 	sc := pb.GetScope()

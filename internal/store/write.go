@@ -60,7 +60,7 @@ type Member struct {
 	HTTPAddr string `json:"http_addr"`
 	GRPCAddr string `json:"grpc_addr"`
 	// CommandVersion is the newest Raft command encoding the node reads
-	// (raftfsm.CommandVersion); 0 for a node that predates it.
+	// (command.CommandVersion); 0 for a node that predates it.
 	CommandVersion uint32 `json:"command_version,omitempty"`
 }
 
@@ -181,7 +181,7 @@ var policyKind = entityKind[policy.Policy]{
 		p.Revision, p.CreatedAt, p.UpdatedAt = rev, created, updated
 	},
 	scope: func(p *policy.Policy) policy.Scope { return p.Scope },
-	// Policy specs arrive canonical from the proposer (raftfsm.PutPolicy),
+	// Policy specs arrive canonical from the proposer (command.PutPolicy),
 	// so AppendJSON gives json.Marshal's bytes without its pass over the
 	// spec.
 	encode: func(p *policy.Policy) ([]byte, error) { return p.AppendJSON(nil) },

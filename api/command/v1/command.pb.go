@@ -30,7 +30,7 @@ const (
 // Command is the envelope stored in every Raft log entry.
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The command type (a byte; see raftfsm for the table).
+	// The command type (a byte): its payload's field number in Body.
 	Type uint32 `protobuf:"varint,1,opt,name=type,proto3" json:"type,omitempty"`
 	// The type's payload message, protobuf-encoded.
 	Payload []byte `protobuf:"bytes,2,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -43,7 +43,7 @@ type Command struct {
 	// Who made the change (command version 3): "token:NAME" for an admin
 	// token, "cert:SUBJECT" for a client certificate, "task:NAME" for a
 	// leader task (reload, drift, retention), "anonymous" on an open API.
-	// Stripped for a cluster below version 3 (raftfsm.ForVersion), whose
+	// Stripped for a cluster below version 3 (command.ForVersion), whose
 	// nodes would drop it and store events without it.
 	Actor string `protobuf:"bytes,5,opt,name=actor,proto3" json:"actor,omitempty"`
 	// The admin REST request's id (X-Request-Id), if the change came from
@@ -406,7 +406,7 @@ func (x *Employee) GetStatus() string {
 // PutPolicy creates or replaces a policy. A node writes policy; policy_json
 // is what nodes of command version 1 wrote and read, kept so that their
 // entries still apply and so that a cluster still holding such a node can be
-// written to (raftfsm.ForVersion).
+// written to (command.ForVersion).
 type PutPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The whole policy as canonical JSON (command version 1).
@@ -644,7 +644,7 @@ type RegisterMember struct {
 	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
 	HttpAddr string                 `protobuf:"bytes,3,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
 	GrpcAddr string                 `protobuf:"bytes,4,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	// The newest command encoding the node reads (raftfsm.CommandVersion); 0
+	// The newest command encoding the node reads (command.CommandVersion); 0
 	// from nodes that predate it, which read version 1.
 	CommandVersion uint32 `protobuf:"varint,5,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
 	// Set on a node's first registration after an upgrade (its record holds

@@ -1,4 +1,4 @@
-// Raft command payloads of the drift feature (see raftfsm for the type table).
+// Raft command payloads of the drift feature (their types are fields of Body, in body.proto).
 //
 // The webhook runs on every node, and the API server calls every node's
 // webhook, so the same decision reaches the log several times. Each effect

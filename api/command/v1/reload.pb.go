@@ -1,4 +1,4 @@
-// Raft command payloads of the reload feature (see raftfsm for the type table).
+// Raft command payloads of the reload feature (their types are fields of Body, in body.proto).
 //
 // The ConfigMap reload controller runs on the Raft leader; its data-hash
 // cache and its pending-restart queue are replicated through these commands

@@ -160,7 +160,7 @@ func (f *fakeBackend) apply(cmd *command.Command) (*commandv1.Result, error) {
 }
 
 // seed returns a function that commits a built command, failing the test
-// if it cannot be built or is refused: f.seed(t)(raftfsm.PutPolicy(p, nil)).
+// if it cannot be built or is refused: f.seed(t)(command.PutPolicy(p, nil)).
 func (f *fakeBackend) seed(t *testing.T) func(*command.Command, error) *commandv1.Result {
 	return func(cmd *command.Command, err error) *commandv1.Result {
 		t.Helper()

@@ -51,7 +51,7 @@ type RolloutStageRequest struct {
 // field path (policy.ValidationError, a 400): each put's policy is decoded
 // and validated as PUT /v1/policies does (field paths under
 // changes[i].policy), then the rollout's shape is checked
-// (raftfsm.CheckRollout).
+// (command.CheckRollout).
 func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout, error) {
 	var req RolloutRequest
 	if err := policy.DecodeStrict(body, &req); err != nil {
