@@ -13,8 +13,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/policyd/policyd/internal/third_party/raft"
 
@@ -30,6 +32,9 @@ type FSM struct {
 	logger  *slog.Logger
 	fault   func(error) error // see SetStoreFault
 	skipped atomic.Uint64
+	// decoded holds the commands the leader already decoded, by the first
+	// byte of their entry's data (see Decoded).
+	decoded sync.Map // *byte → *command.Command
 }
 
 var (
@@ -149,8 +154,26 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	return out
 }
 
+// Decoded records that data is the entry of c, already decoded on this node,
+// so that applying it here takes c instead of decoding data again: raft hands
+// the leader's FSM the very bytes the leader proposed. The record holds data
+// alive, so its address is not reused while it is kept; forget drops it
+// once the entry has applied or will not apply here. c must be what data
+// decodes to, and nothing else may hold it.
+func (f *FSM) Decoded(data []byte, c *command.Command) (forget func()) {
+	k := unsafe.SliceData(data)
+	f.decoded.Store(k, c)
+	return func() { f.decoded.Delete(k) }
+}
+
 func (f *FSM) applyOne(b *store.Batch, l *raft.Log) *commandv1.Result {
-	e, err := DecodeEntry(l.Index, l.Data)
+	var e *Entry
+	var err error
+	if c, ok := f.decoded.LoadAndDelete(unsafe.SliceData(l.Data)); ok && len(l.Data) > 0 {
+		e, err = entryOf(l.Index, c.(*command.Command))
+	} else {
+		e, err = DecodeEntry(l.Index, l.Data)
+	}
 	if err != nil {
 		panic(fmt.Sprintf("raftfsm: %v", err))
 	}
@@ -179,6 +202,12 @@ func DecodeEntry(index uint64, data []byte) (*Entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("entry %d: %w", index, err)
 	}
+	return entryOf(index, c)
+}
+
+// entryOf is the entry at index carrying c.
+func entryOf(index uint64, c *command.Command) (*Entry, error) {
+	var err error
 	e := &Entry{
 		Type: c.Type(),
 		Meta: store.Meta{

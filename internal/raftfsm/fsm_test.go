@@ -1026,3 +1026,35 @@ func TestEveryTypeApplies(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodedSkipsTheDecode: an entry whose bytes were recorded with
+// Decoded applies the recorded command, not what the bytes decode to, and
+// once forgotten the bytes are decoded again. Bytes that do not decode show
+// which path ran.
+func TestDecodedSkipsTheDecode(t *testing.T) {
+	f, st := newFSM(t)
+	c := mustTyped(t)(command.PutPolicy(pol("acme.recorded", "acme", "deny"), nil))
+	c.ProcessedAtUnixNano = processedAt(1).UnixNano()
+	garbage := []byte{0xff, 0xff, 0xff}
+	forget := f.Decoded(garbage, c)
+	if err := command.ResultErr(asResult(t, f.Apply(rawEntry(1, garbage)))); err != nil {
+		t.Fatalf("apply of a recorded command: %v", err)
+	}
+	if _, err := st.GetPolicy("acme.recorded"); err != nil {
+		t.Fatalf("the recorded command was not applied: %v", err)
+	}
+
+	// Applied, the record is gone: the same bytes are decoded, and refused.
+	if got := applyRecover(f, []*raft.Log{rawEntry(2, garbage)}); got == nil {
+		t.Error("the record was used twice")
+	}
+	forget() // a no-op now
+
+	// Forgotten before it applies, likewise.
+	f2, _ := newFSM(t)
+	forget = f2.Decoded(garbage, c)
+	forget()
+	if got := applyRecover(f2, []*raft.Log{rawEntry(1, garbage)}); got == nil {
+		t.Error("a forgotten record was used")
+	}
+}

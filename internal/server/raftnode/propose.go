@@ -158,9 +158,16 @@ func (n *Node) ProposeLocal(ctx context.Context, c *command.Command) (*commandv1
 // applyLocal proposes c on this node, which must be the leader, once admit
 // has passed it; forwarded says it came from another node.
 func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded bool) (*commandv1.Result, error) {
-	data, refused, err := n.admit(c, forwarded)
+	data, stamped, refused, err := n.admit(c, forwarded)
 	if refused != nil || err != nil {
 		return refused, err
+	}
+	forget := func() {}
+	if forwarded {
+		// Decoded once, from the forward: the apply here takes that
+		// command. A command this node built stays its proposer's, so its
+		// entry is decoded at apply, as on every other node.
+		forget = n.fsm.Decoded(data, stamped)
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Raft.ApplyTimeout)
 	defer cancel()
@@ -168,7 +175,11 @@ func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded boo
 	// The waiter ends once raft answers, which it also does at shutdown
 	// (internal/third_party/raft), so a caller that gave up leaves nothing behind.
 	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	go func() {
+		err := f.Error() // after the FSM applied the entry, if it did
+		forget()
+		done <- err
+	}()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -200,33 +211,34 @@ func (n *Node) applyLocal(ctx context.Context, c *command.Command, forwarded boo
 // formed; nothing may enter that every replica would stop on
 // (raftfsm.Check); and the command is written for the oldest member, or
 // refused as a conflict if that member cannot apply it. The leader stamps
-// the processed time, so the event log follows one clock.
-func (n *Node) admit(c *command.Command, forwarded bool) ([]byte, *commandv1.Result, error) {
+// the processed time, so the event log follows one clock. It returns the
+// entry's bytes and the command they encode.
+func (n *Node) admit(c *command.Command, forwarded bool) ([]byte, *command.Command, *commandv1.Result, error) {
 	if forwarded {
 		if err := n.vetCommand(c); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 	if reg := c.Body.GetRegisterMember(); reg != nil && !n.InConfiguration(reg.GetId()) {
-		return nil, nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
+		return nil, nil, nil, fmt.Errorf("register member %q: %w", reg.GetId(), errNotMember)
 	}
 	if err := command.CheckEnvelope(c); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
 	c, refused, err := n.forMembers(c)
 	if refused != nil || err != nil {
-		return nil, refused, err
+		return nil, nil, refused, err
 	}
 	if err := raftfsm.Check(c); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
 	stamped := *c
 	stamped.ProcessedAtUnixNano = time.Now().UnixNano()
 	data, err := command.Marshal(&stamped)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
+		return nil, nil, nil, fmt.Errorf("%w: %w", errInvalidCommand, err)
 	}
-	return data, nil, nil
+	return data, &stamped, nil, nil
 }
 
 var errNotMember = errors.New("not a member of the raft configuration")
