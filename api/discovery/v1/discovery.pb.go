@@ -1,4 +1,4 @@
-// The sidecar discovery protocol (DESIGN part 4): an xDS-like stream over
+// The sidecar discovery protocol (docs/sidecars.md): an xDS-like stream over
 // which a node pushes the policy set that applies to a sidecar's scope, and
 // the sidecar ACKs or NACKs each version. Package, service, message and field
 // names and numbers are a public contract: never renumber or reuse them.
