@@ -47,12 +47,18 @@ func (a fromUpstream) GetLog(index uint64, log *raft.Log) error {
 	return nil
 }
 
-func (a fromUpstream) StoreLog(log *raft.Log) error { return a.s.StoreLog(toUpstream(log)) }
+func (a fromUpstream) StoreLog(log *raft.Log) error {
+	l := toUpstream(log)
+	return a.s.StoreLog(&l)
+}
 
+// StoreLogs is on every append's path: the copies share one allocation.
 func (a fromUpstream) StoreLogs(logs []*raft.Log) error {
+	copies := make([]upstream.Log, len(logs))
 	out := make([]*upstream.Log, len(logs))
 	for i, l := range logs {
-		out[i] = toUpstream(l)
+		copies[i] = toUpstream(l)
+		out[i] = &copies[i]
 	}
 	return a.s.StoreLogs(out)
 }
@@ -72,7 +78,7 @@ func (a fromUpstream) IsMonotonic() bool {
 	return ok && m.IsMonotonic()
 }
 
-func toUpstream(l *raft.Log) *upstream.Log {
-	return &upstream.Log{Index: l.Index, Term: l.Term, Type: upstream.LogType(l.Type), Data: l.Data,
+func toUpstream(l *raft.Log) upstream.Log {
+	return upstream.Log{Index: l.Index, Term: l.Term, Type: upstream.LogType(l.Type), Data: l.Data,
 		Extensions: l.Extensions, AppendedAt: l.AppendedAt}
 }
