@@ -60,8 +60,9 @@ var ErrInvalidCommand = errors.New("invalid command")
 // reverted_to): a node of version 2 drops them unread, so its events would
 // lack what the others' hold, and they are written only once every member
 // reads them. Version 4 adds the rollout commands (RolloutVersion), which
-// are refused until every member reads them.
-const CommandVersion = 4
+// are refused until every member reads them. Version 5 adds the policy
+// source commands (SourceVersion), refused the same way.
+const CommandVersion = 5
 
 // ActorRetention is the actor of event log pruning. The "task:" prefix is
 // reserved for the leader's own tasks (an admin token's actor is
@@ -150,12 +151,15 @@ func ForVersion(c *Command, v uint32) (*Command, error) {
 	if v >= CommandVersion {
 		return c, nil
 	}
+	if v < SourceVersion && IsSourceType(c.Type()) {
+		return nil, &NotUpgradedError{what: "policy sources", need: SourceVersion, oldest: v}
+	}
 	if v < RolloutVersion {
 		switch {
 		case IsRolloutType(c.Type()):
-			return nil, &NotUpgradedError{what: "rollouts", oldest: v}
+			return nil, &NotUpgradedError{what: "rollouts", need: RolloutVersion, oldest: v}
 		case IsShadowPut(c):
-			return nil, &NotUpgradedError{what: "shadow policies", oldest: v}
+			return nil, &NotUpgradedError{what: "shadow policies", need: RolloutVersion, oldest: v}
 		}
 	}
 	if v < auditVersion && HasAudit(c) {
@@ -198,11 +202,12 @@ func ForVersion(c *Command, v uint32) (*Command, error) {
 // cannot apply; the proposer answers it as a conflict.
 type NotUpgradedError struct {
 	what   string
+	need   uint32
 	oldest uint32
 }
 
 func (e *NotUpgradedError) Error() string {
-	return fmt.Sprintf("cluster not upgraded: %s need every member to read command version %d; the oldest reads %d", e.what, RolloutVersion, e.oldest)
+	return fmt.Sprintf("cluster not upgraded: %s need every member to read command version %d; the oldest reads %d", e.what, e.need, e.oldest)
 }
 
 func precondition(ifMatch *uint64) *commandv1.Precondition {

@@ -37,6 +37,8 @@ func TestTypesAreBodyFields(t *testing.T) {
 		{TypeSetClusterID, &commandv1.SetClusterID{}},
 		{TypeRolloutStart, &commandv1.RolloutStart{}},
 		{TypeRolloutTransition, &commandv1.RolloutTransition{}},
+		{TypeSyncSource, &commandv1.SyncSource{}},
+		{TypeRequestSourceSync, &commandv1.RequestSourceSync{}},
 	}
 	if got, want := len(tests), kindOneof.Fields().Len(); got != want {
 		t.Errorf("%d named types, commandv1.Body has %d fields", got, want)

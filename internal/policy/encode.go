@@ -14,6 +14,7 @@ type policyHead struct {
 	Scope       Scope             `json:"scope"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Enforcement string            `json:"enforcement,omitempty"`
+	Source      string            `json:"source,omitempty"`
 }
 
 // AppendJSON appends p's JSON encoding to dst. For a policy whose Spec is in
@@ -23,7 +24,7 @@ type policyHead struct {
 // twice per write (the policy, then its event). The caller vouches that Spec
 // is valid JSON: the FSM decoded it from the command.
 func (p *Policy) AppendJSON(dst []byte) ([]byte, error) {
-	head, err := json.Marshal(policyHead{Name: p.Name, Kind: p.Kind, Scope: p.Scope, Labels: p.Labels, Enforcement: p.Enforcement})
+	head, err := json.Marshal(policyHead{Name: p.Name, Kind: p.Kind, Scope: p.Scope, Labels: p.Labels, Enforcement: p.Enforcement, Source: p.Source})
 	if err != nil {
 		return nil, fmt.Errorf("encode policy %q: %w", p.Name, err)
 	}

@@ -83,11 +83,16 @@ type Policy struct {
 	Scope  Scope             `json:"scope"`
 	Labels map[string]string `json:"labels,omitempty"`
 	// Enforcement is "" or "enforce" (the default), or "shadow".
-	Enforcement string          `json:"enforcement,omitempty"`
-	Spec        json.RawMessage `json:"spec"`
-	Revision    uint64          `json:"revision"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
+	Enforcement string `json:"enforcement,omitempty"`
+	// Source is who owns the policy: "" for the API, else the source
+	// ("kubernetes", "git:NAME") that declares it; only a source's sync
+	// sets it, and a write through the API ignores it. Stored only when
+	// set, so the bytes (and set versions) of API policies are unchanged.
+	Source    string          `json:"source,omitempty"`
+	Spec      json.RawMessage `json:"spec"`
+	Revision  uint64          `json:"revision"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // CanonicalEnforcement is p's enforcement as stored: "" for enforce.

@@ -84,6 +84,10 @@ func prepare(m store.Meta, c *command.Command) (func(*store.Batch) *commandv1.Re
 		return prepareRolloutStart(m, k.RolloutStart)
 	case *commandv1.Body_RolloutTransition:
 		return prepareRolloutTransition(m, k.RolloutTransition)
+	case *commandv1.Body_SyncSource:
+		return prepareSyncSource(m, k.SyncSource)
+	case *commandv1.Body_RequestSourceSync:
+		return prepareRequestSourceSync(m, k.RequestSourceSync)
 	case *commandv1.Body_ObserveDrift:
 		return prepareObserveDrift(m, k.ObserveDrift)
 	case *commandv1.Body_RecordDriftDelivery:
@@ -237,6 +241,9 @@ func preparePutPolicy(m store.Meta, c *commandv1.PutPolicy) (func(*store.Batch) 
 		if err := underRollout(b, p.Name); err != nil {
 			return result(m.Index, 0, err)
 		}
+		if err := b.CheckAPIWrite(p.Name); err != nil {
+			return result(m.Index, 0, err)
+		}
 		stored, raw, err := b.PutPolicy(m, p, fromPrecondition(c.GetIfMatch()))
 		if err != nil {
 			return result(m.Index, 0, err)
@@ -276,6 +283,9 @@ func prepareDeletePolicy(m store.Meta, c *commandv1.DeletePolicy) (func(*store.B
 	}
 	return func(b *store.Batch) *commandv1.Result {
 		if err := underRollout(b, c.GetName()); err != nil {
+			return result(m.Index, 0, err)
+		}
+		if err := b.CheckAPIWrite(c.GetName()); err != nil {
 			return result(m.Index, 0, err)
 		}
 		return result(m.Index, m.Index, b.DeletePolicy(m, c.GetName(), fromPrecondition(c.GetIfMatch())))

@@ -26,6 +26,11 @@ func prepareRolloutStart(m store.Meta, c *commandv1.RolloutStart) (func(*store.B
 		}
 	}
 	return func(b *store.Batch) *commandv1.Result {
+		for _, ch := range c.GetRollout().GetChanges() {
+			if err := b.CheckAPIWrite(store.ChangeName(ch)); err != nil {
+				return result(m.Index, 0, err)
+			}
+		}
 		_, doc, err := b.StartRollout(m, c.GetRollout())
 		if err != nil {
 			return result(m.Index, 0, err)

@@ -154,7 +154,7 @@ func TestForVersionStripsAudit(t *testing.T) {
 			audited.Actor, audited.RequestID, audited.RevertedTo = "token:ops", "req-1", 4
 			keep := enc(t, &audited)
 
-			if !command.IsRolloutType(typ) {
+			if !command.IsRolloutType(typ) && !command.IsSourceType(typ) {
 				same, err := command.ForVersion(&audited, 3)
 				if err != nil {
 					t.Fatal(err)
@@ -165,8 +165,9 @@ func TestForVersionStripsAudit(t *testing.T) {
 			}
 			for _, v := range []uint32{0, 1, 2} {
 				got, err := command.ForVersion(&audited, v)
-				if command.IsRolloutType(typ) {
-					// Below RolloutVersion a rollout is refused, audit or not.
+				if command.IsRolloutType(typ) || command.IsSourceType(typ) {
+					// Below RolloutVersion a rollout is refused, audit or
+					// not, and so is a source's command below SourceVersion.
 					var nu *command.NotUpgradedError
 					if !errors.As(err, &nu) {
 						t.Errorf("command.ForVersion(rollout, %d) = %v, want a NotUpgradedError", v, err)

@@ -15,8 +15,8 @@ import (
 
 // Policy heads are what a write and a read by name need of a stored policy,
 // kept beside it so that neither decodes a 4 KB spec: its kind, scope,
-// revision and creation time. They are derived from the policies bucket,
-// written in the same transaction, and left out of the digest and of what
+// revision, creation time and source. They are derived from the policies
+// bucket, written in the same transaction, and left out of the digest and of what
 // nodes compare. A file whose heads were not written up to its applied
 // index (one written by a release before them, or a snapshot from such a
 // node) has them rebuilt when it is opened or restored.
@@ -30,11 +30,12 @@ type policyHead struct {
 	Scope     policy.Scope `json:"scope"`
 	Revision  uint64       `json:"revision"`
 	CreatedAt time.Time    `json:"created_at"`
+	Source    string       `json:"source,omitempty"`
 }
 
 // putHead records p's head.
 func putHead(tx *bolt.Tx, p *policy.Policy) error {
-	raw, err := json.Marshal(policyHead{Kind: p.Kind, Scope: p.Scope, Revision: p.Revision, CreatedAt: p.CreatedAt})
+	raw, err := json.Marshal(policyHead{Kind: p.Kind, Scope: p.Scope, Revision: p.Revision, CreatedAt: p.CreatedAt, Source: p.Source})
 	if err != nil {
 		return fmt.Errorf("encode head of policy %q: %w", p.Name, err)
 	}
@@ -52,7 +53,7 @@ func getHead(tx *bolt.Tx, name string) (*policy.Policy, error) {
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return nil, fmt.Errorf("decode head of policy %q: %w", name, err)
 	}
-	return &policy.Policy{Name: name, Kind: h.Kind, Scope: h.Scope, Revision: h.Revision, CreatedAt: h.CreatedAt}, nil
+	return &policy.Policy{Name: name, Kind: h.Kind, Scope: h.Scope, Revision: h.Revision, CreatedAt: h.CreatedAt, Source: h.Source}, nil
 }
 
 // syncHeads rebuilds the heads unless they were written up to the applied

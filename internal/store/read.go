@@ -451,8 +451,9 @@ func (s *Store) Digest() (digest string, index uint64, err error) {
 }
 
 // sparseBuckets are the replicated buckets added after the digest's
-// format was set (the rollouts'): left out of the digest while empty.
-var sparseBuckets = map[string]bool{string(bucketRollouts): true, string(bucketRolloutLocks): true}
+// format was set (the rollouts', the sources'): left out of the digest
+// while empty.
+var sparseBuckets = map[string]bool{string(bucketRollouts): true, string(bucketRolloutLocks): true, string(bucketSources): true}
 
 func isEmpty(b *bolt.Bucket) bool {
 	k, _ := b.Cursor().First()

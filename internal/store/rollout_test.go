@@ -80,7 +80,7 @@ func TestDigestWithoutRollouts(t *testing.T) {
 				h.Write(b)
 			}
 			writeLen(tx.Bucket(bucketMeta).Get(keyPrunedThrough))
-			for _, name := range dataBuckets[:len(dataBuckets)-2] { // without rollouts, rollout_locks
+			for _, name := range dataBuckets[:len(dataBuckets)-3] { // without rollouts, rollout_locks, sources
 				writeLen(name)
 				if err := tx.Bucket(name).ForEach(func(k, v []byte) error { writeLen(k); writeLen(v); return nil }); err != nil {
 					return err

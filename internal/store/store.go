@@ -64,7 +64,7 @@ var (
 	bucketMembers  = []byte("members")
 
 	// dataBuckets is every bucket that holds replicated state, in digest order.
-	dataBuckets = [][]byte{bucketPolicies, bucketEmploy, bucketEvents, bucketStates, bucketMembers, bucketDriftReports, bucketDriftTasks, bucketDriftOpen, bucketReloadHashes, bucketReloadPending, bucketReloadRestarts, bucketReloadErrors, bucketRollouts, bucketRolloutLocks}
+	dataBuckets = [][]byte{bucketPolicies, bucketEmploy, bucketEvents, bucketStates, bucketMembers, bucketDriftReports, bucketDriftTasks, bucketDriftOpen, bucketReloadHashes, bucketReloadPending, bucketReloadRestarts, bucketReloadErrors, bucketRollouts, bucketRolloutLocks, bucketSources}
 
 	keyMagic         = []byte("magic")
 	keyAppliedIndex  = []byte("applied_index")

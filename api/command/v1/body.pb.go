@@ -44,10 +44,12 @@ type Body struct {
 	//	*Body_PruneDrift
 	//	*Body_RolloutStart
 	//	*Body_RolloutTransition
+	//	*Body_SyncSource
 	//	*Body_ReloadObserve
 	//	*Body_ReloadRestarted
 	//	*Body_ReloadRestartFailed
 	//	*Body_SetClusterId
+	//	*Body_RequestSourceSync
 	Kind          isBody_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -207,6 +209,15 @@ func (x *Body) GetRolloutTransition() *RolloutTransition {
 	return nil
 }
 
+func (x *Body) GetSyncSource() *SyncSource {
+	if x != nil {
+		if x, ok := x.Kind.(*Body_SyncSource); ok {
+			return x.SyncSource
+		}
+	}
+	return nil
+}
+
 func (x *Body) GetReloadObserve() *ReloadObserve {
 	if x != nil {
 		if x, ok := x.Kind.(*Body_ReloadObserve); ok {
@@ -238,6 +249,15 @@ func (x *Body) GetSetClusterId() *SetClusterID {
 	if x != nil {
 		if x, ok := x.Kind.(*Body_SetClusterId); ok {
 			return x.SetClusterId
+		}
+	}
+	return nil
+}
+
+func (x *Body) GetRequestSourceSync() *RequestSourceSync {
+	if x != nil {
+		if x, ok := x.Kind.(*Body_RequestSourceSync); ok {
+			return x.RequestSourceSync
 		}
 	}
 	return nil
@@ -299,6 +319,10 @@ type Body_RolloutTransition struct {
 	RolloutTransition *RolloutTransition `protobuf:"bytes,17,opt,name=rollout_transition,json=rolloutTransition,proto3,oneof"`
 }
 
+type Body_SyncSource struct {
+	SyncSource *SyncSource `protobuf:"bytes,18,opt,name=sync_source,json=syncSource,proto3,oneof"`
+}
+
 type Body_ReloadObserve struct {
 	// Ignorable (0x80 | n): the reload controller's memory, and the
 	// cluster ID, which only guards handshakes an older node does not make.
@@ -315,6 +339,11 @@ type Body_ReloadRestartFailed struct {
 
 type Body_SetClusterId struct {
 	SetClusterId *SetClusterID `protobuf:"bytes,143,opt,name=set_cluster_id,json=setClusterId,proto3,oneof"`
+}
+
+type Body_RequestSourceSync struct {
+	// Ignorable: a sync request only wakes the leader's reconciler.
+	RequestSourceSync *RequestSourceSync `protobuf:"bytes,147,opt,name=request_source_sync,json=requestSourceSync,proto3,oneof"`
 }
 
 func (*Body_PutPolicy) isBody_Kind() {}
@@ -343,6 +372,8 @@ func (*Body_RolloutStart) isBody_Kind() {}
 
 func (*Body_RolloutTransition) isBody_Kind() {}
 
+func (*Body_SyncSource) isBody_Kind() {}
+
 func (*Body_ReloadObserve) isBody_Kind() {}
 
 func (*Body_ReloadRestarted) isBody_Kind() {}
@@ -351,12 +382,13 @@ func (*Body_ReloadRestartFailed) isBody_Kind() {}
 
 func (*Body_SetClusterId) isBody_Kind() {}
 
+func (*Body_RequestSourceSync) isBody_Kind() {}
+
 var File_command_v1_body_proto protoreflect.FileDescriptor
 
 const file_command_v1_body_proto_rawDesc = "" +
 	"\n" +
-	"\x15command/v1/body.proto\x12\x12policyd.command.v1\x1a\x18command/v1/command.proto\x1a\x16command/v1/drift.proto\x1a\x17command/v1/reload.proto\x1a\x18command/v1/rollout.proto\"\xbd\n" +
-	"\n" +
+	"\x15command/v1/body.proto\x12\x12policyd.command.v1\x1a\x18command/v1/command.proto\x1a\x16command/v1/drift.proto\x1a\x17command/v1/reload.proto\x1a\x18command/v1/rollout.proto\x1a\x17command/v1/source.proto\"\xda\v\n" +
 	"\x04Body\x12>\n" +
 	"\n" +
 	"put_policy\x18\x01 \x01(\v2\x1d.policyd.command.v1.PutPolicyH\x00R\tputPolicy\x12G\n" +
@@ -372,11 +404,14 @@ const file_command_v1_body_proto_rawDesc = "" +
 	"\vprune_drift\x18\x0e \x01(\v2\x1e.policyd.command.v1.PruneDriftH\x00R\n" +
 	"pruneDrift\x12G\n" +
 	"\rrollout_start\x18\x10 \x01(\v2 .policyd.command.v1.RolloutStartH\x00R\frolloutStart\x12V\n" +
-	"\x12rollout_transition\x18\x11 \x01(\v2%.policyd.command.v1.RolloutTransitionH\x00R\x11rolloutTransition\x12K\n" +
+	"\x12rollout_transition\x18\x11 \x01(\v2%.policyd.command.v1.RolloutTransitionH\x00R\x11rolloutTransition\x12A\n" +
+	"\vsync_source\x18\x12 \x01(\v2\x1e.policyd.command.v1.SyncSourceH\x00R\n" +
+	"syncSource\x12K\n" +
 	"\x0ereload_observe\x18\x88\x01 \x01(\v2!.policyd.command.v1.ReloadObserveH\x00R\rreloadObserve\x12Q\n" +
 	"\x10reload_restarted\x18\x89\x01 \x01(\v2#.policyd.command.v1.ReloadRestartedH\x00R\x0freloadRestarted\x12^\n" +
 	"\x15reload_restart_failed\x18\x8a\x01 \x01(\v2'.policyd.command.v1.ReloadRestartFailedH\x00R\x13reloadRestartFailed\x12I\n" +
-	"\x0eset_cluster_id\x18\x8f\x01 \x01(\v2 .policyd.command.v1.SetClusterIDH\x00R\fsetClusterIdB\x06\n" +
+	"\x0eset_cluster_id\x18\x8f\x01 \x01(\v2 .policyd.command.v1.SetClusterIDH\x00R\fsetClusterId\x12X\n" +
+	"\x13request_source_sync\x18\x93\x01 \x01(\v2%.policyd.command.v1.RequestSourceSyncH\x00R\x11requestSourceSyncB\x06\n" +
 	"\x04kindB5Z3github.com/policyd/policyd/api/command/v1;commandv1b\x06proto3"
 
 var (
@@ -407,10 +442,12 @@ var file_command_v1_body_proto_goTypes = []any{
 	(*PruneDrift)(nil),          // 11: policyd.command.v1.PruneDrift
 	(*RolloutStart)(nil),        // 12: policyd.command.v1.RolloutStart
 	(*RolloutTransition)(nil),   // 13: policyd.command.v1.RolloutTransition
-	(*ReloadObserve)(nil),       // 14: policyd.command.v1.ReloadObserve
-	(*ReloadRestarted)(nil),     // 15: policyd.command.v1.ReloadRestarted
-	(*ReloadRestartFailed)(nil), // 16: policyd.command.v1.ReloadRestartFailed
-	(*SetClusterID)(nil),        // 17: policyd.command.v1.SetClusterID
+	(*SyncSource)(nil),          // 14: policyd.command.v1.SyncSource
+	(*ReloadObserve)(nil),       // 15: policyd.command.v1.ReloadObserve
+	(*ReloadRestarted)(nil),     // 16: policyd.command.v1.ReloadRestarted
+	(*ReloadRestartFailed)(nil), // 17: policyd.command.v1.ReloadRestartFailed
+	(*SetClusterID)(nil),        // 18: policyd.command.v1.SetClusterID
+	(*RequestSourceSync)(nil),   // 19: policyd.command.v1.RequestSourceSync
 }
 var file_command_v1_body_proto_depIdxs = []int32{
 	1,  // 0: policyd.command.v1.Body.put_policy:type_name -> policyd.command.v1.PutPolicy
@@ -426,15 +463,17 @@ var file_command_v1_body_proto_depIdxs = []int32{
 	11, // 10: policyd.command.v1.Body.prune_drift:type_name -> policyd.command.v1.PruneDrift
 	12, // 11: policyd.command.v1.Body.rollout_start:type_name -> policyd.command.v1.RolloutStart
 	13, // 12: policyd.command.v1.Body.rollout_transition:type_name -> policyd.command.v1.RolloutTransition
-	14, // 13: policyd.command.v1.Body.reload_observe:type_name -> policyd.command.v1.ReloadObserve
-	15, // 14: policyd.command.v1.Body.reload_restarted:type_name -> policyd.command.v1.ReloadRestarted
-	16, // 15: policyd.command.v1.Body.reload_restart_failed:type_name -> policyd.command.v1.ReloadRestartFailed
-	17, // 16: policyd.command.v1.Body.set_cluster_id:type_name -> policyd.command.v1.SetClusterID
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	14, // 13: policyd.command.v1.Body.sync_source:type_name -> policyd.command.v1.SyncSource
+	15, // 14: policyd.command.v1.Body.reload_observe:type_name -> policyd.command.v1.ReloadObserve
+	16, // 15: policyd.command.v1.Body.reload_restarted:type_name -> policyd.command.v1.ReloadRestarted
+	17, // 16: policyd.command.v1.Body.reload_restart_failed:type_name -> policyd.command.v1.ReloadRestartFailed
+	18, // 17: policyd.command.v1.Body.set_cluster_id:type_name -> policyd.command.v1.SetClusterID
+	19, // 18: policyd.command.v1.Body.request_source_sync:type_name -> policyd.command.v1.RequestSourceSync
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_command_v1_body_proto_init() }
@@ -446,6 +485,7 @@ func file_command_v1_body_proto_init() {
 	file_command_v1_drift_proto_init()
 	file_command_v1_reload_proto_init()
 	file_command_v1_rollout_proto_init()
+	file_command_v1_source_proto_init()
 	file_command_v1_body_proto_msgTypes[0].OneofWrappers = []any{
 		(*Body_PutPolicy)(nil),
 		(*Body_DeletePolicy)(nil),
@@ -460,10 +500,12 @@ func file_command_v1_body_proto_init() {
 		(*Body_PruneDrift)(nil),
 		(*Body_RolloutStart)(nil),
 		(*Body_RolloutTransition)(nil),
+		(*Body_SyncSource)(nil),
 		(*Body_ReloadObserve)(nil),
 		(*Body_ReloadRestarted)(nil),
 		(*Body_ReloadRestartFailed)(nil),
 		(*Body_SetClusterId)(nil),
+		(*Body_RequestSourceSync)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
