@@ -37,6 +37,7 @@ type Config struct {
 	Kubernetes Kubernetes `mapstructure:"kubernetes"`
 	Reload     Reload     `mapstructure:"reload"`
 	Drift      Drift      `mapstructure:"drift"`
+	Sources    Sources    `mapstructure:"sources"`
 }
 
 // TLS is one listener's (or the Raft transport's) certificate set. Empty
@@ -315,6 +316,7 @@ func Default() Config {
 			Debounce:         5 * time.Second,
 			AnnotationPrefix: "policyd.io",
 		},
+		Sources: Sources{Debounce: 100 * time.Millisecond, MaxPruneRatio: 0.5},
 		Drift: Drift{
 			MaxConnections:   1024,
 			AnnotationPrefix: "policyd.io",

@@ -71,6 +71,7 @@ func (c *Config) Validate() error {
 	c.validateJWT(&p)
 	c.validateTLS(&p)
 	c.validateReload(&p)
+	c.validateSources(&p)
 	c.validateDrift(&p)
 
 	seenKinds := map[string]int{}

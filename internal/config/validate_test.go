@@ -168,6 +168,22 @@ func TestValidate(t *testing.T) {
 		{name: "tls client CA without TLS", mutate: func(c *Config) { c.Raft.TLS.ClientCAFile = "/ca.pem" }, want: []string{"raft.tls.client_ca_file: needs cert_file and key_file"}},
 		{name: "reload selector not key=value", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Selector = true, "app" }, want: []string{`reload.selector: "app" must be key=value`}},
 		{name: "reload selector empty value", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Selector = true, "app=" }, want: []string{`reload.selector: "app=" must be key=value`}},
+		{name: "sources debounce above 1s", mutate: func(c *Config) { c.Sources.Debounce = 2 * time.Second }, want: []string{"sources.debounce: 2s must be within 0s..1s"}},
+		{name: "sources prune ratio above 1", mutate: func(c *Config) { c.Sources.MaxPruneRatio = 1.5 }, want: []string{"sources.max_prune_ratio: 1.5 must be within 0..1"}},
+		{name: "git source bad name", mutate: func(c *Config) {
+			c.Sources.Git = []SourceGit{{Name: "Bad_Name", URL: "https://x/y.git", Ref: "main"}}
+		}, want: []string{`sources.git[0].name: "Bad_Name" must be lowercase letters`}},
+		{name: "git source twice", mutate: func(c *Config) {
+			c.Sources.Git = []SourceGit{{Name: "p", URL: "https://x/y.git", Ref: "main"}, {Name: "p", URL: "https://x/z.git", Ref: "main"}}
+		}, want: []string{`sources.git[1].name: "p" is configured twice`}},
+		{name: "git source without url and ref", mutate: func(c *Config) { c.Sources.Git = []SourceGit{{Name: "p"}} },
+			want: []string{"sources.git[0].url: must not be empty", "sources.git[0].ref: must name a branch or a tag"}},
+		{name: "git ssh key without known hosts", mutate: func(c *Config) {
+			c.Sources.Git = []SourceGit{{Name: "p", URL: "ssh://git@x/y.git", Ref: "main", Auth: GitAuth{SSHKeyFile: "/k"}}}
+		}, want: []string{"sources.git[0].auth.known_hosts_file: required with auth.ssh_key_file"}},
+		{name: "git interval below 1s", mutate: func(c *Config) {
+			c.Sources.Git = []SourceGit{{Name: "p", URL: "https://x/y.git", Ref: "main", Interval: time.Millisecond}}
+		}, want: []string{"sources.git[0].interval: 1ms must be at least 1s"}},
 		{name: "reload empty namespace", mutate: func(c *Config) { c.Reload.Enabled, c.Reload.Namespace = true, " " }, want: []string{"reload.namespace: must not be empty"}},
 		{name: "reload disabled is not checked", mutate: func(c *Config) { c.Reload.Selector, c.Reload.Namespace = "bad", "" }},
 		{name: "drift mode", mutate: func(c *Config) { c.Drift.Mode = "block" }, want: []string{`drift.mode: "block" must be one of enforce, log`}},
