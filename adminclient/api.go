@@ -248,16 +248,31 @@ type ServerVersion struct {
 // VersionOf reads one server's build, without failover: server is a base
 // URL, not necessarily one of the configured ones (a member's http_addr).
 func (c *Client) VersionOf(ctx context.Context, server string) (*VersionInfo, error) {
-	resp, err := c.sendTo(ctx, strings.TrimRight(server, "/"), request{method: http.MethodGet, path: "/v1/version"})
+	var out VersionInfo
+	return &out, c.getAt(ctx, server, "/v1/version", &out)
+}
+
+// getAt GETs path from one server, without failover, into out.
+func (c *Client) getAt(ctx context.Context, server, path string, out any) error {
+	resp, err := c.sendTo(ctx, strings.TrimRight(server, "/"), request{method: http.MethodGet, path: path})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
-	var out VersionInfo
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("decode version from %s: %w", server, err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s from %s: %w", path, server, err)
 	}
-	return &out, nil
+	return nil
+}
+
+// memberURL is a member's base URL from its http_addr, with the scheme of
+// the configured servers.
+func (c *Client) memberURL(addr string) string {
+	scheme := "http"
+	if u, err := url.Parse(c.servers[0]); err == nil && u.Scheme != "" {
+		scheme = u.Scheme
+	}
+	return scheme + "://" + addr
 }
 
 // Clients lists the connected sidecars, cluster-wide.

@@ -21,11 +21,13 @@ type Policy struct {
 	Scope  Scope             `json:"scope"`
 	Labels map[string]string `json:"labels,omitempty"`
 	// Enforcement is "shadow" for a shadow policy; omitted: enforce.
-	Enforcement string          `json:"enforcement,omitempty"`
-	Spec        json.RawMessage `json:"spec"`
-	Revision    uint64          `json:"revision"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
+	Enforcement string `json:"enforcement,omitempty"`
+	// Source owns the policy: "kubernetes" or "git:NAME"; omitted: the API.
+	Source    string          `json:"source,omitempty"`
+	Spec      json.RawMessage `json:"spec"`
+	Revision  uint64          `json:"revision"`
+	CreatedAt time.Time       `json:"created_at"`
+	UpdatedAt time.Time       `json:"updated_at"`
 }
 
 // PolicyList is GET /v1/policies.

@@ -24,9 +24,13 @@ func policyCommand(c *adminClient) *cobra.Command {
 			}
 			return out, func(w io.Writer) error {
 				tw := newTable(w)
-				fmt.Fprintln(tw, "NAME\tKIND\tSCOPE\tREVISION")
+				fmt.Fprintln(tw, "NAME\tKIND\tSCOPE\tREVISION\tSOURCE")
 				for _, p := range out.Policies {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", p.Name, p.Kind, scopeString(p.Scope), p.Revision)
+					src := p.Source
+					if src == "" {
+						src = "api"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Name, p.Kind, scopeString(p.Scope), p.Revision, src)
 				}
 				return tw.Flush()
 			}, nil

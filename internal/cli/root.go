@@ -82,6 +82,7 @@ func rootCommand() *cobra.Command {
 		proxyStatusCommand(cl),
 		rolloutCommand(cl),
 		reloadCommand(cl),
+		sourcesCommand(cl),
 		driftCommand(cl),
 		watchCommand(),
 		authzCommand(),

@@ -46,6 +46,7 @@ import (
 	"github.com/policyd/policyd/internal/server/raftlog"
 	"github.com/policyd/policyd/internal/server/raftnode"
 	"github.com/policyd/policyd/internal/server/shadow"
+	"github.com/policyd/policyd/internal/sources"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -97,6 +98,8 @@ type Node struct {
 	stale  atomic.Bool
 	reload *reload.Controller // nil unless reload.enabled
 	drift  *driftWebhook      // nil unless drift.addr is set
+	// sources reconciles the policy sources on the leader; nil without any.
+	sources *sources.Engine
 
 	// shadow aggregates this node's sidecars' shadow reports.
 	shadow *shadow.Aggregator
@@ -270,6 +273,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		return nil, err
 	}
 	if err = n.setupDrift(); err != nil {
+		return nil, err
+	}
+	if err = n.setupSources(); err != nil {
 		return nil, err
 	}
 	n.setupRollouts()

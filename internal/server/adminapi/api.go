@@ -64,6 +64,7 @@ type Backend interface {
 	clientsLister
 	reloadStatuser
 	shadowCounter
+	sourcer
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -197,6 +198,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.routeRollouts()
 	a.route("GET /v1/reload", auth.RoleRead, a.reloadState)
 	a.route("GET /v1/drift", auth.RoleRead, a.listDrift)
+	a.routeSources()
 	a.routePprof()
 
 	a.mux.HandleFunc("/", a.noRoute)

@@ -8,6 +8,7 @@ import (
 	"github.com/policyd/policyd/internal/auth"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/apierror"
+	"github.com/policyd/policyd/internal/sources"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -34,8 +35,12 @@ func statusOf(err error) (int, string) {
 		return ae.status, ae.code
 	case errors.Is(err, policy.ErrInvalid):
 		return http.StatusBadRequest, apierror.CodeInvalid
-	case errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, sources.ErrNotConfigured):
 		return http.StatusNotFound, apierror.CodeNotFound
+	case errors.Is(err, sources.ErrHookRefused):
+		return http.StatusUnauthorized, apierror.CodeUnauthorized
+	case errors.Is(err, sources.ErrRateLimited):
+		return http.StatusTooManyRequests, apierror.CodeUnavailable
 	case errors.Is(err, store.ErrConflict):
 		return http.StatusConflict, apierror.CodeConflict
 	case errors.Is(err, auth.ErrNoCredentials), errors.Is(err, auth.ErrBadCredentials):

@@ -22,6 +22,7 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/reload"
+	"github.com/policyd/policyd/internal/sources"
 	"github.com/policyd/policyd/internal/store"
 )
 
@@ -239,6 +240,28 @@ func (f *fakeBackend) TransferLeadership(_ context.Context, id string) (string, 
 	f.leader = id
 	return from, id, nil
 }
+
+// The fake configures one source, git:policies, whose webhook secret is
+// "s3cret" (a GitLab token, for brevity).
+const fakeSource = "git:policies"
+
+func (f *fakeBackend) SourceNames() []string { return []string{fakeSource} }
+
+func (f *fakeBackend) SourceStatus(name string) (sources.Status, bool) {
+	return sources.Status{Name: name}, name == fakeSource
+}
+
+func (f *fakeBackend) VerifySourceHook(name string, h http.Header, _ []byte) error {
+	switch {
+	case name != fakeSource:
+		return sources.ErrNotConfigured
+	case h.Get("X-Gitlab-Token") != "s3cret":
+		return sources.ErrHookRefused
+	}
+	return f.call("VerifySourceHook")
+}
+
+func (f *fakeBackend) LeaderHTTPAddr() string { return "" }
 
 var (
 	_ Backend          = (*fakeBackend)(nil)

@@ -14,6 +14,7 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/apierror"
 	"github.com/policyd/policyd/internal/server/proxystatus"
@@ -147,6 +148,8 @@ var routeTests = map[string]routeTest{
 		{name: "stale If-Match", target: "/v1/policies/p1", header: map[string]string{"If-Match": `"7"`}, body: policyBody, status: 409, code: "conflict"},
 		{name: "must not exist", target: "/v1/policies/p1", header: map[string]string{"If-Match": "0"}, body: policyBody, status: 409, code: "conflict"},
 		{name: "under a rollout", target: "/v1/policies/p2", body: policyBody, status: 409, code: "conflict", mention: "r3"},
+		{name: "managed by a source", setup: seedManaged, target: "/v1/policies/p5", body: policyBody, status: 409, code: "conflict",
+			mention: "managed by git:policies (ToolPolicy p5); change it there"},
 		// A leader of an older release answers without the stored value:
 		// the answer is read back from this node's replica.
 		{name: "older leader", setup: func(_ *testing.T, f *fakeBackend) { f.noValue = true }, target: "/v1/policies/p1", body: policyBody, verify: etag(4)},
@@ -156,6 +159,7 @@ var routeTests = map[string]routeTest{
 		{name: "stale If-Match", header: map[string]string{"If-Match": "9"}, status: 409, code: "conflict"},
 		{name: "bad If-Match", header: map[string]string{"If-Match": "-1"}, status: 400, code: "invalid", mention: "If-Match"},
 		{name: "bad name", target: "/v1/policies/Bad_Name", status: 400, code: "invalid", mention: "name"},
+		{name: "managed by a source", setup: seedManaged, target: "/v1/policies/p5", status: 409, code: "conflict", mention: "managed by git:policies"},
 	}},
 	"GET /v1/policies/{name}/history": {ok: check{target: "/v1/policies/p1/history", verify: bodyHas(`"revision":1`)}, local: true, checks: []check{
 		{name: "missing", target: "/v1/policies/nope/history", status: 404, code: "not_found", mention: "nope"},
@@ -274,11 +278,40 @@ var routeTests = map[string]routeTest{
 		{name: "limit too high", target: "/v1/drift?limit=5000", status: 400, code: "invalid", mention: "limit"},
 	}},
 
+	"GET /v1/sources": {ok: check{setup: seedManaged, verify: bodyHas(`"name":"git:policies","synced_revision":"c1"`)}, local: true},
+	"GET /v1/sources/{name}": {ok: check{target: "/v1/sources/git:policies", verify: bodyHas(`"policies":0`)}, local: true, checks: []check{
+		{name: "not configured", target: "/v1/sources/git:other", status: 404, code: "not_found", mention: "git:other"},
+	}},
+	"POST /v1/sources/{name}/sync": {ok: check{target: "/v1/sources/git:policies/sync?allow_prune=true", status: 202, verify: bodyHas(`"request_index":4,"allow_prune":true`)}, via: "Propose", checks: []check{
+		{name: "not configured", target: "/v1/sources/kubernetes/sync", status: 404, code: "not_found", mention: "kubernetes"},
+		{name: "bad allow_prune", target: "/v1/sources/git:policies/sync?allow_prune=maybe", status: 400, code: "invalid", mention: "allow_prune"},
+	}},
+	"POST /v1/sources/{name}/hook": {ok: check{target: "/v1/sources/git:policies/hook", body: `{"ref":"refs/heads/main"}`, header: map[string]string{"X-Gitlab-Token": "s3cret"}, status: 202, verify: proposedBy("hook:git:policies")}, via: "VerifySourceHook", checks: []check{
+		{name: "bad token", header: map[string]string{"X-Gitlab-Token": "guess"}, status: 401, code: "unauthorized", mention: "signature"},
+		{name: "not configured", target: "/v1/sources/git:other/hook", status: 404, code: "not_found"},
+		{name: "too large", body: strings.Repeat("x", MaxBodyBytes+1), status: 413, code: "invalid", mention: "exceeds"},
+	}},
+
 	"GET /debug/pprof/":        {ok: check{verify: bodyHas("goroutine")}, noBackend: true},
 	"GET /debug/pprof/cmdline": {ok: check{}, noBackend: true},
 	"GET /debug/pprof/profile": {ok: check{cancel: true}, noBackend: true},
 	"GET /debug/pprof/symbol":  {ok: check{}, noBackend: true},
 	"GET /debug/pprof/trace":   {ok: check{cancel: true}, noBackend: true},
+}
+
+// seedManaged commits a sync of git:policies that puts policy p5.
+func seedManaged(t *testing.T, f *fakeBackend) {
+	t.Helper()
+	p, err := policy.DecodePolicy([]byte(policyBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Name = "p5"
+	pb, err := command.PolicyMessage(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.seed(t)(command.SyncSource(&commandv1.SyncSource{Source: fakeSource, Revision: "c1", Parts: 1, Puts: []*commandv1.Policy{pb}}))
 }
 
 func failWith(method string, err error) func(*testing.T, *fakeBackend) {
