@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -196,25 +197,42 @@ func (d *Driver) auth() (transport.AuthMethod, error) {
 	return nil, nil
 }
 
-// cause says in operator's words why the remote refused.
+// cause says in operator's words why the remote refused. go-git's own
+// sentinels stand alone: what follows them is the server's body.
 func (d *Driver) cause(err error) error {
+	auth := errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed)
 	switch {
-	case (errors.Is(err, transport.ErrAuthenticationRequired) || errors.Is(err, transport.ErrAuthorizationFailed)) && d.cfg.TokenFile == "" && d.cfg.SSHKeyFile == "":
-		return fmt.Errorf("%w (no auth is configured)", err)
-	case errors.Is(err, transport.ErrAuthenticationRequired) && d.cfg.SSHKeyFile != "":
-		return fmt.Errorf("%w: the remote refused the key of auth.ssh_key_file", err)
-	case errors.Is(err, transport.ErrAuthenticationRequired), errors.Is(err, transport.ErrAuthorizationFailed):
-		return fmt.Errorf("%w: the remote refused the token of auth.token_file", err)
+	case auth && d.cfg.TokenFile == "" && d.cfg.SSHKeyFile == "":
+		return fmt.Errorf("%w (no auth is configured)", sentinel(err))
+	case auth && d.cfg.TokenFile != "":
+		return fmt.Errorf("%w: the remote refused the token of auth.token_file", sentinel(err))
+	case auth:
+		return fmt.Errorf("%w: the remote refused the key of auth.ssh_key_file", sentinel(err))
+	case errors.Is(err, transport.ErrRepositoryNotFound):
+		return transport.ErrRepositoryNotFound
 	case errors.Is(err, transport.ErrEmptyRemoteRepository):
-		return fmt.Errorf("%w: no ref %q to read", err, d.cfg.Ref)
+		return fmt.Errorf("%w: no ref %q to read", transport.ErrEmptyRemoteRepository, d.cfg.Ref)
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("no answer within %v: %w", fetchTimeout, err)
+		return fmt.Errorf("no answer within %v: %w", fetchTimeout, context.DeadlineExceeded)
+	}
+	// The net error says it without the request's URL.
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return op
 	}
 	// go-git's messages may quote the URL as configured.
 	if raw, safe := d.cfg.URL, redact(d.cfg.URL); raw != safe {
 		return errors.New(strings.ReplaceAll(err.Error(), raw, safe))
 	}
 	return err
+}
+
+// sentinel is the go-git authentication error that err wraps.
+func sentinel(err error) error {
+	if errors.Is(err, transport.ErrAuthorizationFailed) {
+		return transport.ErrAuthorizationFailed
+	}
+	return transport.ErrAuthenticationRequired
 }
 
 // resolve finds ref on the remote: a full name, or a branch before a tag.

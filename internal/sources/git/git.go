@@ -230,4 +230,3 @@ func (d *Driver) Outcomes() []sources.Outcome {
 	defer d.mu.Unlock()
 	return append([]sources.Outcome(nil), d.outcomes...)
 }
-
