@@ -118,11 +118,11 @@ func New(cfg Config, dataDir string, logger *slog.Logger) (*Driver, error) {
 	if cfg.SSHKeyFile != "" && !isSSH(cfg.URL) {
 		return nil, fail("auth.ssh_key_file is set but url %s is not an ssh remote", redact(cfg.URL))
 	}
-	if cfg.SSHKeyFile == "" && isSSH(cfg.URL) {
-		return nil, fail("url %s is an ssh remote: it needs auth.ssh_key_file and auth.known_hosts_file", cfg.URL)
-	}
 	if cfg.TokenFile != "" && !isHTTP(cfg.URL) {
 		return nil, fail("auth.token_file is set but url %s is not an http(s) remote", redact(cfg.URL))
+	}
+	if cfg.SSHKeyFile == "" && isSSH(cfg.URL) {
+		return nil, fail("url %s is an ssh remote: it needs auth.ssh_key_file and auth.known_hosts_file", cfg.URL)
 	}
 	if dataDir == "" {
 		return nil, fail("no data directory")
