@@ -130,6 +130,9 @@ func New(cfg Config, dataDir string, logger *slog.Logger) (*Driver, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.TokenFile != "" && strings.HasPrefix(cfg.URL, "http://") {
+		logger.Warn("git source sends its token over plain http", "source", sources.GitName(cfg.Name), "url", redact(cfg.URL))
+	}
 	return &Driver{
 		cfg:    cfg,
 		dir:    filepath.Join(dataDir, "sources", cfg.Name),

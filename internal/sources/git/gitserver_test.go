@@ -82,13 +82,14 @@ type repo struct {
 	t    *testing.T
 	s    *server
 	url  string
+	bare string
 	work string
 }
 
 func (s *server) repo(t *testing.T, name string) *repo {
 	t.Helper()
 	bare := filepath.Join(s.root, name+".git")
-	r := &repo{t: t, s: s, url: s.url + "/" + name + ".git", work: t.TempDir()}
+	r := &repo{t: t, s: s, url: s.url + "/" + name + ".git", bare: bare, work: t.TempDir()}
 	r.run(s.root, "init", "-q", "--bare", bare)
 	r.run(r.work, "init", "-q")
 	r.run(r.work, "remote", "add", "origin", bare)
@@ -149,6 +150,25 @@ func (r *repo) commit(msg string) string {
 	r.git("commit", "-q", "--allow-empty", "-m", msg)
 	r.git("push", "-q", "-f", "origin", "HEAD:refs/heads/main")
 	return r.git("rev-parse", "HEAD")
+}
+
+// importFiles commits files (name → content) straight into the bare
+// repository's main with git fast-import, without a work tree: the fast
+// way to a commit of thousands of files. It returns the commit's hash.
+func (r *repo) importFiles(files map[string]string) string {
+	r.t.Helper()
+	var b strings.Builder
+	b.WriteString("commit refs/heads/main\ncommitter Policy Author <author@example.com> 1700000000 +0000\ndata 6\nimport\n")
+	for name, content := range files {
+		fmt.Fprintf(&b, "M 100644 inline %s\ndata %d\n%s\n", name, len(content), content)
+	}
+	cmd := exec.Command("git", "--git-dir", r.bare, "fast-import", "--quiet")
+	cmd.Env = r.s.env
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		r.t.Fatalf("git fast-import: %v\n%s", err, out)
+	}
+	return r.run(r.bare, "rev-parse", "refs/heads/main")
 }
 
 // logBuffer is a concurrency-safe log sink.

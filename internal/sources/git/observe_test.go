@@ -144,8 +144,8 @@ func TestObserveInvalid(t *testing.T) {
 		want  []sources.ObjectError // Message is matched as a substring
 	}{
 		{"unknown field", func(r *repo) {
-			r.write("p/a.yaml", good+"---\n"+toolPolicy("acme.bad", "x")+"nmae: typo\n")
-		}, "p", []sources.ObjectError{{Object: "p/a.yaml#2", Name: "acme.bad", Field: "nmae", Message: "unknown field"}}},
+			r.write("p/a.yaml", good+"---\n"+toolPolicy("acme.bad", "x")+"owner: platform\n")
+		}, "p", []sources.ObjectError{{Object: "p/a.yaml#2", Name: "acme.bad", Field: "owner", Message: "unknown field"}}},
 		{"wrong type", func(r *repo) {
 			r.write("p/a.json", `{"name":"acme.bad","kind":"ToolPolicy","scope":{"org":1},"spec":{}}`)
 		}, "p", []sources.ObjectError{{Object: "p/a.json#1", Name: "acme.bad", Field: "scope.org", Message: "expected string, got number"}}},
@@ -234,23 +234,36 @@ func TestObserveInvalid(t *testing.T) {
 	}
 }
 
-// TestObserveTooManyFiles: more than MaxFiles files under path refuse the
-// commit with one message, without reading them.
+// TestObserveTooManyFiles: MaxFiles files under path are read; one more
+// refuses the commit with one message, without reading them.
 func TestObserveTooManyFiles(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "many")
-	for i := range MaxFiles + 1 {
-		r.write(fmt.Sprintf("p/d%02d/f%05d.txt", i%100, i), "x")
-	}
-	rev := r.commit("many")
-	d, _ := newDriver(t, s, Config{URL: r.url, Path: "p"})
-	obs := observe(t, d)
-	want := []sources.ObjectError{{Object: "p", Message: "more than 10000 files under p: the commit is refused"}}
-	if diff := cmp.Diff(want, obs.Invalid); diff != "" {
-		t.Errorf("invalid (-want +got):\n%s", diff)
-	}
-	if obs.Revision != rev || len(obs.Policies) != 0 {
-		t.Errorf("revision %s with %d policies, want %s with none", obs.Revision, len(obs.Policies), rev)
+	for _, n := range []int{MaxFiles, MaxFiles + 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			r := s.repo(t, fmt.Sprintf("many%d", n))
+			files := map[string]string{"p/a.yaml": toolPolicy("acme.a", "a"), "outside.txt": "not counted"}
+			for i := range n - 1 {
+				files[fmt.Sprintf("p/d%02d/f%05d.txt", i%100, i)] = fmt.Sprint(i)
+			}
+			rev := r.importFiles(files)
+			d, _ := newDriver(t, s, Config{URL: r.url, Path: "p"})
+			obs := observe(t, d)
+			if obs.Revision != rev {
+				t.Errorf("revision %s, want %s", obs.Revision, rev)
+			}
+			var want []sources.ObjectError
+			wantDeclared := []string{"p/a.yaml#1 acme.a a"}
+			if n > MaxFiles {
+				want = []sources.ObjectError{{Object: "p", Message: "more than 10000 files under p: the commit is refused"}}
+				wantDeclared = nil
+			}
+			if diff := cmp.Diff(want, obs.Invalid); diff != "" {
+				t.Errorf("invalid (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantDeclared, declared(t, obs)); diff != "" {
+				t.Errorf("declared (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
