@@ -17,6 +17,8 @@ import (
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+
+	"github.com/policyd/policyd/internal/poll"
 )
 
 // sshServer serves git-upload-pack over ssh on loopback for one client key.
@@ -180,5 +182,51 @@ func TestObserveSSH(t *testing.T) {
 				t.Errorf("error %q: want one line naming %s and %q", msg, url, tc.want)
 			}
 		})
+	}
+}
+
+// TestObserveGitDaemon: git:// remotes need no auth; a daemon that does
+// not export the repository fails the fetch.
+func TestObserveGitDaemon(t *testing.T) {
+	s := newServer(t, "")
+	r := s.repo(t, "daemon")
+	r.write("a.yaml", toolPolicy("acme.daemon", "d"))
+	rev := r.commit("one")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	daemon := exec.Command("git", "daemon", "--reuseaddr", "--export-all", "--base-path="+s.root,
+		"--listen=127.0.0.1", fmt.Sprintf("--port=%d", addr.Port), s.root)
+	daemon.Env = s.env
+	if err := daemon.Start(); err != nil {
+		t.Skipf("no git daemon: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = daemon.Process.Kill()
+		_ = daemon.Wait()
+	})
+	poll.Eventually(t, "git daemon listening", func() error {
+		c, err := net.Dial("tcp", addr.String())
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+
+	d, _ := newDriver(t, nil, Config{URL: fmt.Sprintf("git://%s/daemon.git", addr)})
+	if got := observe(t, d).Revision; got != rev {
+		t.Errorf("revision %s, want %s", got, rev)
+	}
+	missing, _ := newDriver(t, nil, Config{URL: fmt.Sprintf("git://%s/absent.git", addr)})
+	if _, err := missing.Observe(t.Context()); err == nil || !strings.Contains(err.Error(), "git:policies: fetch git://") {
+		t.Errorf("absent repository: %v, want a fetch error", err)
+	} else {
+		t.Log(err)
 	}
 }
