@@ -119,6 +119,9 @@ func (d *Driver) fetch(ctx context.Context) (*object.Commit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ref %s: %w", name, err)
 	}
+	if old == nil || old.Hash() != ref.Hash() {
+		d.logger.Debug("git source fetched a new commit", "ref", name.String(), "commit", commit.Hash.String())
+	}
 	if old != nil && old.Hash() != ref.Hash() {
 		d.moved(repo, old.Hash(), commit)
 	}

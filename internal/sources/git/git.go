@@ -75,7 +75,7 @@ type Driver struct {
 	mu       sync.Mutex // guards what follows
 	note     string
 	outcomes []sources.Outcome
-	reported string // the revision of the outcomes last logged
+	reported string // a digest of the outcomes last logged
 }
 
 var _ sources.Driver = (*Driver)(nil)

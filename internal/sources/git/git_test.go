@@ -70,3 +70,17 @@ func TestNewDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestRedact: a password in a URL never reaches a message.
+func TestRedact(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"https://git.example.com/p.git", "https://git.example.com/p.git"},
+		{"https://user:hunter2@git.example.com/p.git", "https://user:xxxxx@git.example.com/p.git"},
+		{"git@git.example.com:p.git", "git@git.example.com:p.git"},
+	}
+	for _, tc := range tests {
+		if got := redact(tc.in); got != tc.want {
+			t.Errorf("redact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

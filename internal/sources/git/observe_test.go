@@ -1,6 +1,7 @@
 package git
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -393,6 +394,25 @@ func TestObserveFetchFailures(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("password in the url", func(t *testing.T) {
+		u := strings.Replace(closed, "http://", "http://user:hunter2@", 1)
+		d, logs := newDriver(t, nil, Config{URL: u})
+		_, err := d.Observe(t.Context())
+		if err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(logs.String(), "hunter2") {
+			t.Errorf("error %v: want a failure without the password", err)
+		}
+	})
+
+	t.Run("cancelled", func(t *testing.T) {
+		d, _ := newDriver(t, s, Config{URL: r.url})
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		obs, err := d.Observe(ctx)
+		if obs != nil || !errors.Is(err, context.Canceled) {
+			t.Errorf("observed %+v, %v; want context.Canceled", obs, err)
+		}
+	})
 
 	t.Run("token rotation", func(t *testing.T) {
 		token := writeFile(t, "token", "wrong\n")
