@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -64,11 +66,33 @@ func (d *Driver) Observe(ctx context.Context) (*sources.Observation, error) {
 	if err != nil {
 		return nil, &FetchError{Source: d.Name(), URL: redact(d.cfg.URL), Err: err}
 	}
+	// A commit reads the same every time: a poll that finds the ref where
+	// it was costs the ref listing and no decoding.
+	if d.last != nil && d.last.Revision == commit.Hash.String() {
+		return clone(d.last), nil
+	}
 	obs, err := d.read(commit)
 	if err != nil {
 		return nil, fmt.Errorf("%s: read commit %s: %w", d.Name(), commit.Hash, err)
 	}
-	return obs, nil
+	d.last = obs
+	return clone(obs), nil
+}
+
+// clone copies an observation deeply enough that what the caller does to
+// its policies never reaches the cached one.
+func clone(obs *sources.Observation) *sources.Observation {
+	c := *obs
+	c.Invalid = slices.Clone(obs.Invalid)
+	c.Policies = make([]sources.Declared, len(obs.Policies))
+	for i, d := range obs.Policies {
+		p := *d.Policy
+		p.Labels = maps.Clone(d.Policy.Labels)
+		p.Spec = slices.Clone(d.Policy.Spec)
+		d.Policy = &p
+		c.Policies[i] = d
+	}
+	return &c
 }
 
 // fetch brings the ref's commit into the local repository and returns it.

@@ -69,8 +69,9 @@ type Driver struct {
 	hooks  chan struct{}
 	limit  *rate.Limiter
 
-	fetchMu sync.Mutex // serialises Observe, and guards repo
+	fetchMu sync.Mutex // serialises Observe, and guards repo and last
 	repo    *gogit.Repository
+	last    *sources.Observation // of the commit read last
 
 	mu       sync.Mutex // guards what follows
 	note     string

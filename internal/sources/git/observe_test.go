@@ -133,6 +133,33 @@ func TestObserveCreateChangeDelete(t *testing.T) {
 	}
 }
 
+// TestObserveSameCommit: reading a commit again gives the same
+// observation, whatever the caller did to the one before.
+func TestObserveSameCommit(t *testing.T) {
+	s := newServer(t, "")
+	r := s.repo(t, "same")
+	r.write("a.yaml", toolPolicy("acme.a", "a")+"labels: {tier: prod}\n---\nname: broken\nbogus: 1\n")
+	r.commit("one")
+	d, _ := newDriver(t, s, Config{URL: r.url})
+	first := observe(t, d)
+	want := *first
+	want.Policies = slices.Clone(first.Policies)
+	wantPolicy := *first.Policies[0].Policy
+	wantPolicy.Labels = map[string]string{"tier": "prod"}
+	wantPolicy.Spec = slices.Clone(first.Policies[0].Policy.Spec)
+	want.Policies[0].Policy = &wantPolicy
+	want.Invalid = slices.Clone(first.Invalid)
+
+	first.Policies[0].Policy.Name = "changed"
+	first.Policies[0].Policy.Labels["tier"] = "changed"
+	first.Policies[0].Policy.Spec[0] = ' '
+	first.Invalid[0].Message = "changed"
+	second := observe(t, d)
+	if diff := cmp.Diff(&want, second); diff != "" {
+		t.Errorf("second observation (-want +got):\n%s", diff)
+	}
+}
+
 // TestObserveInvalid: each content failure refuses the commit with an
 // entry naming the file, the document and the field.
 func TestObserveInvalid(t *testing.T) {
