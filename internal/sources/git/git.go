@@ -69,9 +69,10 @@ type Driver struct {
 	hooks  chan struct{}
 	limit  *rate.Limiter
 
-	fetchMu sync.Mutex // serialises Observe, and guards repo and last
+	fetchMu sync.Mutex // serialises Observe, and guards repo, last and decoded
 	repo    *gogit.Repository
-	last    *sources.Observation // of the commit read last
+	last    *sources.Observation   // of the commit read last
+	decoded map[string]decodedFile // of the commit read last, by file
 
 	mu       sync.Mutex // guards what follows
 	note     string

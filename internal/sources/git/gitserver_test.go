@@ -45,7 +45,7 @@ type server struct {
 	env   []string // for the git command
 }
 
-func newServer(t *testing.T, token string) *server {
+func newServer(t testing.TB, token string) *server {
 	t.Helper()
 	if _, err := os.Stat(gitHTTPBackend); err != nil {
 		t.Skipf("no git http-backend: %v", err)
@@ -79,14 +79,14 @@ func newServer(t *testing.T, token string) *server {
 
 // repo is a bare repository on the server and a work tree that pushes to it.
 type repo struct {
-	t    *testing.T
+	t    testing.TB
 	s    *server
 	url  string
 	bare string
 	work string
 }
 
-func (s *server) repo(t *testing.T, name string) *repo {
+func (s *server) repo(t testing.TB, name string) *repo {
 	t.Helper()
 	bare := filepath.Join(s.root, name+".git")
 	r := &repo{t: t, s: s, url: s.url + "/" + name + ".git", bare: bare, work: t.TempDir()}
@@ -191,7 +191,7 @@ func (b *logBuffer) String() string {
 
 // newDriver makes a driver of cfg with a token file holding the server's
 // token, logging into the returned buffer.
-func newDriver(t *testing.T, s *server, cfg Config) (*Driver, *logBuffer) {
+func newDriver(t testing.TB, s *server, cfg Config) (*Driver, *logBuffer) {
 	t.Helper()
 	if cfg.Name == "" {
 		cfg.Name = "policies"
@@ -210,7 +210,7 @@ func newDriver(t *testing.T, s *server, cfg Config) (*Driver, *logBuffer) {
 	return d, logs
 }
 
-func writeFile(t *testing.T, name, content string) string {
+func writeFile(t testing.TB, name, content string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {

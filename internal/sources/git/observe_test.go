@@ -103,9 +103,25 @@ func TestObserveCreateChangeDelete(t *testing.T) {
 			"policies/a.yaml#1 acme.a2 changed",
 			"policies/c.yml#1 acme.c sea",
 		}},
+		{"rename a file", func() string {
+			r.git("mv", "policies/c.yml", "policies/d.yml")
+			return r.commit("rename")
+		}, []string{
+			"policies/a.yaml#1 acme.a2 changed",
+			"policies/d.yml#1 acme.c sea",
+		}},
+		{"declare a policy twice", func() string {
+			r.write("policies/e.yaml", toolPolicy("acme.c", "again"))
+			return r.commit("twice")
+		}, []string{
+			"policies/a.yaml#1 acme.a2 changed",
+			"policies/d.yml#1 acme.c sea",
+			"invalid policies/e.yaml#1 name: policy acme.c is also declared by policies/d.yml#1",
+		}},
 		{"delete everything", func() string {
 			r.remove("policies/a.yaml")
-			r.remove("policies/c.yml")
+			r.remove("policies/d.yml")
+			r.remove("policies/e.yaml")
 			return r.commit("fourth")
 		}, nil},
 	}
@@ -115,10 +131,11 @@ func TestObserveCreateChangeDelete(t *testing.T) {
 		if obs.Revision != want {
 			t.Errorf("%s: revision %s, want %s", st.name, obs.Revision, want)
 		}
-		if len(obs.Invalid) > 0 {
-			t.Errorf("%s: invalid %+v", st.name, obs.Invalid)
+		got := declared(t, obs)
+		for _, e := range obs.Invalid {
+			got = append(got, fmt.Sprintf("invalid %s %s: %s", e.Object, e.Field, e.Message))
 		}
-		if diff := cmp.Diff(st.want, declared(t, obs)); diff != "" {
+		if diff := cmp.Diff(st.want, got); diff != "" {
 			t.Errorf("%s: declared (-want +got):\n%s", st.name, diff)
 		}
 	}

@@ -90,13 +90,36 @@ func (d *Driver) read(commit *object.Commit) (*sources.Observation, error) {
 		})
 		return obs, nil
 	}
+	decoded := make(map[string]decodedFile, len(files))
 	declared := map[string]string{} // policy name → object declaring it
 	for _, f := range files {
-		if err := d.readFile(root, f, obs, declared); err != nil {
+		res, err := d.readFile(root, f, decoded)
+		if err != nil {
 			return nil, err
 		}
+		obs.Invalid = append(obs.Invalid, res.invalid...)
+		for _, decl := range res.policies {
+			if first, ok := declared[decl.Policy.Name]; ok {
+				obs.Invalid = append(obs.Invalid, sources.ObjectError{
+					Object: decl.Object, Name: decl.Policy.Name, Field: "name",
+					Message: fmt.Sprintf("policy %s is also declared by %s", decl.Policy.Name, first),
+				})
+				continue
+			}
+			declared[decl.Policy.Name] = decl.Object
+			obs.Policies = append(obs.Policies, decl)
+		}
 	}
+	d.decoded = decoded
 	return obs, nil
+}
+
+// decodedFile is what one file at one blob declares, kept so that a commit
+// that changes one file decodes only that file.
+type decodedFile struct {
+	blob     plumbing.Hash
+	policies []sources.Declared
+	invalid  []sources.ObjectError
 }
 
 // pathName is Path for messages: "/" for the repository's root.
@@ -130,85 +153,90 @@ func (d *Driver) list(base *object.Tree) ([]entry, error) {
 	return files, nil
 }
 
-// readFile adds the documents of one file to obs, or what is wrong with it.
-func (d *Driver) readFile(root *object.Tree, f entry, obs *sources.Observation, declared map[string]string) error {
+// readFile returns what one file declares, or what is wrong with it; the
+// decoding of a blob read before under the same name is reused, and every
+// file read goes into decoded.
+func (d *Driver) readFile(root *object.Tree, f entry, decoded map[string]decodedFile) (decodedFile, error) {
 	rel := strings.TrimPrefix(strings.TrimPrefix(f.name, d.cfg.Path), "/")
 	if hidden(rel) {
-		return nil
+		return decodedFile{}, nil
 	}
-	invalid := func(format string, args ...any) {
-		obs.Invalid = append(obs.Invalid, sources.ObjectError{Object: f.name, Message: fmt.Sprintf(format, args...)})
+	refuse := func(format string, args ...any) decodedFile {
+		return decodedFile{invalid: []sources.ObjectError{{Object: f.name, Message: fmt.Sprintf(format, args...)}}}
 	}
 	te := f.te
 	if te.Mode == filemode.Symlink {
 		target, problem, err := d.follow(root, f.name, te, isDocument(f.name))
 		if err != nil {
-			return err
+			return decodedFile{}, err
 		}
 		if problem != "" {
-			invalid("%s", problem)
-			return nil
-		}
-		if !isDocument(f.name) {
-			return nil
+			return refuse("%s", problem), nil
 		}
 		te = target
 	}
 	if !isDocument(f.name) {
-		return nil
+		return decodedFile{}, nil
 	}
-	repo := d.repo
-	blob, err := repo.BlobObject(te.Hash)
+	if prev, ok := d.decoded[f.name]; ok && prev.blob == te.Hash {
+		decoded[f.name] = prev
+		return prev, nil
+	}
+	res, err := d.decodeBlob(f.name, te.Hash)
 	if err != nil {
-		return fmt.Errorf("blob of %s: %w", f.name, err)
+		return decodedFile{}, err
+	}
+	res.blob = te.Hash
+	decoded[f.name] = res
+	return res, nil
+}
+
+// decodeBlob decodes the documents of the file name, whose content is h.
+func (d *Driver) decodeBlob(name string, h plumbing.Hash) (decodedFile, error) {
+	var res decodedFile
+	refuse := func(format string, args ...any) (decodedFile, error) {
+		res.invalid = append(res.invalid, sources.ObjectError{Object: name, Message: fmt.Sprintf(format, args...)})
+		return res, nil
+	}
+	blob, err := d.repo.BlobObject(h)
+	if err != nil {
+		return res, fmt.Errorf("blob of %s: %w", name, err)
 	}
 	if blob.Size > MaxFileSize {
-		invalid("file is %d bytes, over the limit of %d (1 MiB): refused", blob.Size, MaxFileSize)
-		return nil
+		return refuse("file is %d bytes, over the limit of %d (1 MiB): refused", blob.Size, MaxFileSize)
 	}
-	raw, err := readBlob(repo, te.Hash, MaxFileSize)
+	raw, err := readBlob(d.repo, h, MaxFileSize)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", f.name, err)
+		return res, fmt.Errorf("read %s: %w", name, err)
 	}
 	if i := bytes.IndexByte(raw, 0); i >= 0 {
-		invalid("binary file (a NUL byte at offset %d): refused", i)
-		return nil
+		return refuse("binary file (a NUL byte at offset %d): refused", i)
 	}
 	if !utf8.Valid(raw) {
-		invalid("invalid UTF-8 at offset %d: refused", invalidUTF8(raw))
-		return nil
+		return refuse("invalid UTF-8 at offset %d: refused", invalidUTF8(raw))
 	}
 	docs, err := policy.Documents(raw)
 	if err != nil {
 		var de *policy.DocumentError
 		if errors.As(err, &de) {
-			obs.Invalid = append(obs.Invalid, sources.ObjectError{Object: fmt.Sprintf("%s#%d", f.name, de.Index), Message: de.Err.Error()})
-		} else {
-			invalid("%v", err)
+			res.invalid = append(res.invalid, sources.ObjectError{Object: fmt.Sprintf("%s#%d", name, de.Index), Message: de.Err.Error()})
+			return res, nil
 		}
-		return nil
+		return refuse("%v", err)
 	}
 	for _, doc := range docs {
-		object := fmt.Sprintf("%s#%d", f.name, doc.Index)
+		object := fmt.Sprintf("%s#%d", name, doc.Index)
 		if doc.Item > 0 {
-			object = fmt.Sprintf("%s#%d.%d", f.name, doc.Index, doc.Item)
+			object = fmt.Sprintf("%s#%d.%d", name, doc.Index, doc.Item)
 		}
 		decl, errs := declare(object, doc.JSON)
 		if len(errs) > 0 {
-			obs.Invalid = append(obs.Invalid, errs...)
+			res.invalid = append(res.invalid, errs...)
 			continue
 		}
-		if first, ok := declared[decl.Policy.Name]; ok {
-			obs.Invalid = append(obs.Invalid, sources.ObjectError{
-				Object: object, Name: decl.Policy.Name, Field: "name",
-				Message: fmt.Sprintf("policy %s is also declared by %s", decl.Policy.Name, first),
-			})
-			continue
-		}
-		declared[decl.Policy.Name] = object
-		obs.Policies = append(obs.Policies, decl)
+		res.policies = append(res.policies, decl)
 	}
-	return nil
+	return res, nil
 }
 
 // declare decodes one document as the REST API decodes a policy, after
