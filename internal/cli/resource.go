@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,9 +10,9 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/policyd/policyd/adminclient"
+	"github.com/policyd/policyd/internal/policy"
 )
 
 // resource describes policies or employees for the shared commands.
@@ -198,102 +197,18 @@ func readDocuments(path string) ([]document, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	var values []any
-	if t := bytes.TrimSpace(raw); len(t) > 0 && (t[0] == '{' || t[0] == '[') {
-		values, err = jsonStream(t)
-	} else {
-		values, err = yamlStream(raw)
-	}
+	parsed, err := policy.Documents(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w (nothing was applied)", path, err)
 	}
-	var docs []document
-	for i, v := range values {
-		pos := fmt.Sprintf("document %d", i+1)
-		switch v := v.(type) {
-		case nil:
-			// An empty document (a stray ---) holds nothing to apply.
-		case []any:
-			for j, it := range v {
-				docs = append(docs, toDocument(fmt.Sprintf("%s, item %d", pos, j+1), it))
-			}
-		default:
-			docs = append(docs, toDocument(pos, v))
-		}
-	}
-	if len(docs) == 0 {
+	if len(parsed) == 0 {
 		return nil, fmt.Errorf("%s: no document to apply", path)
 	}
+	docs := make([]document, len(parsed))
+	for i, d := range parsed {
+		docs[i] = document{pos: d.Pos(), json: d.JSON}
+	}
 	return docs, nil
-}
-
-// toDocument encodes one parsed value as JSON; a value that is not an
-// object still becomes a document, which apply then reports by position.
-func toDocument(pos string, v any) document {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b, _ = json.Marshal(fmt.Sprintf("unencodable: %v", err))
-	}
-	return document{pos: pos, json: b}
-}
-
-func jsonStream(raw []byte) ([]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var out []any
-	for n := 1; ; n++ {
-		var v any
-		if err := dec.Decode(&v); errors.Is(err, io.EOF) {
-			return out, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("document %d: not valid JSON: %w", n, err)
-		}
-		out = append(out, v)
-	}
-}
-
-func yamlStream(raw []byte) ([]any, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	var out []any
-	for n := 1; ; n++ {
-		var v any
-		if err := dec.Decode(&v); errors.Is(err, io.EOF) {
-			return out, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("document %d: not valid YAML: %w", n, err)
-		}
-		v, err := jsonCompatible(v)
-		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", n, err)
-		}
-		out = append(out, v)
-	}
-}
-
-// jsonCompatible checks that a YAML value has only string keys, which JSON
-// needs (yaml.v3 decodes other keys as such).
-func jsonCompatible(v any) (any, error) {
-	switch v := v.(type) {
-	case map[string]any:
-		for k, e := range v {
-			e, err := jsonCompatible(e)
-			if err != nil {
-				return nil, err
-			}
-			v[k] = e
-		}
-	case map[any]any:
-		return nil, errors.New("a mapping key is not a string")
-	case []any:
-		for i, e := range v {
-			e, err := jsonCompatible(e)
-			if err != nil {
-				return nil, err
-			}
-			v[i] = e
-		}
-	}
-	return v, nil
 }
 
 // nameOf extracts a document's key field without validating the rest (the
