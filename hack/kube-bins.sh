@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kube-bins.sh: build (once) and cache kube-apiserver, etcd and
 # kube-controller-manager for the tests (envtest, and the drift tests' real
-# deployment and replicaset controllers) and for bench's etcd comparison.
+# deployment and replicaset controllers) and for bench's etcd comparison,
+# and kubectl for the policy sources' apply and delete paths.
 # hack/test.sh calls it.
 #
 # Prints the cache directory holding the binaries; use it as KUBEBUILDER_ASSETS:
@@ -25,8 +26,9 @@ PLAT="$(go env GOOS)_$(go env GOARCH)"
 KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_${GOVER}_${PLAT}"
 DEST="$CACHE_ROOT/$KEY"
 KCM_DONE="$DEST/.complete-kube-controller-manager"
+KUBECTL_DONE="$DEST/.complete-kubectl"
 
-published() { [[ -f "$DEST/.complete" && -f "$KCM_DONE" ]]; }
+published() { [[ -f "$DEST/.complete" && -f "$KCM_DONE" && -f "$KUBECTL_DONE" ]]; }
 
 if published; then echo "$DEST"; exit 0; fi
 
@@ -49,7 +51,7 @@ kmod="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/^\
 {
   printf 'module kubeenv/tools/kube\n\ngo 1.24.0\n\n'
   grep -m1 '^godebug ' "$kmod" || true     # keep k8s's GODEBUG defaults (e.g. default=go1.24)
-  printf '\ntool (\n\tk8s.io/kubernetes/cmd/kube-apiserver\n\tk8s.io/kubernetes/cmd/kube-controller-manager\n)\n'
+  printf '\ntool (\n\tk8s.io/kubernetes/cmd/kube-apiserver\n\tk8s.io/kubernetes/cmd/kube-controller-manager\n\tk8s.io/kubernetes/cmd/kubectl\n)\n'
   printf '\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBE_VERSION"
   # k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/src/...; map them to released tags.
   grep -E '=> \./staging/' "$kmod" | awk -v v="$staging" '{print "\t" $1 " => " $1 " " v}'
@@ -73,15 +75,19 @@ if [[ ! -f "$DEST/.complete" ]]; then
   "$WORK/out/etcd" --version >&2          # (no "| head": SIGPIPE + pipefail would abort)
   cp "$WORK/kube/go.mod" "$WORK/out/kube.go.mod"; cp "$WORK/kube/go.sum" "$WORK/out/kube.go.sum"
   cp "$WORK/etcd/go.mod" "$WORK/out/etcd.go.mod"; cp "$WORK/etcd/go.sum" "$WORK/out/etcd.go.sum"
-  if command -v kubectl >/dev/null 2>&1; then ln -sf "$(command -v kubectl)" "$WORK/out/kubectl"; fi  # optional for envtest
   touch "$WORK/out/.complete"
   rm -rf "$DEST"; mv "$WORK/out" "$DEST"
 fi
 
-# --- kube-controller-manager (added to the published dir) ---------------------
-tmp="$DEST/.kube-controller-manager.tmp"
-build_kube kube-controller-manager "$tmp"
-"$tmp" --version >&2
-mv -f "$tmp" "$DEST/kube-controller-manager"   # same filesystem: atomic
-touch "$KCM_DONE"
+# --- kube-controller-manager and kubectl (added to the published dir) ---------
+add_kube() {  # add_kube CMD MARKER VERSION-ARGS...: build CMD into the published dir once
+  [[ -f "$2" ]] && return 0
+  local cmd="$1" marker="$2" tmp="$DEST/.$1.tmp"; shift 2
+  build_kube "$cmd" "$tmp"
+  "$tmp" "$@" >&2
+  mv -f "$tmp" "$DEST/$cmd"   # same filesystem: atomic
+  touch "$marker"
+}
+add_kube kube-controller-manager "$KCM_DONE" --version
+add_kube kubectl "$KUBECTL_DONE" version --client
 echo "$DEST"
