@@ -59,15 +59,15 @@ func observe(t *testing.T, d *Driver) *sources.Observation {
 // with the commits, and the revision follows the ref.
 func TestObserveCreateChangeDelete(t *testing.T) {
 	s := newServer(t, testToken)
-	r := s.repo(t, "policies")
-	r.write("policies/a.yaml", toolPolicy("acme.a1", "one")+"---\n"+toolPolicy("acme.a2", "two"))
-	r.write("policies/team/b.json", `{"name":"acme.b","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Write","action":"audit","reason":"bee"}}`)
-	r.write("policies/list.yml", "- "+strings.ReplaceAll(toolPolicy("acme.l1", "first"), "\n", "\n  ")+"\n- "+strings.ReplaceAll(toolPolicy("acme.l2", "second"), "\n", "\n  "))
-	r.write("policies/README.md", "not a policy")
-	r.write("policies/.github/workflows/ci.yml", "on: push\n")
-	r.write("other/x.yaml", "not: read\n")
-	c1 := r.commit("first")
-	d, _ := newDriver(t, s, Config{URL: r.url, Path: "policies/"})
+	r := s.Repo(t, "policies")
+	r.Write("policies/a.yaml", toolPolicy("acme.a1", "one")+"---\n"+toolPolicy("acme.a2", "two"))
+	r.Write("policies/team/b.json", `{"name":"acme.b","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Write","action":"audit","reason":"bee"}}`)
+	r.Write("policies/list.yml", "- "+strings.ReplaceAll(toolPolicy("acme.l1", "first"), "\n", "\n  ")+"\n- "+strings.ReplaceAll(toolPolicy("acme.l2", "second"), "\n", "\n  "))
+	r.Write("policies/README.md", "not a policy")
+	r.Write("policies/.github/workflows/ci.yml", "on: push\n")
+	r.Write("other/x.yaml", "not: read\n")
+	c1 := r.Commit("first")
+	d, _ := newDriver(t, s, Config{URL: r.URL, Path: "policies/"})
 
 	steps := []struct {
 		name   string
@@ -82,47 +82,47 @@ func TestObserveCreateChangeDelete(t *testing.T) {
 			"policies/team/b.json#1 acme.b bee",
 		}},
 		{"change and delete a file", func() string {
-			r.write("policies/a.yaml", toolPolicy("acme.a1", "one")+"---\n"+toolPolicy("acme.a2", "changed"))
-			r.remove("policies/team/b.json")
-			r.remove("policies/list.yml")
-			r.write("policies/c.yml", toolPolicy("acme.c", "sea"))
-			return r.commit("second")
+			r.Write("policies/a.yaml", toolPolicy("acme.a1", "one")+"---\n"+toolPolicy("acme.a2", "changed"))
+			r.Remove("policies/team/b.json")
+			r.Remove("policies/list.yml")
+			r.Write("policies/c.yml", toolPolicy("acme.c", "sea"))
+			return r.Commit("second")
 		}, []string{
 			"policies/a.yaml#1 acme.a1 one",
 			"policies/a.yaml#2 acme.a2 changed",
 			"policies/c.yml#1 acme.c sea",
 		}},
 		{"delete a document", func() string {
-			r.write("policies/a.yaml", toolPolicy("acme.a2", "changed"))
-			return r.commit("third")
+			r.Write("policies/a.yaml", toolPolicy("acme.a2", "changed"))
+			return r.Commit("third")
 		}, []string{
 			"policies/a.yaml#1 acme.a2 changed",
 			"policies/c.yml#1 acme.c sea",
 		}},
-		{"unchanged", func() string { return r.git("rev-parse", "HEAD") }, []string{
+		{"unchanged", func() string { return r.Git("rev-parse", "HEAD") }, []string{
 			"policies/a.yaml#1 acme.a2 changed",
 			"policies/c.yml#1 acme.c sea",
 		}},
 		{"rename a file", func() string {
-			r.git("mv", "policies/c.yml", "policies/d.yml")
-			return r.commit("rename")
+			r.Git("mv", "policies/c.yml", "policies/d.yml")
+			return r.Commit("rename")
 		}, []string{
 			"policies/a.yaml#1 acme.a2 changed",
 			"policies/d.yml#1 acme.c sea",
 		}},
 		{"declare a policy twice", func() string {
-			r.write("policies/e.yaml", toolPolicy("acme.c", "again"))
-			return r.commit("twice")
+			r.Write("policies/e.yaml", toolPolicy("acme.c", "again"))
+			return r.Commit("twice")
 		}, []string{
 			"policies/a.yaml#1 acme.a2 changed",
 			"policies/d.yml#1 acme.c sea",
 			"invalid policies/e.yaml#1 name: policy acme.c is also declared by policies/d.yml#1",
 		}},
 		{"delete everything", func() string {
-			r.remove("policies/a.yaml")
-			r.remove("policies/d.yml")
-			r.remove("policies/e.yaml")
-			return r.commit("fourth")
+			r.Remove("policies/a.yaml")
+			r.Remove("policies/d.yml")
+			r.Remove("policies/e.yaml")
+			return r.Commit("fourth")
 		}, nil},
 	}
 	for _, st := range steps {
@@ -154,10 +154,10 @@ func TestObserveCreateChangeDelete(t *testing.T) {
 // observation, whatever the caller did to the one before.
 func TestObserveSameCommit(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "same")
-	r.write("a.yaml", toolPolicy("acme.a", "a")+"labels: {tier: prod}\n---\nname: broken\nbogus: 1\n")
-	r.commit("one")
-	d, _ := newDriver(t, s, Config{URL: r.url})
+	r := s.Repo(t, "same")
+	r.Write("a.yaml", toolPolicy("acme.a", "a")+"labels: {tier: prod}\n---\nname: broken\nbogus: 1\n")
+	r.Commit("one")
+	d, _ := newDriver(t, s, Config{URL: r.URL})
 	first := observe(t, d)
 	want := *first
 	want.Policies = slices.Clone(first.Policies)
@@ -189,75 +189,75 @@ func TestObserveInvalid(t *testing.T) {
 		want  []sources.ObjectError // Message is matched as a substring
 	}{
 		{"unknown field", func(r *repo) {
-			r.write("p/a.yaml", good+"---\n"+toolPolicy("acme.bad", "x")+"owner: platform\n")
+			r.Write("p/a.yaml", good+"---\n"+toolPolicy("acme.bad", "x")+"owner: platform\n")
 		}, "p", []sources.ObjectError{{Object: "p/a.yaml#2", Name: "acme.bad", Field: "owner", Message: "unknown field"}}},
 		{"wrong type", func(r *repo) {
-			r.write("p/a.json", `{"name":"acme.bad","kind":"ToolPolicy","scope":{"org":1},"spec":{}}`)
+			r.Write("p/a.json", `{"name":"acme.bad","kind":"ToolPolicy","scope":{"org":1},"spec":{}}`)
 		}, "p", []sources.ObjectError{{Object: "p/a.json#1", Name: "acme.bad", Field: "scope.org", Message: "expected string, got number"}}},
 		{"not yaml", func(r *repo) {
-			r.write("p/a.yaml", good+"---\nname: [x\n")
+			r.Write("p/a.yaml", good+"---\nname: [x\n")
 		}, "p", []sources.ObjectError{{Object: "p/a.yaml#2", Message: "not valid YAML"}}},
 		{"not an object", func(r *repo) {
-			r.write("p/a.yaml", "just a string\n")
+			r.Write("p/a.yaml", "just a string\n")
 		}, "p", []sources.ObjectError{{Object: "p/a.yaml#1", Message: "document is not an object"}}},
 		{"adopt not a boolean", func(r *repo) {
-			r.write("p/a.yaml", good+"adopt: \"yes\"\n")
+			r.Write("p/a.yaml", good+"adopt: \"yes\"\n")
 		}, "p", []sources.ObjectError{{Object: "p/a.yaml#1", Name: "acme.good", Field: "adopt", Message: "expected boolean"}}},
 		{"declared twice", func(r *repo) {
-			r.write("p/a.yaml", good)
-			r.write("p/b.yaml", good)
+			r.Write("p/a.yaml", good)
+			r.Write("p/b.yaml", good)
 		}, "p", []sources.ObjectError{{Object: "p/b.yaml#1", Name: "acme.good", Field: "name", Message: "also declared by p/a.yaml#1"}}},
 		{"over 1 MiB", func(r *repo) {
-			r.write("p/big.yaml", good+"# "+strings.Repeat("x", MaxFileSize)+"\n")
+			r.Write("p/big.yaml", good+"# "+strings.Repeat("x", MaxFileSize)+"\n")
 		}, "p", []sources.ObjectError{{Object: "p/big.yaml", Message: "over the limit of 1048576 (1 MiB)"}}},
 		{"binary", func(r *repo) {
-			r.write("p/bin.yaml", good+"\x00\x01\x02")
+			r.Write("p/bin.yaml", good+"\x00\x01\x02")
 		}, "p", []sources.ObjectError{{Object: "p/bin.yaml", Message: fmt.Sprintf("binary file (a NUL byte at offset %d)", len(good))}}},
 		{"invalid UTF-8", func(r *repo) {
-			r.write("p/latin1.yaml", "# caf\xe9\n"+good)
+			r.Write("p/latin1.yaml", "# caf\xe9\n"+good)
 		}, "p", []sources.ObjectError{{Object: "p/latin1.yaml", Message: "invalid UTF-8 at offset 5"}}},
 		{"symlink above the root", func(r *repo) {
-			r.write("p/a.yaml", good)
-			r.symlink("p/out.yaml", "../../etc/passwd")
+			r.Write("p/a.yaml", good)
+			r.Symlink("p/out.yaml", "../../etc/passwd")
 		}, "p", []sources.ObjectError{{Object: "p/out.yaml", Message: "symlink to ../../etc/passwd leaves the repository"}}},
 		{"absolute symlink", func(r *repo) {
-			r.symlink("p/abs.yaml", "/etc/passwd")
+			r.Symlink("p/abs.yaml", "/etc/passwd")
 		}, "p", []sources.ObjectError{{Object: "p/abs.yaml", Message: "symlink to /etc/passwd leaves the repository"}}},
 		{"symlink out of the tree that is not a document", func(r *repo) {
-			r.write("p/a.yaml", good)
-			r.symlink("p/etc", "/etc")
+			r.Write("p/a.yaml", good)
+			r.Symlink("p/etc", "/etc")
 		}, "p", []sources.ObjectError{{Object: "p/etc", Message: "symlink to /etc leaves the repository"}}},
 		{"symlink chain out of the tree", func(r *repo) {
-			r.symlink("shared/hop.yaml", "../../outside.yaml")
-			r.symlink("p/a.yaml", "../shared/hop.yaml")
+			r.Symlink("shared/hop.yaml", "../../outside.yaml")
+			r.Symlink("p/a.yaml", "../shared/hop.yaml")
 		}, "p", []sources.ObjectError{{Object: "p/a.yaml", Message: "symlink to ../../outside.yaml leaves the repository"}}},
 		{"dangling symlink", func(r *repo) {
-			r.symlink("p/gone.yaml", "nowhere.yaml")
+			r.Symlink("p/gone.yaml", "nowhere.yaml")
 		}, "p", []sources.ObjectError{{Object: "p/gone.yaml", Message: "symlink to nowhere.yaml: no such file in the commit"}}},
 		{"symlink to a directory", func(r *repo) {
-			r.write("shared/x.yaml", good)
-			r.symlink("p/dir.yaml", "../shared")
+			r.Write("shared/x.yaml", good)
+			r.Symlink("p/dir.yaml", "../shared")
 		}, "p", []sources.ObjectError{{Object: "p/dir.yaml", Message: "which is not a file"}}},
 		{"symlink cycle", func(r *repo) {
-			r.symlink("p/a.yaml", "b.yaml")
-			r.symlink("p/b.yaml", "a.yaml")
+			r.Symlink("p/a.yaml", "b.yaml")
+			r.Symlink("p/b.yaml", "a.yaml")
 		}, "p", []sources.ObjectError{
 			{Object: "p/a.yaml", Message: "symlink chain longer than 8 links"},
 			{Object: "p/b.yaml", Message: "symlink chain longer than 8 links"},
 		}},
 		{"no such path", func(r *repo) {
-			r.write("p/a.yaml", good)
+			r.Write("p/a.yaml", good)
 		}, "policies", []sources.ObjectError{{Object: "policies", Message: "path policies is not a directory in commit"}}},
 		{"path is a file", func(r *repo) {
-			r.write("p/a.yaml", good)
+			r.Write("p/a.yaml", good)
 		}, "p/a.yaml", []sources.ObjectError{{Object: "p/a.yaml", Message: "is not a directory"}}},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := s.repo(t, fmt.Sprintf("invalid%d", i))
+			r := s.Repo(t, fmt.Sprintf("invalid%d", i))
 			tc.setup(r)
-			rev := r.commit(tc.name)
-			d, _ := newDriver(t, s, Config{URL: r.url, Path: tc.path})
+			rev := r.Commit(tc.name)
+			d, _ := newDriver(t, s, Config{URL: r.URL, Path: tc.path})
 			obs := observe(t, d)
 			if obs.Revision != rev {
 				t.Errorf("revision %s, want %s", obs.Revision, rev)
@@ -285,13 +285,13 @@ func TestObserveTooManyFiles(t *testing.T) {
 	s := newServer(t, "")
 	for _, n := range []int{MaxFiles, MaxFiles + 1} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			r := s.repo(t, fmt.Sprintf("many%d", n))
+			r := s.Repo(t, fmt.Sprintf("many%d", n))
 			files := map[string]string{"p/a.yaml": toolPolicy("acme.a", "a"), "outside.txt": "not counted"}
 			for i := range n - 1 {
 				files[fmt.Sprintf("p/d%02d/f%05d.txt", i%100, i)] = fmt.Sprint(i)
 			}
-			rev := r.importFiles(files)
-			d, _ := newDriver(t, s, Config{URL: r.url, Path: "p"})
+			rev := r.ImportFiles(files)
+			d, _ := newDriver(t, s, Config{URL: r.URL, Path: "p"})
 			obs := observe(t, d)
 			if obs.Revision != rev {
 				t.Errorf("revision %s, want %s", obs.Revision, rev)
@@ -316,12 +316,12 @@ func TestObserveTooManyFiles(t *testing.T) {
 // as that file, under the link's name.
 func TestObserveSymlinkInTree(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "links")
-	r.write("shared/base.yaml", toolPolicy("acme.shared", "shared"))
-	r.symlink("p/base.yaml", "../shared/base.yaml")
-	r.symlink("p/README", "../shared/base.yaml") // not a document: not read
-	r.commit("links")
-	d, _ := newDriver(t, s, Config{URL: r.url, Path: "p"})
+	r := s.Repo(t, "links")
+	r.Write("shared/base.yaml", toolPolicy("acme.shared", "shared"))
+	r.Symlink("p/base.yaml", "../shared/base.yaml")
+	r.Symlink("p/README", "../shared/base.yaml") // not a document: not read
+	r.Commit("links")
+	d, _ := newDriver(t, s, Config{URL: r.URL, Path: "p"})
 	obs := observe(t, d)
 	if len(obs.Invalid) > 0 {
 		t.Fatalf("invalid %+v", obs.Invalid)
@@ -335,11 +335,11 @@ func TestObserveSymlinkInTree(t *testing.T) {
 // part of the policy.
 func TestObserveAdopt(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "adopt")
-	r.write("a.yaml", toolPolicy("acme.take", "t")+"adopt: true\n---\n"+toolPolicy("acme.leave", "l")+"adopt: false\n---\n"+toolPolicy("acme.plain", "p"))
-	r.write("b.json", `{"adopt":true,"name":"acme.json","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"X","action":"deny","reason":"j"}}`)
-	r.commit("adopt")
-	d, _ := newDriver(t, s, Config{URL: r.url})
+	r := s.Repo(t, "adopt")
+	r.Write("a.yaml", toolPolicy("acme.take", "t")+"adopt: true\n---\n"+toolPolicy("acme.leave", "l")+"adopt: false\n---\n"+toolPolicy("acme.plain", "p"))
+	r.Write("b.json", `{"adopt":true,"name":"acme.json","kind":"ToolPolicy","scope":{},"spec":{"tool_name":"X","action":"deny","reason":"j"}}`)
+	r.Commit("adopt")
+	d, _ := newDriver(t, s, Config{URL: r.URL})
 	obs := observe(t, d)
 	if len(obs.Invalid) > 0 {
 		t.Fatalf("invalid %+v", obs.Invalid)
@@ -354,14 +354,14 @@ func TestObserveAdopt(t *testing.T) {
 // commit.
 func TestObserveTag(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "tags")
-	r.write("a.yaml", toolPolicy("acme.v1", "v1"))
-	c1 := r.commit("v1")
-	r.git("tag", "-a", "-m", "release", "v1")
-	r.git("push", "-q", "origin", "v1")
-	r.write("a.yaml", toolPolicy("acme.v2", "v2"))
-	r.commit("v2")
-	d, _ := newDriver(t, s, Config{URL: r.url, Ref: "v1"})
+	r := s.Repo(t, "tags")
+	r.Write("a.yaml", toolPolicy("acme.v1", "v1"))
+	c1 := r.Commit("v1")
+	r.Git("tag", "-a", "-m", "release", "v1")
+	r.Git("push", "-q", "origin", "v1")
+	r.Write("a.yaml", toolPolicy("acme.v2", "v2"))
+	r.Commit("v2")
+	d, _ := newDriver(t, s, Config{URL: r.URL, Ref: "v1"})
 	obs := observe(t, d)
 	if obs.Revision != c1 {
 		t.Errorf("revision %s, want the tagged commit %s", obs.Revision, c1)
@@ -375,10 +375,10 @@ func TestObserveTag(t *testing.T) {
 // source, the remote and the cause, with no observation.
 func TestObserveFetchFailures(t *testing.T) {
 	s := newServer(t, testToken)
-	r := s.repo(t, "fail")
-	r.write("a.yaml", toolPolicy("acme.a", "a"))
-	r.commit("one")
-	empty := s.repo(t, "empty")
+	r := s.Repo(t, "fail")
+	r.Write("a.yaml", toolPolicy("acme.a", "a"))
+	r.Commit("one")
+	empty := s.Repo(t, "empty")
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -396,14 +396,14 @@ func TestObserveFetchFailures(t *testing.T) {
 		want string
 		is   error
 	}{
-		{"no auth", Config{URL: r.url}, true, "authentication required (no auth is configured)", nil},
+		{"no auth", Config{URL: r.URL}, true, "authentication required (no auth is configured)", nil},
 		{"unreachable", Config{URL: closed}, false, "connection refused", nil},
-		{"bad token", Config{URL: r.url, TokenFile: writeFile(t, "bad", "wrong-token\n")}, false, "the remote refused the token of auth.token_file", nil},
-		{"no token", Config{URL: r.url, TokenFile: filepath.Join(t.TempDir(), "missing")}, false, "read auth.token_file", nil},
-		{"empty token", Config{URL: r.url, TokenFile: writeFile(t, "empty", "\n")}, false, "is empty", nil},
-		{"missing ref", Config{URL: r.url, Ref: "nope"}, false, `no branch or tag "nope"`, ErrRefNotFound},
-		{"empty repository", Config{URL: empty.url}, false, "remote repository is empty", nil},
-		{"no such repository", Config{URL: s.url + "/absent.git"}, false, "repository not found", nil},
+		{"bad token", Config{URL: r.URL, TokenFile: writeFile(t, "bad", "wrong-token\n")}, false, "the remote refused the token of auth.token_file", nil},
+		{"no token", Config{URL: r.URL, TokenFile: filepath.Join(t.TempDir(), "missing")}, false, "read auth.token_file", nil},
+		{"empty token", Config{URL: r.URL, TokenFile: writeFile(t, "empty", "\n")}, false, "is empty", nil},
+		{"missing ref", Config{URL: r.URL, Ref: "nope"}, false, `no branch or tag "nope"`, ErrRefNotFound},
+		{"empty repository", Config{URL: empty.URL}, false, "remote repository is empty", nil},
+		{"no such repository", Config{URL: s.URL + "/absent.git"}, false, "repository not found", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -449,7 +449,7 @@ func TestObserveFetchFailures(t *testing.T) {
 	})
 
 	t.Run("cancelled", func(t *testing.T) {
-		d, _ := newDriver(t, s, Config{URL: r.url})
+		d, _ := newDriver(t, s, Config{URL: r.URL})
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		obs, err := d.Observe(ctx)
@@ -460,7 +460,7 @@ func TestObserveFetchFailures(t *testing.T) {
 
 	t.Run("token rotation", func(t *testing.T) {
 		token := writeFile(t, "token", "wrong\n")
-		d, _ := newDriver(t, s, Config{URL: r.url, TokenFile: token})
+		d, _ := newDriver(t, s, Config{URL: r.URL, TokenFile: token})
 		if _, err := d.Observe(t.Context()); err == nil {
 			t.Fatal("observed with a wrong token")
 		}
@@ -476,18 +476,18 @@ func TestObserveFetchFailures(t *testing.T) {
 // forward again.
 func TestObserveForcePush(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "force")
-	r.write("a.yaml", toolPolicy("acme.a", "one"))
-	c1 := r.commit("one")
-	r.write("a.yaml", toolPolicy("acme.a", "two"))
-	c2 := r.commit("two")
-	d, logs := newDriver(t, s, Config{URL: r.url})
+	r := s.Repo(t, "force")
+	r.Write("a.yaml", toolPolicy("acme.a", "one"))
+	c1 := r.Commit("one")
+	r.Write("a.yaml", toolPolicy("acme.a", "two"))
+	c2 := r.Commit("two")
+	d, logs := newDriver(t, s, Config{URL: r.URL})
 	if got := observe(t, d).Revision; got != c2 {
 		t.Fatalf("revision %s, want %s", got, c2)
 	}
 
-	r.git("reset", "-q", "--hard", c1) // the revert an operator pushes
-	r.git("push", "-q", "-f", "origin", "HEAD:refs/heads/main")
+	r.Git("reset", "-q", "--hard", c1) // the revert an operator pushes
+	r.Git("push", "-q", "-f", "origin", "HEAD:refs/heads/main")
 	if got := observe(t, d).Revision; got != c1 {
 		t.Fatalf("after the force push: revision %s, want %s", got, c1)
 	}
@@ -501,8 +501,8 @@ func TestObserveForcePush(t *testing.T) {
 		t.Errorf("no WARN naming both commits in:\n%s", l)
 	}
 
-	r.write("a.yaml", toolPolicy("acme.a", "three"))
-	c3 := r.commit("rewritten")
+	r.Write("a.yaml", toolPolicy("acme.a", "three"))
+	c3 := r.Commit("rewritten")
 	obs := observe(t, d)
 	if obs.Revision != c3 {
 		t.Fatalf("revision %s, want %s", obs.Revision, c3)

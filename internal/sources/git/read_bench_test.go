@@ -16,7 +16,7 @@ import (
 //	go test ./internal/sources/git/ -run '^$' -bench BenchmarkRead -benchmem
 func BenchmarkRead(b *testing.B) {
 	s := newServer(b, "")
-	r := s.repo(b, "bench")
+	r := s.Repo(b, "bench")
 	pad := strings.Repeat("x", 3900)
 	files := map[string]string{}
 	for f := range 100 {
@@ -26,8 +26,8 @@ func BenchmarkRead(b *testing.B) {
 		}
 		files[fmt.Sprintf("p/f%02d.yaml", f)] = doc.String()
 	}
-	rev := r.importFiles(files)
-	d, _ := newDriver(b, s, Config{URL: r.url, Path: "p"})
+	rev := r.ImportFiles(files)
+	d, _ := newDriver(b, s, Config{URL: r.URL, Path: "p"})
 	if _, err := d.Observe(b.Context()); err != nil {
 		b.Fatal(err)
 	}

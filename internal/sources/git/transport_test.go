@@ -137,11 +137,11 @@ func sshKey(t *testing.T) (path string, pub ssh.PublicKey) {
 // fetch with one line.
 func TestObserveSSH(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "overssh")
-	r.write("a.yaml", toolPolicy("acme.ssh", "ssh"))
-	rev := r.commit("one")
+	r := s.Repo(t, "overssh")
+	r.Write("a.yaml", toolPolicy("acme.ssh", "ssh"))
+	rev := r.Commit("one")
 	key, pub := sshKey(t)
-	srv := newSSHServer(t, s.root, pub)
+	srv := newSSHServer(t, s.Root, pub)
 	url := fmt.Sprintf("ssh://git@%s/overssh.git", srv.addr)
 	known := writeFile(t, "known_hosts", knownhosts.Line([]string{knownhosts.Normalize(srv.addr)}, srv.hostPub)+"\n")
 
@@ -189,9 +189,9 @@ func TestObserveSSH(t *testing.T) {
 // not export the repository fails the fetch.
 func TestObserveGitDaemon(t *testing.T) {
 	s := newServer(t, "")
-	r := s.repo(t, "daemon")
-	r.write("a.yaml", toolPolicy("acme.daemon", "d"))
-	rev := r.commit("one")
+	r := s.Repo(t, "daemon")
+	r.Write("a.yaml", toolPolicy("acme.daemon", "d"))
+	rev := r.Commit("one")
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -201,9 +201,9 @@ func TestObserveGitDaemon(t *testing.T) {
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
-	daemon := exec.Command("git", "daemon", "--reuseaddr", "--export-all", "--base-path="+s.root,
-		"--listen=127.0.0.1", fmt.Sprintf("--port=%d", addr.Port), s.root)
-	daemon.Env = s.env
+	daemon := exec.Command("git", "daemon", "--reuseaddr", "--export-all", "--base-path="+s.Root,
+		"--listen=127.0.0.1", fmt.Sprintf("--port=%d", addr.Port), s.Root)
+	daemon.Env = s.Env
 	if err := daemon.Start(); err != nil {
 		t.Skipf("no git daemon: %v", err)
 	}
