@@ -37,6 +37,7 @@ type SourceReconciler struct {
 	LastResult       string              `json:"last_result,omitempty"`
 	LastError        string              `json:"last_error,omitempty"`
 	PruneRefused     *SourcePruneRefusal `json:"prune_refused,omitempty"`
+	Note             string              `json:"note,omitempty"`
 	Invalid          []SourceOutcome     `json:"invalid,omitempty"`
 	Conflicts        []SourceOutcome     `json:"conflicts,omitempty"`
 }

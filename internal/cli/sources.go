@@ -66,6 +66,9 @@ func printSources(w io.Writer, v *adminclient.SourceList) error {
 		last, observed, detail := "-", "-", ""
 		if r := s.Reconciler; r != nil {
 			last, observed, detail = r.LastResult, short(r.ObservedRevision), r.LastError
+			if r.Note != "" {
+				detail = r.Note + "; " + detail
+			}
 			if r.PruneRefused != nil {
 				detail = fmt.Sprintf("prune refused: %d of %d policies; %s", r.PruneRefused.Deletes, r.PruneRefused.Owned, detail)
 			}

@@ -52,7 +52,7 @@ const DefaultGitInterval = 30 * time.Second
 
 // gitName is a Git source's name: it becomes the source "git:NAME" and a
 // directory under data_dir/sources.
-var gitName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+var gitName = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
 
 // validateSources refuses sources that could only fail later: a bad name
 // (it becomes the source "git:NAME" and a directory), two of one name, no
@@ -71,7 +71,7 @@ func (c *Config) validateSources(p *problems) {
 		key := func(k string) string { return fmt.Sprintf("sources.git[%d].%s", i, k) }
 		switch {
 		case !gitName.MatchString(g.Name):
-			p.add(key("name"), "%q must be lowercase letters, digits and '-', starting with a letter, at most 63", g.Name)
+			p.add(key("name"), "%q must be lowercase letters, digits, '.' and '-', at most 63", g.Name)
 		case seen[g.Name]:
 			p.add(key("name"), "%q is configured twice", g.Name)
 		}

@@ -86,6 +86,9 @@ type Status struct {
 	LastResult       string        `json:"last_result,omitempty"`
 	LastError        string        `json:"last_error,omitempty"`
 	PruneRefused     *PruneRefusal `json:"prune_refused,omitempty"`
+	// Note is what the driver says of its last read (a Git ref that was
+	// force-pushed).
+	Note string `json:"note,omitempty"`
 	// Invalid and Conflicts are the objects the last sync left out.
 	Invalid   []Outcome `json:"invalid,omitempty"`
 	Conflicts []Outcome `json:"conflicts,omitempty"`
@@ -304,6 +307,9 @@ func (e *Engine) SyncNow(ctx context.Context, name string) error {
 	return e.sync(ctx, d)
 }
 
+// noter is a driver with a remark on its last read.
+type noter interface{ LastNote() string }
+
 // errConflictRace is a sync the FSM refused because an owner changed
 // between the plan and the commit.
 var errConflictRace = errors.New("an owner changed under the sync")
@@ -320,7 +326,12 @@ func (e *Engine) sync(ctx context.Context, d Driver) error {
 		e.finish(name, start, ResultError, func(s *Status) { s.LastError = err.Error() })
 		return fmt.Errorf("observe %s: %w", name, err)
 	}
-	e.update(name, func(s *Status) { s.ObservedRevision = obs.Revision })
+	e.update(name, func(s *Status) {
+		s.ObservedRevision = obs.Revision
+		if n, ok := d.(noter); ok {
+			s.Note = n.LastNote()
+		}
+	})
 	for try := 0; ; try++ {
 		err = e.commit(ctx, d, obs, start)
 		if !errors.Is(err, errConflictRace) || try == 2 {

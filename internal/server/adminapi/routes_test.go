@@ -289,6 +289,7 @@ var routeTests = map[string]routeTest{
 	"POST /v1/sources/{name}/hook": {ok: check{target: "/v1/sources/git:policies/hook", body: `{"ref":"refs/heads/main"}`, header: map[string]string{"X-Gitlab-Token": "s3cret"}, status: 202, verify: proposedBy("hook:git:policies")}, via: "VerifySourceHook", checks: []check{
 		{name: "bad token", header: map[string]string{"X-Gitlab-Token": "guess"}, status: 401, code: "unauthorized", mention: "signature"},
 		{name: "not configured", target: "/v1/sources/git:other/hook", status: 404, code: "not_found"},
+		{name: "bare name", target: "/v1/sources/policies/hook", status: 202, verify: proposedBy("hook:git:policies")},
 		{name: "too large", body: strings.Repeat("x", MaxBodyBytes+1), status: 413, code: "invalid", mention: "exceeds"},
 	}},
 

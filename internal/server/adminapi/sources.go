@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/policyd/policyd/internal/auth"
@@ -124,8 +125,18 @@ func (a *API) listSources(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// sourceName is the source a path names: "kubernetes", "git:NAME", or a
+// Git source's bare NAME, as a webhook URL says it.
+func sourceName(r *http.Request) string {
+	n := r.PathValue("name")
+	if n == sources.Kubernetes || strings.HasPrefix(n, "git:") {
+		return n
+	}
+	return sources.GitName(n)
+}
+
 func (a *API) getSource(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name := sourceName(r)
 	if _, ok := a.b.SourceStatus(name); !ok {
 		return fmt.Errorf("source %q: %w", name, sources.ErrNotConfigured)
 	}
@@ -141,7 +152,7 @@ func (a *API) getSource(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) syncSource(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name := sourceName(r)
 	if _, ok := a.b.SourceStatus(name); !ok {
 		return fmt.Errorf("source %q: %w", name, sources.ErrNotConfigured)
 	}
@@ -157,7 +168,7 @@ func (a *API) syncSource(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) sourceHook(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
+	name := sourceName(r)
 	// A push's payload is a few KB; only its signature matters here.
 	body, err := io.ReadAll(r.Body)
 	var mbe *http.MaxBytesError

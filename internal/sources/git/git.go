@@ -2,7 +2,7 @@
 // go-git into the data directory, reads the policy documents of a commit
 // from the object store, and verifies the webhooks that ask for a fetch.
 // Turning what it observes into Raft entries is the engine's job, in
-// package sources. The operator's guide is docs/sources-git.md.
+// package sources. The operator's guide is docs/sources.md#git.
 package git
 
 import (
