@@ -156,7 +156,7 @@ func TestObserveFollowsObjects(t *testing.T) {
 			if declared(obs, "acme.deny-shell") != nil || len(obs.Policies) != 1 || len(obs.Invalid) != 0 {
 				return fmt.Errorf("policies %d, invalid %v; want only acme.cel", len(obs.Policies), obs.Invalid)
 			}
-			if b, _ := strconv.Atoi(before); !(mustAtoi(t, obs.Revision) > b) {
+			if b, _ := strconv.Atoi(before); mustAtoi(t, obs.Revision) <= b {
 				return fmt.Errorf("revision %s, want past %s", obs.Revision, before)
 			}
 			return nil

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -310,8 +309,6 @@ func conds(st *v1alpha1.PolicyStatus) []cond {
 func condition(st *v1alpha1.PolicyStatus, typ string) *metav1.Condition {
 	return meta.FindStatusCondition(st.Conditions, typ)
 }
-
-func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
 
 func toolPolicy(name string, spec v1alpha1.ToolPolicySpec) *v1alpha1.ToolPolicy {
 	return &v1alpha1.ToolPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
