@@ -549,3 +549,41 @@ func TestSchemaRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestWebhookRefusesAtTheAPIServer creates objects through the API server,
+// which calls the webhook as components/policy-webhook registers it.
+func TestWebhookRefusesAtTheAPIServer(t *testing.T) {
+	needAPIServer(t)
+	tests := []struct {
+		name    string
+		obj     *unstructured.Unstructured
+		message string // "" for accepted
+	}{
+		{"valid", toUnstructured(t, toolPolicy("hook.ok", v1alpha1.ToolPolicySpec{ToolName: "Bash", Action: "deny"})), ""},
+		{"bad RE2", toUnstructured(t, toolPolicy("hook.re2", v1alpha1.ToolPolicySpec{ToolName: "Bash", Action: "deny",
+			Conditions: &v1alpha1.ToolConditions{Patterns: []string{"(unclosed"}}})),
+			"spec.conditions.patterns[0]: invalid regexp: missing closing ): `(unclosed`"},
+		{"bad scope", toUnstructured(t, toolPolicy("hook.scope", v1alpha1.ToolPolicySpec{ToolName: "Bash", Action: "deny",
+			PolicySpec: v1alpha1.PolicySpec{Scope: v1alpha1.Scope{Org: "Acme!"}}})),
+			"scope.org: must be 1 to 63 lowercase letters"},
+		{"bad CEL", toUnstructured(t, &v1alpha1.ValidatingPolicy{ObjectMeta: metav1.ObjectMeta{Name: "hook.cel"},
+			Spec: v1alpha1.ValidatingPolicySpec{Validations: []v1alpha1.Validation{{Expression: "tool.name ==", Message: "m"}}}}),
+			"spec.validations[0].expression: compile error: "},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gvr, _ := resourceOf(tc.obj.GetKind())
+			_, err := dyn.Resource(gvr).Create(context.Background(), tc.obj, metav1.CreateOptions{})
+			if tc.message == "" {
+				if err != nil {
+					t.Fatalf("create: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), `admission webhook "policies.policyd.io" denied the request`) ||
+				!strings.Contains(err.Error(), tc.message) {
+				t.Fatalf("create = %v, want the webhook's denial with %q", err, tc.message)
+			}
+		})
+	}
+}

@@ -2,13 +2,16 @@ package kube
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,12 +19,15 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/policyd/policyd/api/kubernetes/v1alpha1"
 	"github.com/policyd/policyd/internal/kubetest"
@@ -42,18 +48,63 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(m.Run()) // the admission tests need no API server
 	}
-	var err error
-	testEnv, err = kubetest.Start(kubetest.Options{CRDs: []string{filepath.Join("..", "..", "..", "deploy", "kubernetes", "crds")}})
-	if err != nil {
+	os.Exit(run(m))
+}
+
+// run starts the API server with the CRDs and the shipped webhook
+// configuration (components/policy-webhook), serves the webhook, and runs
+// the tests.
+func run(m *testing.M) int {
+	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
-	dyn, err = dynamic.NewForConfig(testEnv.Config)
+	deploy := filepath.Join("..", "..", "..", "deploy", "kubernetes")
+	raw, err := os.ReadFile(filepath.Join(deploy, "components", "policy-webhook", "webhook.yaml"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return fail(err)
 	}
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := yaml.UnmarshalStrict(raw, &vwc); err != nil {
+		return fail(fmt.Errorf("webhook.yaml: %w", err))
+	}
+	testEnv, err = kubetest.Start(kubetest.Options{
+		CRDs: []string{filepath.Join(deploy, "crds")},
+		Webhooks: envtest.WebhookInstallOptions{
+			LocalServingHost:   "127.0.0.1",
+			ValidatingWebhooks: []*admissionregistrationv1.ValidatingWebhookConfiguration{&vwc},
+		},
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if dyn, err = dynamic.NewForConfig(testEnv.Config); err != nil {
+		return fail(errors.Join(err, testEnv.Stop()))
+	}
+	wh := testEnv.Envtest.WebhookInstallOptions
+	cert, err := tls.LoadX509KeyPair(filepath.Join(wh.LocalServingCertDir, "tls.crt"), filepath.Join(wh.LocalServingCertDir, "tls.key"))
+	if err != nil {
+		return fail(errors.Join(err, testEnv.Stop()))
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(wh.LocalServingHost, strconv.Itoa(wh.LocalServingPort)))
+	if err != nil {
+		return fail(errors.Join(err, testEnv.Stop()))
+	}
+	mux := http.NewServeMux()
+	mux.Handle(AdmissionPath, NewAdmission(nil, nil))
+	srv := &http.Server{Handler: mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(ln, "", "") }()
+
 	code := m.Run()
+	if err := srv.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(os.Stderr, "webhook server:", err)
+		code = 1
+	}
 	if err := testEnv.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		code = 1
@@ -64,7 +115,7 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // needAPIServer skips a test under -short.
