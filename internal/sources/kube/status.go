@@ -237,9 +237,11 @@ func (w *statusWriter) evaluate(ctx context.Context, e *entry) {
 			delete(w.entries, out.Object) // deleted: its delete event may come later
 		}
 		return
-	case err != nil && ctx.Err() == nil:
-		w.logger.Warn("kubernetes source: write status", "object", out.Object, "err", err)
-		e.due = now.Add(w.cfg.StatusInterval)
+	case err != nil:
+		if ctx.Err() == nil {
+			w.logger.Warn("kubernetes source: write status", "object", out.Object, "err", err)
+		}
+		e.due = now.Add(w.cfg.StatusInterval) // not final: the next term writes it
 		return
 	}
 	if e.seq != seq {
