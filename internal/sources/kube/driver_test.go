@@ -310,6 +310,26 @@ func TestReportWritesConditions(t *testing.T) {
 		// No new report: the writer keeps looking until the rollout is final.
 		waitRolledOut(t, name, "True", "AllAcked", "2/2 acked")
 	})
+	t.Run("staging ends", func(t *testing.T) {
+		name := "report-5" // staging at 5% above
+		r.fleet.set(name, sources.Sidecars{Total: 20, Acked: 20}, "")
+		poll.Eventually(t, "Progressing=False", func() error {
+			st, err := statusOf("ToolPolicy", name)
+			if err != nil {
+				return err
+			}
+			want := []cond{{"Accepted", "True", "Committed", "revision 11"}, {"RolledOut", "True", "AllAcked", "20/20 acked"}, idle}
+			if diff := cmp.Diff(want, conds(st)); diff != "" {
+				return fmt.Errorf("conditions (-want +got):\n%s", diff)
+			}
+			return nil
+		})
+	})
+	t.Run("nack resolved", func(t *testing.T) {
+		name := "report-3" // nacked above
+		r.fleet.set(name, sources.Sidecars{Total: 120, Acked: 120}, "")
+		waitRolledOut(t, name, "True", "AllAcked", "120/120 acked")
+	})
 	t.Run("invalid keeps what is in force", func(t *testing.T) {
 		name := "report-0" // committed at 1042 above
 		r.Report(context.Background(), []sources.Outcome{{Object: "ToolPolicy " + name, Name: name, Generation: 2, State: sources.StateInvalid, Message: "spec.action: bad"}})
@@ -586,4 +606,55 @@ func TestWebhookRefusesAtTheAPIServer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatchPerTerm runs one driver through two leadership terms, with a
+// report made between them.
+func TestWatchPerTerm(t *testing.T) {
+	needAPIServer(t)
+	fleet := newFakeFleet()
+	d, err := New(Config{StatusInterval: 50 * time.Millisecond}, testEnv.Config, fleet, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, toolPolicy("term", v1alpha1.ToolPolicySpec{ToolName: "Bash", Action: "deny"}))
+	term := func(check func() error) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Watch(ctx, func() {}) }()
+		poll.Eventually(t, "the term's check", check)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+	}
+	observed := func() error {
+		obs, err := d.Observe(context.Background())
+		if err != nil {
+			return err
+		}
+		if !obs.Complete || len(obs.Policies) != 1 {
+			return fmt.Errorf("complete %v, %d policies", obs.Complete, len(obs.Policies))
+		}
+		return nil
+	}
+	term(observed)
+	if obs, _ := d.Observe(context.Background()); obs.Complete {
+		t.Fatal("complete between terms")
+	}
+	d.Report(context.Background(), []sources.Outcome{{Object: "ToolPolicy term", Name: "term", Generation: 1, State: sources.StateCommitted, Revision: 3}})
+	term(func() error {
+		if err := observed(); err != nil {
+			return err
+		}
+		st, err := statusOf("ToolPolicy", "term")
+		if err != nil {
+			return err
+		}
+		if c := condition(st, "RolledOut"); c == nil || c.Reason != "AllAcked" {
+			return fmt.Errorf("RolledOut %+v", c)
+		}
+		return nil
+	})
 }
