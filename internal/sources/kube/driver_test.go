@@ -330,6 +330,29 @@ func TestReportWritesConditions(t *testing.T) {
 		r.fleet.set(name, sources.Sidecars{Total: 120, Acked: 120}, "")
 		waitRolledOut(t, name, "True", "AllAcked", "120/120 acked")
 	})
+	t.Run("status overwritten by someone else", func(t *testing.T) {
+		name := "report-1" // committed at 7 above
+		u, err := dyn.Resource(v1alpha1.ToolPolicies).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Object["status"] = map[string]any{"source": "someone", "revision": int64(1)}
+		if _, err := dyn.Resource(v1alpha1.ToolPolicies).UpdateStatus(context.Background(), u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// No report: the driver sees the foreign write in its informer and
+		// writes its own status back over it.
+		poll.Eventually(t, "status restored", func() error {
+			st, err := statusOf("ToolPolicy", name)
+			if err != nil {
+				return err
+			}
+			if st.Source != "kubernetes" || st.Revision != 7 || condition(st, "RolledOut") == nil {
+				return fmt.Errorf("status %+v", st)
+			}
+			return nil
+		})
+	})
 	t.Run("invalid keeps what is in force", func(t *testing.T) {
 		name := "report-0" // committed at 1042 above
 		r.Report(context.Background(), []sources.Outcome{{Object: "ToolPolicy " + name, Name: name, Generation: 2, State: sources.StateInvalid, Message: "spec.action: bad"}})

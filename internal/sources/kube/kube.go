@@ -167,6 +167,9 @@ func (d *Driver) handler(kind string, changed func()) cache.ResourceEventHandler
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*unstructured.Unstructured)
 			n, ok2 := newObj.(*unstructured.Unstructured)
+			if ok2 {
+				d.status.observed(objectName(kind, n.GetName()), n)
+			}
 			if ok1 && ok2 && o.GetGeneration() == n.GetGeneration() && o.GetGeneration() != 0 &&
 				o.GetAnnotations()[v1alpha1.AnnotationAdopt] == n.GetAnnotations()[v1alpha1.AnnotationAdopt] {
 				return // a status write, or metadata the policy does not hold

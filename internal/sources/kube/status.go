@@ -97,6 +97,24 @@ func (w *statusWriter) report(outcomes []sources.Outcome) {
 	w.signal()
 }
 
+// observed looks again at an object whose status someone else changed
+// after its rollout was final, so that the status converges back.
+func (w *statusWriter) observed(object string, u *unstructured.Unstructured) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e := w.entries[object]
+	if e == nil || !e.final || e.busy {
+		return // not written yet, or being written: the writer reads it anyway
+	}
+	if e.written != nil && (e.written.GetResourceVersion() == u.GetResourceVersion() ||
+		equality.Semantic.DeepEqual(e.written.Object["status"], u.Object["status"])) {
+		return // the driver's own write, or a change that left the status alone
+	}
+	e.final = false
+	e.due = e.lastWrite.Add(w.cfg.StatusInterval)
+	w.signal()
+}
+
 // forget drops a deleted object's pending status.
 func (w *statusWriter) forget(object string) {
 	w.mu.Lock()
