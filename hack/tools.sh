@@ -5,8 +5,9 @@
 #	PATH="$(hack/tools.sh):$PATH"
 #
 # protoc comes from Debian's protobuf-compiler package (installed with apt-get
-# if it is missing). protoc-gen-go, protoc-gen-go-grpc and golangci-lint are
-# built from the versions pinned in hack/tools/go.mod into a cache directory keyed
+# if it is missing). protoc-gen-go, protoc-gen-go-grpc, controller-gen and
+# golangci-lint are built from the versions pinned in hack/tools/go.mod into a
+# cache directory keyed
 # by a hash of hack/tools/go.mod, hack/tools/go.sum and the Go toolchain, so the build
 # happens once per pin change and every later call returns at once.
 #
@@ -26,6 +27,7 @@ want_protoc="3.21.12"
 tools=(
 	google.golang.org/protobuf/cmd/protoc-gen-go
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	sigs.k8s.io/controller-tools/cmd/controller-gen
 	github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 )
 
@@ -101,7 +103,8 @@ if [[ ! -f "$marker" ]]; then
 		export GOWORK=off GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0
 		go build -trimpath -o "$bin/" \
 			google.golang.org/protobuf/cmd/protoc-gen-go \
-			google.golang.org/grpc/cmd/protoc-gen-go-grpc
+			google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+			sigs.k8s.io/controller-tools/cmd/controller-gen
 		# golangci-lint takes its version from ldflags when built outside
 		# its own module; without them it reports "(devel)".
 		go build -trimpath -o "$bin/" \

@@ -201,7 +201,7 @@ func TestManifestsApply(t *testing.T) {
 		comps = append(comps, readManifests(t, dir)...)
 	}
 	requireKinds(t, "the components", comps, "Issuer", "Certificate", "ConfigMap", "ClusterRole",
-		"ClusterRoleBinding", "Service", "NetworkPolicy", "MutatingWebhookConfiguration")
+		"ClusterRoleBinding", "Service", "NetworkPolicy", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 	t.Cleanup(func() {
 		// Its own deadline: the test's may be spent.
 		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
@@ -237,6 +237,12 @@ func checkAccess(ctx context.Context, t *testing.T, cs kubernetes.Interface, dri
 		{"drift: annotate a parent", "patch", "apps", "statefulsets", "team-a", "db", false, true},
 		{"drift: annotate a job", "patch", "batch", "jobs", "team-a", "j", false, true},
 		{"drift: no patching non-parents", "patch", "", "configmaps", "team-a", "cfg", false, false},
+		{"source: informers on toolpolicies", "watch", "policyd.io", "toolpolicies", "", "", false, true},
+		{"source: list validatingpolicies", "list", "policyd.io", "validatingpolicies", "", "", false, true},
+		{"source: write a status", "update", "policyd.io", "toolpolicies/status", "", "acme.p", false, true},
+		{"source: patch a status", "patch", "policyd.io", "validatingpolicies/status", "", "acme.p", false, true},
+		{"source: no writing a spec", "update", "policyd.io", "toolpolicies", "", "acme.p", false, false},
+		{"source: no deleting", "delete", "policyd.io", "validatingpolicies", "", "acme.p", false, false},
 		{"no secrets anywhere", "list", "", "secrets", "", "", false, false},
 		{"no secrets of a tenant", "get", "", "secrets", "team-a", "db-password", false, false},
 		{"no secrets of its own namespace", "get", "", "secrets", "policyd", "policyd-cluster-secret", false, false},
@@ -248,12 +254,13 @@ func checkAccess(ctx context.Context, t *testing.T, cs kubernetes.Interface, dri
 			if drift {
 				want = tc.withDrift
 			}
+			resource, sub, _ := strings.Cut(tc.resource, "/")
 			r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 				Spec: authorizationv1.SubjectAccessReviewSpec{
 					User:   user,
 					Groups: []string{"system:serviceaccounts", "system:serviceaccounts:policyd", "system:authenticated"},
 					ResourceAttributes: &authorizationv1.ResourceAttributes{
-						Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.ns, Name: tc.name,
+						Verb: tc.verb, Group: tc.group, Resource: resource, Subresource: sub, Namespace: tc.ns, Name: tc.name,
 					},
 				},
 			}, metav1.CreateOptions{})
@@ -294,13 +301,13 @@ func TestRBACNamesWhatItGrants(t *testing.T) {
 			}
 		}
 	}
-	if roles < 3 {
-		t.Fatalf("%d roles found, want the reload Role and drift's two ClusterRoles", roles)
+	if roles < 4 {
+		t.Fatalf("%d roles found, want the reload Role, drift's two ClusterRoles and the Kubernetes source's", roles)
 	}
 	// The base binds nothing cluster-wide: drift's rights come with its component.
 	for _, m := range readManifests(t, ".") {
 		if k := m.obj.GetKind(); k == "ClusterRole" || k == "ClusterRoleBinding" {
-			t.Errorf("%v: the base holds cluster-wide RBAC; it belongs in components/drift", m)
+			t.Errorf("%v: the base holds cluster-wide RBAC; it belongs in a component", m)
 		}
 	}
 }

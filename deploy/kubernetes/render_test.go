@@ -145,7 +145,7 @@ func componentDirs(t *testing.T) []string {
 	for _, k := range ks {
 		dirs = append(dirs, filepath.Dir(k))
 	}
-	for _, want := range []string{"components/cert-manager", "components/drift"} {
+	for _, want := range []string{"components/cert-manager", "components/drift", "components/kubernetes-source", "components/policy-webhook"} {
 		if !slices.Contains(dirs, want) {
 			t.Fatalf("no component %s among %v", want, dirs)
 		}

@@ -38,6 +38,9 @@ type Options struct {
 	// it and make a serving certificate for it (read back from
 	// Env.Envtest.WebhookInstallOptions).
 	Webhooks envtest.WebhookInstallOptions
+	// CRDs are directories (or files) of CustomResourceDefinitions to
+	// install and wait for before Start returns.
+	CRDs []string
 }
 
 // Env is a running API server and etcd.
@@ -57,7 +60,7 @@ func Start(opts Options) (*Env, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, ErrNoAssets
 	}
-	te := &envtest.Environment{WebhookInstallOptions: opts.Webhooks}
+	te := &envtest.Environment{WebhookInstallOptions: opts.Webhooks, CRDDirectoryPaths: opts.CRDs, ErrorIfCRDPathMissing: len(opts.CRDs) > 0}
 	args := te.ControlPlane.GetAPIServer().Configure()
 	// The controller-manager, when a test starts one, runs no endpoints
 	// controller, so nothing would reconcile the kubernetes service's
