@@ -33,6 +33,9 @@ type cluster struct {
 	nodes  []*node
 	binary string   // what restart runs
 	env    []string // POLICYD_*=value settings of every node
+	// extra is YAML appended to every node's config file (top-level keys
+	// the flags and env cannot set, such as lists).
+	extra string
 }
 
 // node is one policyd process.
@@ -67,6 +70,7 @@ type clusterSpec struct {
 	logLevel string   // log.level of every node
 	env      []string // POLICYD_*=value settings for every node, overriding its config file
 	cpus     string   // CPU list every node is pinned to (taskset -c); "" not pinned
+	extra    string   // YAML appended to every node's config file
 }
 
 // startCluster writes the configs of the cluster under spec.dir and starts
@@ -78,7 +82,7 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 		return nil, err
 	}
 	dir := spec.dir
-	c := &cluster{dir: dir, binary: spec.binary, env: spec.env}
+	c := &cluster{dir: dir, binary: spec.binary, env: spec.env, extra: spec.extra}
 	for i := range spec.nodes {
 		id := "node" + strconv.Itoa(i+1)
 		nd := &node{
@@ -164,6 +168,7 @@ func (c *cluster) config(nd *node, logLevel string) string {
 	for _, p := range c.nodes {
 		fmt.Fprintf(&b, "    - id: %s\n      address: %s\n", p.id, p.raftAddr)
 	}
+	b.WriteString(c.extra)
 	return b.String()
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/policyd/policyd/internal/drift/admission"
 	"github.com/policyd/policyd/internal/server/drift"
 	"github.com/policyd/policyd/internal/server/raftnode"
+	kubesource "github.com/policyd/policyd/internal/sources/kube"
 	"github.com/policyd/policyd/internal/store"
 	"github.com/policyd/policyd/internal/tlsfiles"
 )
@@ -36,8 +37,9 @@ type driftWebhook struct {
 	wg       sync.WaitGroup
 }
 
-// setupDrift starts the webhook when drift.addr is set. Every node serves
-// it (the API server may call any of them); it serves from here on, since
+// setupDrift starts the webhook when drift.addr is set, with the policy
+// sources' webhook beside it. Every node serves them (the API server may
+// call any of them); it serves from here on, since
 // it needs nothing that Start begins: its effects go through Propose, which
 // waits for a leader. The follow-up runs as a leader task.
 func (n *Node) setupDrift() (err error) {
@@ -93,6 +95,10 @@ func (n *Node) setupDrift() (err error) {
 	}, logger.With("task", "followup"), n.store, n, dyn, d.objects.Mapper(), nil)
 	mux := http.NewServeMux()
 	mux.Handle(admission.Path, admission.NewHandler(acfg, logger, d.objects, d.sink, n.reg))
+	// The policy sources' validating webhook shares the listener: every
+	// node refuses an invalid ToolPolicy or ValidatingPolicy at apply time
+	// with the REST API's messages (docs/sources.md#kubernetes).
+	mux.Handle(kubesource.AdmissionPath, kubesource.NewAdmission(n.validator, n.logger.With("component", "sources", "webhook", kubesource.AdmissionPath)))
 	d.srv = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

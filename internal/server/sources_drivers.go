@@ -7,11 +7,25 @@ import (
 
 	"github.com/policyd/policyd/internal/sources"
 	gitsource "github.com/policyd/policyd/internal/sources/git"
+	kubesource "github.com/policyd/policyd/internal/sources/kube"
 )
 
-// sourceDrivers builds a driver per configured source.
+// sourceDrivers builds a driver per configured source. Nothing contacts a
+// source until this node leads.
 func (n *Node) sourceDrivers() ([]sources.Driver, error) {
 	var out []sources.Driver
+	if n.cfg.Sources.Kubernetes.Enabled {
+		rc, err := kubeConfig(n.cfg.Kubernetes.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("sources.kubernetes: %w", err)
+		}
+		rc.UserAgent = "policyd-sources/" + n.id
+		d, err := kubesource.New(kubesource.Config{}, rc, fleet{n}, n.logger.With("component", "sources", "source", sources.Kubernetes))
+		if err != nil {
+			return nil, fmt.Errorf("sources.kubernetes: %w", err)
+		}
+		out = append(out, d)
+	}
 	for _, g := range n.cfg.Sources.Git {
 		d, err := gitsource.New(gitsource.Config{
 			Name: g.Name, URL: g.URL, Ref: g.Ref, Path: g.Path, Interval: g.Interval,

@@ -41,7 +41,7 @@ type Rollout struct {
 	Stages       []string      // "5%", "25%", "100%"
 	Bake         time.Duration // how long each stage bakes
 	MaxNackRatio string        // "0.01"
-	OnHalt       string        // "rollback" or "hold"
+	OnHalt       string        // "rollback" or "stay"
 }
 
 // ObjectError is an object the driver could not turn into a policy at all

@@ -2,7 +2,7 @@
 // ToolPolicy and ValidatingPolicy (group policyd.io), from which
 // controller-gen generates the deep copies and the CRDs in
 // deploy/kubernetes/crds/. The Kubernetes source reads them
-// (docs/sources-kubernetes.md).
+// (docs/sources.md#kubernetes).
 //
 // +kubebuilder:object:generate=true
 // +groupName=policyd.io

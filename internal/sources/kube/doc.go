@@ -3,5 +3,5 @@
 // leader, turns them into declared policies, writes each object's outcome
 // and rollout back through the status subresource in batches, and serves
 // the validating admission webhook for the two kinds. See
-// docs/sources-kubernetes.md.
+// docs/sources.md#kubernetes.
 package kube
