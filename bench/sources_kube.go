@@ -329,7 +329,9 @@ func (f *sourcesBatchFigure) targets() []targetResult {
 }
 
 // updateCounter counts, while started, the sets each sidecar receives.
-type updateCounter struct{ counts atomic.Pointer[[]atomic.Int64] }
+type updateCounter struct {
+	counts atomic.Pointer[[]atomic.Int64]
+}
 
 func (u *updateCounter) start(n int) []atomic.Int64 {
 	s := make([]atomic.Int64, n)
