@@ -262,9 +262,18 @@ func (c *sourcesConfig) run(ctx context.Context, env *runEnv) (err error) {
 		return err
 	}
 
+	if c.ws > 0 {
+		// A WebSocket sidecar is an employee, which must exist.
+		lc := newLoadClient(32, c.nodes, 30*time.Second)
+		err := seedEmployees(ctx, lc, cl.httpAddrs(), c.ws, 1)
+		lc.CloseIdleConnections()
+		if err != nil {
+			return fmt.Errorf("seed employees: %w", err)
+		}
+	}
 	env.logf("opening %d gRPC and %d WebSocket SDK sidecars", c.grpc, c.ws)
-	sf, err := openSDKFleet(ctx, cl, sdkFleetSpec{grpc: c.grpc, ws: c.ws, orgs: 1, startConcurrency: c.startConcurrency,
-		onUpdate: c.updates.onUpdate})
+	sf, err := openSDKFleet(ctx, cl, sdkFleetSpec{grpc: c.grpc, ws: c.ws, orgs: 1, grpcScope: "employee",
+		startConcurrency: c.startConcurrency, onUpdate: c.updates.onUpdate})
 	if err != nil {
 		return err
 	}
