@@ -95,7 +95,9 @@ func (f fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, erro
 	var s sources.Sidecars
 	rp, ok := f.n.policies.Get(name)
 	if !ok {
-		return s, nil
+		// The index takes in a commit just after the store: counting now
+		// would find no sidecar, and 0/0 would read as rolled out.
+		return s, fmt.Errorf("policy %s is not in this node's policy index yet", name)
 	}
 	clients, _, err := f.n.Clients(ctx)
 	if err != nil {
