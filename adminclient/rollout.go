@@ -26,7 +26,10 @@ type StagedRollout struct {
 	RequestID      string               `json:"request_id,omitempty"`
 	CreatedAt      time.Time            `json:"created_at"`
 	UpdatedAt      time.Time            `json:"updated_at"`
-	Status         *StagedRolloutStatus `json:"status,omitempty"`
+	// Source is the policy source that started it (spec.rollout); omitted:
+	// the API.
+	Source string               `json:"source,omitempty"`
+	Status *StagedRolloutStatus `json:"status,omitempty"`
 }
 
 // StagedRolloutStage is one stage; Bake is a Go duration.

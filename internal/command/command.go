@@ -151,7 +151,7 @@ func ForVersion(c *Command, v uint32) (*Command, error) {
 	if v >= CommandVersion {
 		return c, nil
 	}
-	if v < SourceVersion && IsSourceType(c.Type()) {
+	if v < SourceVersion && (IsSourceType(c.Type()) || c.Body.GetRolloutStart().GetRollout().GetSource() != "") {
 		return nil, &NotUpgradedError{what: "policy sources", need: SourceVersion, oldest: v}
 	}
 	if v < RolloutVersion {

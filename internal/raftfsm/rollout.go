@@ -17,6 +17,11 @@ func prepareRolloutStart(m store.Meta, c *commandv1.RolloutStart) (func(*store.B
 	if err := command.CheckRollout(c.GetRollout()); err != nil {
 		return nil, fmt.Errorf("rollout start: %w", err)
 	}
+	if src := c.GetRollout().GetSource(); src != "" {
+		if err := command.CheckSourceName(src); err != nil {
+			return nil, fmt.Errorf("rollout start: %w", err)
+		}
+	}
 	// The proposer validated the policies; a spec that is not a JSON
 	// object would still make the rollout's JSON, and so its apply, fail
 	// on every replica.
@@ -27,7 +32,7 @@ func prepareRolloutStart(m store.Meta, c *commandv1.RolloutStart) (func(*store.B
 	}
 	return func(b *store.Batch) *commandv1.Result {
 		for _, ch := range c.GetRollout().GetChanges() {
-			if err := b.CheckAPIWrite(store.ChangeName(ch)); err != nil {
+			if err := b.CheckWriter(store.ChangeName(ch), c.GetRollout().GetSource()); err != nil {
 				return result(m.Index, 0, err)
 			}
 		}

@@ -207,3 +207,26 @@ func TestSyncSourceChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestRolloutOfManagedPolicy: the API cannot stage a change of a policy a
+// source owns; the source can, and completion leaves the policy its own.
+func TestRolloutOfManagedPolicy(t *testing.T) {
+	f, st := newFSM(t)
+	applyAll(t, f, entry(t, 1, syncCmd(t, &commandv1.SyncSource{Source: "kubernetes", Puts: []*commandv1.Policy{polMsg(t, "acme.a", "acme", "deny")}})))
+	r := testRollout(t, store.OnHaltRollback, []string{"acme.a"})
+	err := command.ResultErr(applyAll(t, f, entry(t, 2, startCmd(t, r)))[0])
+	if err == nil || !strings.Contains(err.Error(), "managed by kubernetes") {
+		t.Fatalf("the API's rollout of a managed policy: %v, want a conflict naming the source", err)
+	}
+	r.Source = "kubernetes"
+	if err := command.ResultErr(applyAll(t, f, entry(t, 3, startCmd(t, r)))[0]); err != nil {
+		t.Fatalf("the source's rollout: %v", err)
+	}
+	if err := command.ResultErr(applyAll(t, f, entry(t, 4, moveCmd(t, store.RolloutID(3), store.RolloutRunning, 0, store.RolloutCompleted, 0)))[0]); err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.GetPolicy("acme.a")
+	if err != nil || p.Source != "kubernetes" || !strings.Contains(string(p.Spec), "allow") {
+		t.Errorf("after completion: %+v, %v; want the candidate, owned by kubernetes", p, err)
+	}
+}

@@ -149,7 +149,7 @@ func (k *kubeCluster) policies(what, prefix string, want map[string]string) {
 // TestKubernetesSource walks the Kubernetes source through its cases on a
 // 3-node cluster, with kubectl and SDK sidecars on both transports:
 // create, change and delete; RolledOut once every sidecar ACKed, and a
-// NACK in it; an invalid object (the webhook off) is Accepted=False with
+// NACK in it; spec.rollout staging a change; an invalid object (the webhook off) is Accepted=False with
 // its field; a conflict with an API policy, then adopt; the API cannot
 // change a managed policy; a prune refusal and --allow-prune; 1,000
 // objects in one apply, in few entries; policyd down while objects change.
@@ -195,6 +195,24 @@ func TestKubernetesSource(t *testing.T) {
 	if p, err := k.nodes[0].Store().GetPolicy("acme.k1"); err != nil || !strings.Contains(string(p.Spec), "changed") {
 		t.Errorf("acme.k1 after the change: %v, %v", p, err)
 	}
+
+	// spec.rollout stages a change: Progressing while it runs, then the
+	// candidate is the source's policy.
+	k.apply(strings.Replace(kubeTool("acme.k2", "staged"), "  toolName: Bash\n",
+		"  toolName: Bash\n  rollout: {stages: [\"50%\", \"100%\"], bake: 1s}\n", 1))
+	k.condition("acme.k2", v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.ReasonStaging, "stage")
+	poll.Eventually(t, "the staged change completed", func() error {
+		p, err := k.nodes[0].Store().GetPolicy("acme.k2")
+		if err != nil {
+			return err
+		}
+		if p.Source != "kubernetes" || !strings.Contains(string(p.Spec), "staged") {
+			return fmt.Errorf("acme.k2 is %s from %q", p.Spec, p.Source)
+		}
+		return nil
+	}, poll.Within(30*time.Second))
+	k.condition("acme.k2", v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.ReasonIdle, "")
+	k.condition("acme.k2", v1alpha1.ConditionRolledOut, metav1.ConditionTrue, v1alpha1.ReasonAllAcked, "")
 
 	// An invalid object, written with no webhook in the way.
 	bad := strings.Replace(kubeTool("acme.kbad", "bad"), `["rm -rf"]`, `["("]`, 1)

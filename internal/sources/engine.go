@@ -243,19 +243,28 @@ func (e *Engine) run(ctx context.Context, d Driver) {
 	}
 }
 
-// requested reports whether changes hold a new sync request for name.
+// requested reports whether changes hold a new sync request for name, or
+// a change of a staged rollout.
 func (e *Engine) requested(changes []store.Change, name string, last *uint64) bool {
-	hit := false
+	hit, rolled := false, false
 	for _, c := range changes {
 		if c.Resync {
 			hit = true
 			continue
 		}
 		for _, ec := range c.Entities {
-			if ec.Type == store.EntitySource && ec.ID == name {
+			switch {
+			case ec.Type == store.EntitySource && ec.ID == name:
 				hit = true
+			case ec.Type == store.EntityRollout:
+				// A rollout that ended may have been this source's: its
+				// policies' revisions, or a staged change, are due.
+				rolled = true
 			}
 		}
+	}
+	if rolled {
+		return true
 	}
 	if !hit {
 		return false
@@ -352,7 +361,11 @@ func (e *Engine) commit(ctx context.Context, d Driver, obs *Observation, start t
 	if err != nil {
 		return fmt.Errorf("read policies: %w", err)
 	}
-	pl := plan(name, obs, current, e.deps.Validator)
+	ro, err := readRollouts(e.deps.Store, name)
+	if err != nil {
+		return err
+	}
+	pl := plan(name, obs, current, e.deps.Validator, ro)
 
 	if obs.Atomic && len(pl.invalid) > 0 {
 		msg := fmt.Sprintf("revision %s refused: %s", obs.Revision, describe(pl.invalid))
@@ -379,7 +392,7 @@ func (e *Engine) commit(ctx context.Context, d Driver, obs *Observation, start t
 		})
 		return nil
 	}
-	empty := len(pl.puts) == 0 && len(pl.deletes) == 0
+	empty := len(pl.puts) == 0 && len(pl.deletes) == 0 && len(pl.staged) == 0
 	// An unchanged Git commit still records its revision; an unchanged
 	// Kubernetes list does not (its resourceVersion moves with every
 	// status write), nor does anything with no grant to use up.
@@ -394,7 +407,10 @@ func (e *Engine) commit(ctx context.Context, d Driver, obs *Observation, start t
 	if rec.AllowPrune {
 		request = rec.RequestIndex
 	}
-	parts := e.split(name, obs.Revision, request, pl)
+	var parts []*commandv1.SyncSource
+	if len(pl.puts)+len(pl.deletes) > 0 || len(pl.staged) == 0 {
+		parts = e.split(name, obs.Revision, request, pl)
+	}
 	actor := command.ActorSource(name, obs.Revision)
 	for _, part := range parts {
 		c, err := command.SyncSource(part)
@@ -426,8 +442,16 @@ func (e *Engine) commit(ctx context.Context, d Driver, obs *Observation, start t
 			pl.revision[p.GetName()] = res.GetIndex()
 		}
 	}
-	d.Report(ctx, pl.outcomes())
-	e.logger.Info("source synced", "source", name, "revision", obs.Revision,
+	out := pl.outcomes()
+	byName := make(map[string]*Outcome, len(out))
+	for i := range out {
+		byName[out[i].Name] = &out[i]
+	}
+	if err := e.startStaged(ctx, name, actor, pl, byName); err != nil {
+		return err
+	}
+	d.Report(ctx, out)
+	e.logger.Info("source synced", "source", name, "revision", obs.Revision, "staged", len(pl.staged),
 		"puts", len(pl.puts), "deletes", len(pl.deletes), "entries", len(parts))
 	e.finish(name, start, ResultCommitted, func(s *Status) {
 		s.LastError, s.PruneRefused, s.Invalid, s.Conflicts = "", nil, pl.invalid, pl.conflicts
@@ -491,6 +515,8 @@ type syncPlan struct {
 	changed  map[string]bool
 	revision map[string]uint64
 	declared []Declared
+	// staged are the changes that go out as staged rollouts (spec.rollout).
+	staged []staged
 	// owned is how many policies the source owns before the sync.
 	owned     int
 	invalid   []Outcome
@@ -502,7 +528,7 @@ type syncPlan struct {
 // another source) is a conflict unless it asks to adopt; a policy the
 // source owns that it no longer declares is deleted, unless the read was
 // partial or the object is there but invalid (its last good version stays).
-func plan(name string, obs *Observation, current []*policy.Policy, v *policy.Validator) *syncPlan {
+func plan(name string, obs *Observation, current []*policy.Policy, v *policy.Validator, ro rollouts) *syncPlan {
 	pl := &syncPlan{adopt: map[string]bool{}, changed: map[string]bool{}, revision: map[string]uint64{}}
 	byName := make(map[string]*policy.Policy, len(current))
 	for _, p := range current {
@@ -543,11 +569,40 @@ func plan(name string, obs *Observation, current []*policy.Policy, v *policy.Val
 			pl.conflicts = append(pl.conflicts, out)
 			continue
 		}
-		pl.declared = append(pl.declared, d)
-		if cur != nil && cur.Source == name && same(cur, pb) {
+		if cur != nil {
 			pl.revision[p.Name] = cur.Revision
+		}
+		if r := ro.active[p.Name]; r != nil {
+			// A running rollout stages it: the FSM refuses other writes of
+			// it until the rollout ends, and the next sync looks again.
+			pl.declared = append(pl.declared, d)
 			continue
 		}
+		if cur != nil && cur.Source == name && same(cur, pb) {
+			pl.declared = append(pl.declared, d)
+			continue
+		}
+		if d.Rollout != nil && (cur == nil || cur.Source == name) {
+			if last := ro.last[p.Name]; last != nil && !store.RolloutActive(last.GetState()) &&
+				last.GetState() != store.RolloutCompleted && sameCandidate(last, pb) {
+				out.State = StateFailed
+				out.Message = fmt.Sprintf("staged rollout %s of this change ended %s (%s); change the object to try again",
+					last.GetId(), last.GetState(), last.GetHaltReason())
+				pl.invalid = append(pl.invalid, out)
+				continue
+			}
+			r, err := declaredRollout(name, d, pb)
+			if err != nil {
+				out.State, out.Message = StateInvalid, err.Error()
+				pl.invalid = append(pl.invalid, out)
+				continue
+			}
+			pl.declared = append(pl.declared, d)
+			pl.staged = append(pl.staged, staged{d: d, pb: pb, r: r})
+			pl.changed[p.Name] = true
+			continue
+		}
+		pl.declared = append(pl.declared, d)
 		pl.puts = append(pl.puts, pb)
 		pl.changed[p.Name] = true
 		if cur != nil && cur.Source != name {
@@ -558,7 +613,7 @@ func plan(name string, obs *Observation, current []*policy.Policy, v *policy.Val
 		return pl
 	}
 	for _, p := range current {
-		if p.Source == name && !keep[p.Name] {
+		if p.Source == name && !keep[p.Name] && ro.active[p.Name] == nil {
 			pl.deletes = append(pl.deletes, p.Name)
 			pl.changed[p.Name] = true
 		}

@@ -413,3 +413,85 @@ func mustCmd(t testing.TB) func(*command.Command, error) *command.Command {
 		return c
 	}
 }
+
+// TestDeclaredRollout: a change of an object with spec.rollout goes out as
+// a staged rollout by the source, not with the sync; while it runs the
+// policy is left alone; once it completes the policy is the source's at
+// the candidate; a candidate that was rolled back is not tried again.
+func TestDeclaredRollout(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	d := &fakeDriver{name: Kubernetes}
+	e := newEngine(t, c, Config{}, d)
+	withRollout := func(p *policy.Policy) Declared {
+		return Declared{Policy: p, Object: "ToolPolicy " + p.Name, Rollout: &Rollout{Stages: []string{"50%", "100%"}, Bake: time.Minute}}
+	}
+	d.set(&Observation{Revision: "1", Complete: true, Policies: []Declared{withRollout(tool("acme.r", "deny"))}})
+	if err := e.SyncNow(ctx, Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	kinds := func() []command.Type {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var out []command.Type
+		for _, x := range c.entries {
+			out = append(out, x.Type())
+		}
+		return out
+	}
+	if diff := cmp.Diff([]command.Type{command.TypeRolloutStart}, kinds()); diff != "" {
+		t.Fatalf("entries (-want +got):\n%s", diff)
+	}
+	rs, _, err := c.st.Rollouts()
+	if err != nil || len(rs) != 1 || rs[0].GetSource() != Kubernetes {
+		t.Fatalf("rollouts %v, %v; want one by the source", rs, err)
+	}
+	// While it runs, another sync leaves the policy to it.
+	d.set(&Observation{Revision: "2", Complete: true, Policies: []Declared{withRollout(tool("acme.r", "audit"))}})
+	if err := e.SyncNow(ctx, Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(kinds()); got != 1 {
+		t.Errorf("%d entries while the rollout runs, want still 1", got)
+	}
+	complete := func(id, to string) {
+		t.Helper()
+		if _, err := c.propose(ctx, mustCmd(t)(command.RolloutTransition(&commandv1.RolloutTransition{
+			Id: id, ExpectState: store.RolloutRunning, State: to, AtUnixMs: 1, Reason: "test"}))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete(rs[0].GetId(), store.RolloutCompleted)
+	p, err := c.st.GetPolicy("acme.r")
+	if err != nil || p.Source != Kubernetes || !strings.Contains(string(p.Spec), `"deny"`) {
+		t.Fatalf("after completion: %+v, %v; want the candidate, owned by the source", p, err)
+	}
+	// The object changed meanwhile: that change is staged next; rolled
+	// back, it is not tried again.
+	if err := e.SyncNow(ctx, Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	if rs, _, _ = c.st.Rollouts(); len(rs) != 2 {
+		t.Fatalf("%d rollouts, want a second for the change", len(rs))
+	}
+	complete(rs[1].GetId(), store.RolloutRolledBack)
+	if err := e.SyncNow(ctx, Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	if rs, _, _ = c.st.Rollouts(); len(rs) != 2 {
+		t.Errorf("%d rollouts; a rolled-back candidate was tried again", len(rs))
+	}
+	if got := states(d.last())["acme.r"]; got != StateFailed {
+		t.Errorf("outcome %s, want %s", got, StateFailed)
+	}
+	// A bad spec.rollout makes the object invalid.
+	bad := withRollout(tool("acme.r", "allow"))
+	bad.Rollout.Stages = []string{"50%", "40%"}
+	d.set(&Observation{Revision: "3", Complete: true, Policies: []Declared{bad}})
+	if err := e.SyncNow(ctx, Kubernetes); err != nil {
+		t.Fatal(err)
+	}
+	if o := d.last(); len(o) != 1 || o[0].State != StateInvalid || !strings.Contains(o[0].Message, "spec.rollout") {
+		t.Errorf("outcomes %+v, want one invalid naming spec.rollout", o)
+	}
+}

@@ -212,7 +212,9 @@ func (b *Batch) completeRollout(m Meta, r *commandv1.Rollout) error {
 	pm.Actor, pm.RequestID, pm.RevertedTo = r.GetActor(), r.GetRequestId(), 0
 	for _, c := range r.GetChanges() {
 		if c.GetOp() == OpPut {
-			if _, _, err := b.PutPolicy(pm, policyOf(c.GetPolicy()), nil); err != nil {
+			p := policyOf(c.GetPolicy())
+			p.Source = r.GetSource() // a source's rollout leaves its policy the source's
+			if _, _, err := b.PutPolicy(pm, p, nil); err != nil {
 				return fmt.Errorf("complete rollout %s: %w", r.GetId(), err)
 			}
 			continue
@@ -385,6 +387,7 @@ func policyOf(pb *commandv1.Policy) *policy.Policy {
 // same on every node.
 func CandidatePolicy(r *commandv1.Rollout, p *commandv1.Policy) (RawPolicy, error) {
 	pol := policyOf(p)
+	pol.Source = r.GetSource()
 	at := time.UnixMilli(r.GetCreatedAtUnixMs()).UTC()
 	pol.CreatedAt, pol.UpdatedAt = at, at
 	raw, err := pol.AppendJSON(nil)
@@ -411,6 +414,8 @@ type RolloutDoc struct {
 	RequestID      string             `json:"request_id,omitempty"`
 	CreatedAt      time.Time          `json:"created_at"`
 	UpdatedAt      time.Time          `json:"updated_at"`
+	// Source is the policy source that started it; omitted: the API.
+	Source string `json:"source,omitempty"`
 }
 
 // RolloutChangeDoc is one change: a put carries the candidate policy
@@ -435,7 +440,7 @@ func RolloutDocOf(r *commandv1.Rollout) (*RolloutDoc, error) {
 		MaxNackRatio: r.GetMaxNackRatio(), MinAckCoverage: r.GetMinAckCoverage(), OnHalt: r.GetOnHalt(),
 		State: r.GetState(), Stage: r.GetStage(), StageStartedAt: ms(r.GetStageStartedAtUnixMs()),
 		HaltReason: r.GetHaltReason(), Actor: r.GetActor(), RequestID: r.GetRequestId(),
-		CreatedAt: ms(r.GetCreatedAtUnixMs()), UpdatedAt: ms(r.GetUpdatedAtUnixMs()),
+		CreatedAt: ms(r.GetCreatedAtUnixMs()), UpdatedAt: ms(r.GetUpdatedAtUnixMs()), Source: r.GetSource(),
 	}
 	for _, c := range r.GetChanges() {
 		cd := RolloutChangeDoc{Op: c.GetOp(), Name: c.GetName()}

@@ -75,6 +75,10 @@ func checkOwner(tx *bolt.Tx, name, writer string, adopt bool) error {
 // CheckAPIWrite refuses a write through the API of a policy a source owns.
 func (b *Batch) CheckAPIWrite(name string) error { return checkOwner(b.tx, name, "", false) }
 
+// CheckWriter refuses a write by writer (a source, or "" for the API) of
+// a policy another owns: a staged rollout's changes, for instance.
+func (b *Batch) CheckWriter(name, writer string) error { return checkOwner(b.tx, name, writer, false) }
+
 // SyncSource applies one part of a sync: every put and delete, each with
 // its event, or (ErrConflict) none when any would take a policy the source
 // does not own or that a rollout stages. Deletes of policies that are gone

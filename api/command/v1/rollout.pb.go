@@ -50,8 +50,11 @@ type Rollout struct {
 	RequestId            string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	CreatedAtUnixMs      int64  `protobuf:"varint,13,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
 	UpdatedAtUnixMs      int64  `protobuf:"varint,14,opt,name=updated_at_unix_ms,json=updatedAtUnixMs,proto3" json:"updated_at_unix_ms,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The policy source that started it ("" for the API): its puts stay
+	// that source's policies when it completes (command version 5).
+	Source        string `protobuf:"bytes,15,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -180,6 +183,13 @@ func (x *Rollout) GetUpdatedAtUnixMs() int64 {
 		return x.UpdatedAtUnixMs
 	}
 	return 0
+}
+
+func (x *Rollout) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
 }
 
 // RolloutChange is one policy change a rollout stages: a put of a whole
@@ -442,7 +452,7 @@ var File_command_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_command_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x18command/v1/rollout.proto\x12\x12policyd.command.v1\x1a\x18command/v1/command.proto\"\x8d\x04\n" +
+	"\x18command/v1/rollout.proto\x12\x12policyd.command.v1\x1a\x18command/v1/command.proto\"\xa5\x04\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12;\n" +
 	"\achanges\x18\x02 \x03(\v2!.policyd.command.v1.RolloutChangeR\achanges\x128\n" +
@@ -460,7 +470,8 @@ const file_command_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\f \x01(\tR\trequestId\x12+\n" +
 	"\x12created_at_unix_ms\x18\r \x01(\x03R\x0fcreatedAtUnixMs\x12+\n" +
-	"\x12updated_at_unix_ms\x18\x0e \x01(\x03R\x0fupdatedAtUnixMs\"g\n" +
+	"\x12updated_at_unix_ms\x18\x0e \x01(\x03R\x0fupdatedAtUnixMs\x12\x16\n" +
+	"\x06source\x18\x0f \x01(\tR\x06source\"g\n" +
 	"\rRolloutChange\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\tR\x02op\x122\n" +
 	"\x06policy\x18\x02 \x01(\v2\x1a.policyd.command.v1.PolicyR\x06policy\x12\x12\n" +
