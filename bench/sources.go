@@ -282,8 +282,10 @@ func (c *sourcesConfig) run(ctx context.Context, env *runEnv) (err error) {
 	if err != nil {
 		return err
 	}
-	if ok, err := sf.wait(ctx, sf.watch(map[int]string{0: version}), c.connectTimeout); err != nil || !ok {
-		return fmt.Errorf("the sidecars did not all connect and hold %s: %v", version, err)
+	if ok, err := sf.wait(ctx, sf.watch(map[int]string{0: version}), c.connectTimeout); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("the sidecars did not all connect and hold %s within %v", version, c.connectTimeout)
 	}
 	sidecars := c.grpc + c.ws
 
@@ -308,8 +310,10 @@ func (c *sourcesConfig) run(ctx context.Context, env *runEnv) (err error) {
 				return err
 			}
 			w := sf.watch(map[int]string{0: v})
-			if ok, err := sf.wait(ctx, w, c.timeout); err != nil || !ok {
-				return fmt.Errorf("%s round %d: not every sidecar holds %s: %v", path, r, v, err)
+			if ok, err := sf.wait(ctx, w, c.timeout); err != nil {
+				return err
+			} else if !ok {
+				return fmt.Errorf("%s round %d: not every sidecar holds %s within %v", path, r, v, c.timeout)
 			}
 			for _, idx := range w.expected {
 				if at, ok := w.heldAt(idx); ok {
@@ -380,7 +384,7 @@ func waitSynced(ctx context.Context, api *adminclient.Client, want map[string]st
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("sources %v not synced within %v (last: %v)", want, timeout, err)
+			return fmt.Errorf("sources %v not synced within %v (last: %w)", want, timeout, err)
 		}
 		select {
 		case <-ctx.Done():

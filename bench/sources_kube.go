@@ -164,8 +164,10 @@ func (c *sourcesConfig) runKube(ctx context.Context, env *runEnv, k *benchKube, 
 			time.Sleep(2 * time.Millisecond)
 		}
 		w := sf.watch(map[int]string{0: v})
-		if ok, err := sf.wait(ctx, w, c.timeout); err != nil || !ok {
-			return fmt.Errorf("kube round %d: not every sidecar holds %s: %v", r, v, err)
+		if ok, err := sf.wait(ctx, w, c.timeout); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("kube round %d: not every sidecar holds %s within %v", r, v, c.timeout)
 		}
 		for _, idx := range w.expected {
 			if at, ok := w.heldAt(idx); ok {

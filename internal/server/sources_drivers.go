@@ -48,13 +48,13 @@ type gitHooks struct{ *gitsource.Driver }
 func (g gitHooks) VerifyHook(h http.Header, body []byte) error {
 	secret, err := g.WebhookSecret()
 	if errors.Is(err, gitsource.ErrNoWebhookSecret) {
-		return fmt.Errorf("%w: %v", sources.ErrNotConfigured, err)
+		return fmt.Errorf("%w: %w", sources.ErrNotConfigured, err)
 	}
 	if err != nil {
 		return err
 	}
 	if err := gitsource.VerifyHook(secret, h, body); err != nil {
-		return fmt.Errorf("%w: %v", sources.ErrHookRefused, err)
+		return fmt.Errorf("%w: %w", sources.ErrHookRefused, err)
 	}
 	if !g.AllowHook() {
 		return sources.ErrRateLimited

@@ -156,7 +156,9 @@ func (k *kubeCluster) policies(what, prefix string, want map[string]string) {
 func TestKubernetesSource(t *testing.T) {
 	k := newKubeCluster(t)
 	api := apiFor(t, k.follower())
-	api.client.Do(t.Context(), http.MethodPut, "/v1/employees/alice", nil, []byte(`{"org":"acme","team":"","status":"active"}`), nil)
+	if err := api.client.Do(t.Context(), http.MethodPut, "/v1/employees/alice", nil, []byte(`{"org":"acme","team":"","status":"active"}`), nil); err != nil {
+		t.Fatal(err)
+	}
 	nacker := func(set []client.Policy) error {
 		for _, p := range set {
 			if strings.Contains(string(p.Spec), "nack-me") {
