@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
+	"time"
+
+	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/raftnode"
@@ -85,13 +89,40 @@ func (n *Node) LeaderHTTPAddr() string {
 
 // fleet is what the Kubernetes source's status needs of the node: how far
 // a policy has reached the connected sidecars, cluster-wide.
-type fleet struct{ n *Node }
+type fleet struct {
+	n *Node
+	// The driver asks about many objects at once (1,000 applied together):
+	// they share one cluster-wide gather of the clients for clientsTTL.
+	mu      sync.Mutex
+	at      time.Time
+	clients []*clusterv1.ClientInfo
+}
+
+// clientsTTL is how long one gather of the connected sidecars answers for.
+const clientsTTL = 250 * time.Millisecond
+
+func newFleet(n *Node) *fleet { return &fleet{n: n} }
+
+// gather returns the cluster's connected sidecars, at most clientsTTL old.
+func (f *fleet) gather(ctx context.Context) ([]*clusterv1.ClientInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.clients != nil && time.Since(f.at) < clientsTTL {
+		return f.clients, nil
+	}
+	clients, _, err := f.n.Clients(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.clients, f.at = clients, time.Now()
+	return clients, nil
+}
 
 // Rollout counts the sidecars the named policy applies to by their answer
 // to the set this node computes for them now: a sidecar that ACKed it holds
 // the policy's current revision. One that ACKed an older set counts as
 // pending, even when what changed since was another policy of its scope.
-func (f fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, error) {
+func (f *fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, error) {
 	var s sources.Sidecars
 	rp, ok := f.n.policies.Get(name)
 	if !ok {
@@ -99,7 +130,7 @@ func (f fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, erro
 		// would find no sidecar, and 0/0 would read as rolled out.
 		return s, fmt.Errorf("policy %s is not in this node's policy index yet", name)
 	}
-	clients, _, err := f.n.Clients(ctx)
+	clients, err := f.gather(ctx)
 	if err != nil {
 		return s, err
 	}
@@ -128,7 +159,7 @@ func (f fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, erro
 
 // Staging names the stage of a running rollout of the named policy, "" if
 // none.
-func (f fleet) Staging(name string) string {
+func (f *fleet) Staging(name string) string {
 	rs, err := f.n.store.ActiveRollouts()
 	if err != nil {
 		return ""
@@ -143,4 +174,4 @@ func (f fleet) Staging(name string) string {
 	return ""
 }
 
-var _ sources.Fleet = fleet{}
+var _ sources.Fleet = (*fleet)(nil)

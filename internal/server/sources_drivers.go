@@ -20,7 +20,7 @@ func (n *Node) sourceDrivers() ([]sources.Driver, error) {
 			return nil, fmt.Errorf("sources.kubernetes: %w", err)
 		}
 		rc.UserAgent = "policyd-sources/" + n.id
-		d, err := kubesource.New(kubesource.Config{}, rc, fleet{n}, n.logger.With("component", "sources", "source", sources.Kubernetes))
+		d, err := kubesource.New(kubesource.Config{}, rc, newFleet(n), n.logger.With("component", "sources", "source", sources.Kubernetes))
 		if err != nil {
 			return nil, fmt.Errorf("sources.kubernetes: %w", err)
 		}
