@@ -231,6 +231,21 @@ func TestGitSource(t *testing.T) {
 	if s := g.sourceView(); s.PruneAllowed || s.Policies != 0 {
 		t.Errorf("after the prune: %+v; want the grant used up and no policies", s)
 	}
+
+	// The leader's metrics.
+	r = apiFor(t, g.leader()).do(http.MethodGet, "/metrics", nil, nil)
+	for _, want := range []string{
+		`policyd_source_syncs_total{result="committed",source="git:policies"}`,
+		`policyd_source_syncs_total{result="invalid",source="git:policies"} 1`,
+		`policyd_source_syncs_total{result="prune_refused",source="git:policies"}`,
+		`policyd_source_policies{source="git:policies"} 0`,
+		`policyd_source_last_sync_timestamp_seconds{source="git:policies"} 1.`,
+		`policyd_source_sync_duration_seconds_count`,
+	} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 }
 
 // sync asks for a sync through n, as policyd sources sync does.
