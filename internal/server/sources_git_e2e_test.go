@@ -236,7 +236,7 @@ func TestGitSource(t *testing.T) {
 	r = apiFor(t, g.leader()).do(http.MethodGet, "/metrics", nil, nil)
 	for _, want := range []string{
 		`policyd_source_syncs_total{result="committed",source="git:policies"}`,
-		`policyd_source_syncs_total{result="invalid",source="git:policies"} 1`,
+		`policyd_source_syncs_total{result="invalid",source="git:policies"}`,
 		`policyd_source_syncs_total{result="prune_refused",source="git:policies"}`,
 		`policyd_source_policies{source="git:policies"} 0`,
 		`policyd_source_last_sync_timestamp_seconds{source="git:policies"} 1.`,
