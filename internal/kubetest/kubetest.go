@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -23,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // ErrNoAssets means KUBEBUILDER_ASSETS is unset, so there is no
@@ -60,6 +63,9 @@ func Start(opts Options) (*Env, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, ErrNoAssets
 	}
+	// envtest logs through controller-runtime's logger, which nothing here
+	// sets; unset, it prints a stack trace on first use.
+	ctrllog.SetLogger(logr.Discard())
 	te := &envtest.Environment{WebhookInstallOptions: opts.Webhooks, CRDDirectoryPaths: opts.CRDs, ErrorIfCRDPathMissing: len(opts.CRDs) > 0}
 	args := te.ControlPlane.GetAPIServer().Configure()
 	// The controller-manager, when a test starts one, runs no endpoints

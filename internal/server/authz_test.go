@@ -34,6 +34,9 @@ type authzSample struct {
 	// noBody marks writes that read no request body (an action named by
 	// the path alone); every other write must decode its body strictly.
 	noBody bool
+	// signed marks a write that takes no token: its body's signature is
+	// its credential (a Git host's webhook), checked by the route itself.
+	signed bool
 }
 
 // authzSamples has one entry per registered route. A route added to the API
@@ -91,9 +94,15 @@ var authzSamples = map[string]authzSample{
 	"POST /v1/rollouts/{id}/promote": {path: "/v1/rollouts/r0/promote", want: 404, noBody: true},
 	"POST /v1/rollouts/{id}/abort":   {path: "/v1/rollouts/r0/abort", want: 404, noBody: true},
 
-	"GET /v1/reload":   {path: "/v1/reload", planned: true},
-	"GET /v1/drift":    {path: "/v1/drift", planned: true},
-	"GET /v1/snapshot": {path: "/v1/snapshot", want: 200, adminOnly: true},
+	// No source is configured on this node: 404 proves the role check
+	// passed (the hook's 404 comes before any signature check).
+	"GET /v1/sources":              {path: "/v1/sources", want: 200},
+	"GET /v1/sources/{name}":       {path: "/v1/sources/kubernetes", want: 404},
+	"POST /v1/sources/{name}/sync": {path: "/v1/sources/kubernetes/sync", want: 404, noBody: true},
+	"POST /v1/sources/{name}/hook": {path: "/v1/sources/policies/hook", body: `{"ref":"refs/heads/main"}`, want: 404, noBody: true, signed: true},
+	"GET /v1/reload":               {path: "/v1/reload", planned: true},
+	"GET /v1/drift":                {path: "/v1/drift", planned: true},
+	"GET /v1/snapshot":             {path: "/v1/snapshot", want: 200, adminOnly: true},
 
 	"GET /debug/pprof/":        {path: "/debug/pprof/", want: 200, adminOnly: true},
 	"GET /debug/pprof/cmdline": {path: "/debug/pprof/cmdline", want: 200, adminOnly: true},
@@ -157,6 +166,9 @@ func TestRouteRoleMatrix(t *testing.T) {
 			// needAdmin: what a read token must be refused.
 			needAdmin := write || s.adminOnly
 			switch {
+			case s.signed && route.Role >= 0:
+				t.Fatalf("signed route needs role %v, want open (its signature is its credential)", route.Role)
+			case s.signed:
 			case needAdmin && route.Role != auth.RoleAdmin:
 				t.Fatalf("route needs role %v, want admin", route.Role)
 			case !needAdmin && route.Role != auth.RoleRead && !isProbe(route.Pattern):

@@ -118,11 +118,11 @@ func (f *fleet) gather(ctx context.Context) ([]*clusterv1.ClientInfo, error) {
 	return clients, nil
 }
 
-// Rollout counts the sidecars the named policy applies to by their answer
+// Reach counts the sidecars the named policy applies to by their answer
 // to the set this node computes for them now: a sidecar that ACKed it holds
 // the policy's current revision. One that ACKed an older set counts as
 // pending, even when what changed since was another policy of its scope.
-func (f *fleet) Rollout(ctx context.Context, name string) (sources.Sidecars, error) {
+func (f *fleet) Reach(ctx context.Context, name string) (sources.Sidecars, error) {
 	var s sources.Sidecars
 	rp, ok := f.n.policies.Get(name)
 	if !ok {

@@ -124,3 +124,11 @@ func (e *Engine) startStaged(ctx context.Context, name, actor string, pl *syncPl
 	}
 	return nil
 }
+
+// Rollout is a declared object's spec.rollout.
+type Rollout struct {
+	Stages       []string      // "5%", "25%", "100%"
+	Bake         time.Duration // how long each stage bakes
+	MaxNackRatio string        // "0.01"
+	OnHalt       string        // "rollback" or "stay"
+}

@@ -6,7 +6,6 @@ package sources
 
 import (
 	"context"
-	"time"
 
 	"github.com/policyd/policyd/internal/policy"
 )
@@ -34,14 +33,6 @@ type Declared struct {
 	// Rollout, when set, makes a change of this policy go out as a staged
 	// rollout instead of with the sync.
 	Rollout *Rollout
-}
-
-// Rollout is a declared object's spec.rollout.
-type Rollout struct {
-	Stages       []string      // "5%", "25%", "100%"
-	Bake         time.Duration // how long each stage bakes
-	MaxNackRatio string        // "0.01"
-	OnHalt       string        // "rollback" or "stay"
 }
 
 // ObjectError is an object the driver could not turn into a policy at all
@@ -117,9 +108,9 @@ type Sidecars struct {
 
 // Fleet tells a driver how far a policy has rolled out.
 type Fleet interface {
-	// Rollout counts the connected sidecars the named policy applies to,
+	// Reach counts the connected sidecars the named policy applies to,
 	// by their answer to a set holding its current revision.
-	Rollout(ctx context.Context, name string) (Sidecars, error)
+	Reach(ctx context.Context, name string) (Sidecars, error)
 	// Staging reports the stage of a running staged rollout of the named
 	// policy ("" when none runs).
 	Staging(name string) string

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/policyd/policyd/api/kubernetes/v1alpha1"
 	"github.com/policyd/policyd/internal/policy"
@@ -112,22 +111,6 @@ func joinField(prefix, field string) string {
 		return prefix + field
 	}
 	return prefix + "." + field
-}
-
-func convertRollout(r *v1alpha1.Rollout) (*sources.Rollout, error) {
-	out := &sources.Rollout{
-		Stages:       append([]string(nil), r.Stages...),
-		MaxNackRatio: r.MaxNackRatio,
-		OnHalt:       r.OnHalt,
-	}
-	if r.Bake != "" {
-		d, err := time.ParseDuration(r.Bake)
-		if err != nil {
-			return nil, policy.ValidationError{{Field: "spec.rollout.bake", Reason: fmt.Sprintf("not a duration: %q", r.Bake)}}
-		}
-		out.Bake = d
-	}
-	return out, nil
 }
 
 // camelFields maps the REST API's snake_case spec fields to the resources'

@@ -167,7 +167,7 @@ func newFakeFleet() *fakeFleet {
 	return &fakeFleet{rollout: map[string]sources.Sidecars{}, staging: map[string]string{}, calls: map[string]int{}}
 }
 
-func (f *fakeFleet) Rollout(_ context.Context, name string) (sources.Sidecars, error) {
+func (f *fakeFleet) Reach(_ context.Context, name string) (sources.Sidecars, error) {
 	f.total.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()

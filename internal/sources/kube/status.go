@@ -284,7 +284,7 @@ func (w *statusWriter) look(ctx context.Context, out sources.Outcome) look {
 	if out.State != sources.StateCommitted {
 		return l
 	}
-	sc, err := w.fleet.Rollout(ctx, out.Name)
+	sc, err := w.fleet.Reach(ctx, out.Name)
 	if err != nil {
 		w.logger.Debug("kubernetes source: rollout", "policy", out.Name, "err", err)
 		l.final = false
