@@ -398,11 +398,17 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 // dialled through the peer plane's handshake (internal/server/peer), which also
 // carries TLS: gRPC itself sees an authenticated connection.
 type peerPool struct {
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	mu     sync.Mutex
+	closed bool // after Close, no connection is made: it would never close
+	conns  map[string]*grpc.ClientConn
 	dial  func(ctx context.Context, addr string) (net.Conn, error)
 	opts  []grpc.DialOption
 }
+
+// errPoolClosed is a peer call made while the node shuts down: a leader
+// task still finishing (a source's status, say) must not open a connection
+// nothing would close. It is Unavailable, as for a peer that is down.
+var errPoolClosed error = &unavailableError{msg: "the node is shutting down"}
 
 func newPeerPool(dial func(ctx context.Context, addr string) (net.Conn, error), opts []grpc.DialOption) *peerPool {
 	return &peerPool{conns: map[string]*grpc.ClientConn{}, dial: dial, opts: opts}
@@ -411,6 +417,9 @@ func newPeerPool(dial func(ctx context.Context, addr string) (net.Conn, error), 
 func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("dial peer %s: %w", addr, errPoolClosed)
+	}
 	if cc, ok := p.conns[addr]; ok {
 		return clusterv1.NewClusterClient(cc), nil
 	}
@@ -426,6 +435,7 @@ func (p *peerPool) client(addr string) (clusterv1.ClusterClient, error) {
 func (p *peerPool) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.closed = true
 	for a, cc := range p.conns {
 		_ = cc.Close()
 		delete(p.conns, a)
