@@ -401,8 +401,8 @@ type peerPool struct {
 	mu     sync.Mutex
 	closed bool // after Close, no connection is made: it would never close
 	conns  map[string]*grpc.ClientConn
-	dial  func(ctx context.Context, addr string) (net.Conn, error)
-	opts  []grpc.DialOption
+	dial   func(ctx context.Context, addr string) (net.Conn, error)
+	opts   []grpc.DialOption
 }
 
 // errPoolClosed is a peer call made while the node shuts down: a leader
