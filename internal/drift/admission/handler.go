@@ -5,20 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/policyd/policyd/internal/admissionreview"
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
-
-	"github.com/policyd/policyd/internal/utf8field"
 )
 
 // MaxReviewBytes bounds a request body. An AdmissionReview carries at most
@@ -50,30 +47,14 @@ func NewHandler(cfg Config, logger *slog.Logger, objs Objects, sink Sink, reg pr
 	return &Handler{cfg: cfg.normalized(), logger: logger, objs: objs, sink: sink, metrics: newMetrics(reg, logger), now: time.Now}
 }
 
-// errBadReview is a body that is not an AdmissionReview v1; it is answered
-// with HTTP 400, as there is no request UID to answer to.
-var errBadReview = errors.New("bad admission review")
-
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "admission reviews are POSTed", http.StatusMethodNotAllowed)
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
-		return
-	}
-	review, err := decodeReview(http.MaxBytesReader(w, r.Body, MaxReviewBytes))
+	review, err := admissionreview.Read(w, r, MaxReviewBytes)
 	if err != nil {
-		code := http.StatusBadRequest
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			code = http.StatusRequestEntityTooLarge
+		if errors.Is(err, admissionreview.ErrBad) {
+			h.metrics.invalid.Inc()
+			h.logger.Debug("rejected admission review", "err", err, "remote", r.RemoteAddr)
 		}
-		h.metrics.invalid.Inc()
-		h.logger.Debug("rejected admission review", "err", err, "remote", r.RemoteAddr)
-		http.Error(w, err.Error(), code)
 		return
 	}
 	req := review.Request
@@ -206,32 +187,6 @@ func (h *Handler) write(w http.ResponseWriter, req *admissionv1.AdmissionRequest
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b) // a write error means the API server is gone
-}
-
-// decodeReview reads an AdmissionReview v1 with a request.
-func decodeReview(body io.Reader) (*admissionv1.AdmissionReview, error) {
-	b, err := io.ReadAll(body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: read body: %w", errBadReview, err)
-	}
-	// encoding/json would take invalid UTF-8 for U+FFFD without a word.
-	if err := utf8field.JSON(b); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadReview, err)
-	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(b, &review); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadReview, err)
-	}
-	if review.APIVersion != admissionv1.SchemeGroupVersion.String() || review.Kind != "AdmissionReview" {
-		return nil, fmt.Errorf("%w: apiVersion %q kind %q, want %s AdmissionReview", errBadReview, review.APIVersion, review.Kind, admissionv1.SchemeGroupVersion)
-	}
-	if review.Request == nil {
-		return nil, fmt.Errorf("%w: no request", errBadReview)
-	}
-	if review.Request.UID == "" {
-		return nil, fmt.Errorf("%w: request has no uid", errBadReview)
-	}
-	return &review, nil
 }
 
 // decodeObject parses an embedded object; nil for an absent one. Numbers

@@ -4,17 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/policyd/policyd/api/kubernetes/v1alpha1"
+	"github.com/policyd/policyd/internal/admissionreview"
 	"github.com/policyd/policyd/internal/policy"
-	"github.com/policyd/policyd/internal/utf8field"
 )
 
 // AdmissionPath is where the webhook is served, on the drift listener.
@@ -41,28 +39,10 @@ func NewAdmission(validator *policy.Validator, logger *slog.Logger) http.Handler
 	return &admission{validator: validator, logger: logger}
 }
 
-// errBadReview is a body that is not an AdmissionReview v1: HTTP 400, as
-// there is no request UID to answer.
-var errBadReview = errors.New("bad admission review")
-
 func (a *admission) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "admission reviews are POSTed", http.StatusMethodNotAllowed)
-		return
-	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
-		return
-	}
-	review, err := decodeReview(http.MaxBytesReader(w, r.Body, MaxReviewBytes))
+	review, err := admissionreview.Read(w, r, MaxReviewBytes)
 	if err != nil {
-		code := http.StatusBadRequest
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			code = http.StatusRequestEntityTooLarge
-		}
 		a.logger.Debug("rejected admission review", "err", err, "remote", r.RemoteAddr)
-		http.Error(w, err.Error(), code)
 		return
 	}
 	req := review.Request
@@ -116,32 +96,6 @@ func (a *admission) review(req *admissionv1.AdmissionRequest) *admissionv1.Admis
 
 func deny(code int32, reason metav1.StatusReason, msg string) *admissionv1.AdmissionResponse {
 	return &admissionv1.AdmissionResponse{Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: clip(msg)}}
-}
-
-// decodeReview reads an AdmissionReview v1 with a request.
-func decodeReview(body io.Reader) (*admissionv1.AdmissionReview, error) {
-	b, err := io.ReadAll(body)
-	if err != nil {
-		return nil, fmt.Errorf("%w: read body: %w", errBadReview, err)
-	}
-	// encoding/json would take invalid UTF-8 for U+FFFD without a word.
-	if err := utf8field.JSON(b); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadReview, err)
-	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(b, &review); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadReview, err)
-	}
-	if review.APIVersion != admissionv1.SchemeGroupVersion.String() || review.Kind != "AdmissionReview" {
-		return nil, fmt.Errorf("%w: apiVersion %q kind %q, want %s AdmissionReview", errBadReview, review.APIVersion, review.Kind, admissionv1.SchemeGroupVersion)
-	}
-	if review.Request == nil {
-		return nil, fmt.Errorf("%w: no request", errBadReview)
-	}
-	if review.Request.UID == "" {
-		return nil, fmt.Errorf("%w: request has no uid", errBadReview)
-	}
-	return &review, nil
 }
 
 // rawObject is the part of an object conversion reads.
