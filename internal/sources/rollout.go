@@ -1,10 +1,8 @@
 package sources
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -88,12 +86,7 @@ func declaredRollout(source string, d Declared, pb *commandv1.Policy) (*commandv
 // sameCandidate reports whether rollout r put exactly pb.
 func sameCandidate(r *commandv1.Rollout, pb *commandv1.Policy) bool {
 	for _, c := range r.GetChanges() {
-		cp := c.GetPolicy()
-		if c.GetOp() == store.OpPut && cp.GetName() == pb.GetName() && cp.GetKind() == pb.GetKind() &&
-			cp.GetEnforcement() == pb.GetEnforcement() && bytes.Equal(cp.GetSpec(), pb.GetSpec()) &&
-			maps.Equal(cp.GetLabels(), pb.GetLabels()) &&
-			cp.GetScope().GetOrg() == pb.GetScope().GetOrg() && cp.GetScope().GetTeam() == pb.GetScope().GetTeam() &&
-			cp.GetScope().GetEmployee() == pb.GetScope().GetEmployee() {
+		if cp := c.GetPolicy(); c.GetOp() == store.OpPut && cp.GetName() == pb.GetName() && same(command.PolicyOf(cp), pb) {
 			return true
 		}
 	}
