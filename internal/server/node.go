@@ -259,6 +259,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	mux := http.NewServeMux()
 	mux.Handle(feedv1.Path, n.refuseWhenStaleHTTP(gate.HTTP("websocket", n.feed)))
 	mux.Handle("/", n.api)
+	if err = n.setupConsole(mux); err != nil {
+		return nil, err
+	}
 	n.httpSrv = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: handshakeTimeout,

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -213,5 +214,8 @@ func (c *Console) liveEvents(ctx context.Context, w *sseWriter, r *http.Request,
 	if ctx.Err() != nil {
 		return nil
 	}
-	return fmt.Errorf("event stream: %w", sc.Err())
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("event stream: %w", err)
+	}
+	return errors.New("the event stream ended; reconnecting")
 }

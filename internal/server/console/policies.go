@@ -203,7 +203,7 @@ func (c *Console) diff(r *http.Request, api *adminclient.Client, name string, fr
 		return nil, fmt.Errorf("revision %d: %w", to, err)
 	}
 	text, err := difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-		A: difflib.SplitLines(indent(a) + "\n"), B: difflib.SplitLines(indent(b) + "\n"),
+		A: difflib.SplitLines(content(a) + "\n"), B: difflib.SplitLines(content(b) + "\n"),
 		FromFile: fmt.Sprintf("revision %d", from), ToFile: fmt.Sprintf("revision %d", to), Context: 3,
 	})
 	if err != nil {
@@ -223,14 +223,42 @@ func (c *Console) diff(r *http.Request, api *adminclient.Client, name string, fr
 	return out, nil
 }
 
-// indent pretty-prints JSON for reading; what does not parse is shown as
-// it is.
+// indent pretty-prints JSON for reading, with <, > and & as they are (the
+// template escapes them); what does not parse is shown as it is.
 func indent(raw json.RawMessage) string {
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
 		return string(raw)
 	}
-	return buf.String()
+	return pretty(v)
+}
+
+func pretty(v any) string {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Sprint(v)
+	}
+	return strings.TrimSuffix(buf.String(), "\n")
+}
+
+// content is a revision's document without what every write changes
+// (revision, timestamps), so a diff shows what the change was.
+func content(raw json.RawMessage) string {
+	var doc map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return string(raw)
+	}
+	delete(doc, "revision")
+	delete(doc, "created_at")
+	delete(doc, "updated_at")
+	return pretty(doc)
 }
 
 type revertData struct {

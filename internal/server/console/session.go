@@ -109,7 +109,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 	if now.Sub(issued) > c.cfg.SessionTTL || now.Sub(seen) > c.cfg.IdleTimeout || seen.After(now.Add(time.Minute)) {
 		return c.noSession(w, r, tokens)
 	}
-	if now.Sub(seen) >= refreshAfter {
+	if now.Sub(seen) >= min(refreshAfter, c.cfg.IdleTimeout/4) {
 		return c.issue(w, r, key, tok, authOff, cl), true
 	}
 	return c.sessionOf(key, tok, authOff, cl, r), true
