@@ -304,7 +304,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	ctx := t.Context()
 	cc.put(t, "acme.deny-shell", map[string]any{"kind": "ToolPolicy", "scope": map[string]string{"org": "acme"},
 		"labels": map[string]string{"owner": "platform"},
-		"spec": map[string]any{"tool_name": "Bash", "action": "deny", "reason": "v1 " + hostile}})
+		"spec":   map[string]any{"tool_name": "Bash", "action": "deny", "reason": "v1 " + hostile}})
 	w2 := cc.put(t, "acme.deny-shell", map[string]any{"kind": "ToolPolicy", "scope": map[string]string{"org": "acme"},
 		"spec": map[string]any{"tool_name": "Bash", "action": "deny", "reason": "v2 " + hostile}})
 	cc.put(t, "beta.shadow", map[string]any{"kind": "ToolPolicy", "scope": map[string]string{"org": "beta"}, "enforcement": "shadow",

@@ -49,9 +49,13 @@ func (c *Console) overviewData(ctx context.Context, api *adminclient.Client) *ov
 	defer cancel()
 	d := &overviewData{At: time.Now()}
 	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		problem  = func(part string, err error) { mu.Lock(); d.Problems = append(d.Problems, part+": "+err.Error()); mu.Unlock() }
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		problem = func(part string, err error) {
+			mu.Lock()
+			d.Problems = append(d.Problems, part+": "+err.Error())
+			mu.Unlock()
+		}
 		add      = func(a attention) { mu.Lock(); d.Attention = append(d.Attention, a); mu.Unlock() }
 		rollouts *adminclient.StagedRolloutList
 		drift    *adminclient.DriftList

@@ -40,7 +40,7 @@ func (f policyFilter) match(p adminclient.Policy) bool {
 	if f.Org != "" && p.Scope.Org != f.Org || f.Team != "" && p.Scope.Team != f.Team || f.Kind != "" && p.Kind != f.Kind {
 		return false
 	}
-	if f.Source != "" && (p.Source != f.Source && !(f.Source == "api" && p.Source == "")) {
+	if src := p.Source; f.Source != "" && src != f.Source && (f.Source != "api" || src != "") {
 		return false
 	}
 	if f.Label != "" {
