@@ -33,22 +33,23 @@ func (n *Node) setupConsole(mux *http.ServeMux) error {
 	return nil
 }
 
-// probeReady asks a member's /readyz, as a load balancer would. Under
-// http.tls it presents this node's HTTP certificate and verifies the
-// member's against http.tls.client_ca_file (or the system roots).
-func (n *Node) probeReady(ctx context.Context, httpAddr string) error {
+// probeReady asks a member's /readyz, as a load balancer would, and reads
+// its applied index from the answer. Under http.tls it presents this
+// node's HTTP certificate and verifies the member's against
+// http.tls.client_ca_file (or the system roots).
+func (n *Node) probeReady(ctx context.Context, httpAddr string) (uint64, error) {
 	scheme, tr := "http", http.DefaultTransport.(*http.Transport).Clone()
 	if n.tls.http != nil {
 		host, _, err := net.SplitHostPort(httpAddr)
 		if err != nil {
-			return fmt.Errorf("admin address %q: %w", httpAddr, err)
+			return 0, fmt.Errorf("admin address %q: %w", httpAddr, err)
 		}
 		scheme, tr.TLSClientConfig = "https", n.tls.http.ClientConfig(host)
 	}
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+httpAddr+"/readyz", nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Do(req)
 	if err != nil {
@@ -56,20 +57,22 @@ func (n *Node) probeReady(ctx context.Context, httpAddr string) error {
 		if errors.As(err, &ue) && ue.Unwrap() != nil {
 			err = ue.Unwrap()
 		}
-		return fmt.Errorf("no answer: %w", err)
+		return 0, fmt.Errorf("no answer: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		return nil
-	}
-	var envelope struct {
-		Error struct {
+	var answer struct {
+		AppliedIndex uint64 `json:"applied_index"`
+		Error        struct {
 			Message string `json:"message"`
 		} `json:"error"`
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if json.Unmarshal(body, &envelope) == nil && envelope.Error.Message != "" {
-		return errors.New(envelope.Error.Message)
+	_ = json.Unmarshal(body, &answer) // a member of an older release sends less
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return answer.AppliedIndex, nil
+	case answer.Error.Message != "":
+		return 0, errors.New(answer.Error.Message)
 	}
-	return fmt.Errorf("/readyz answered %s", resp.Status)
+	return 0, fmt.Errorf("/readyz answered %s", resp.Status)
 }

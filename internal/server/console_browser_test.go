@@ -200,7 +200,7 @@ func (tb *tab) shot(name string) {
 	tb.t.Helper()
 	ctx, cancel := context.WithTimeout(tb.ctx, 20*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		tb.t.Fatalf("%s: screenshot: %v", tb.name, err)
 	}
@@ -396,6 +396,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		if got := eval[int](admin, "document.querySelectorAll('#members-table tbody tr').length"); got != len(st.Members) {
 			t.Errorf("%d members shown, REST has %d", got, len(st.Members))
+		}
+		if got := admin.text("#members-table tbody"); strings.Contains(got, "—") || strings.Contains(got, "not ready") {
+			t.Errorf("every member ready, with its applied index: %q", got)
 		}
 		if got := admin.text("#attention"); !strings.Contains(got, "1 sidecar NACKed") {
 			t.Errorf("needs attention: %q, want the NACK", got)

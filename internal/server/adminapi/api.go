@@ -487,7 +487,11 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 	if err := a.b.Ready(r.Context()); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	// The applied index lets a console show how far each member is.
+	writeJSON(w, http.StatusOK, struct {
+		Status       string `json:"status"`
+		AppliedIndex uint64 `json:"applied_index"`
+	}{"ready", a.b.Store().AppliedIndex()})
 	return nil
 }
 

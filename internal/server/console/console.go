@@ -40,9 +40,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// NodeID names the node serving the console.
 	NodeID string
-	// Probe asks a member's admin address whether it is ready; nil
-	// shows readiness as unknown.
-	Probe func(ctx context.Context, httpAddr string) error
+	// Probe asks a member's admin address whether it is ready, and its
+	// applied index; nil shows every member as ready.
+	Probe func(ctx context.Context, httpAddr string) (applied uint64, err error)
 	// LivePeriod is how often a live view re-renders (default 2s).
 	LivePeriod time.Duration
 }
@@ -222,6 +222,8 @@ type identityTransport struct {
 func (t identityTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.s.AuthOff {
 		req = req.WithContext(auth.WithToken(req.Context(), t.s.Token))
+	} else if t.s.tls != nil {
+		req = req.WithContext(withTLS(req.Context(), t.s.tls))
 	}
 	req.Header.Set("X-Request-ID", t.s.requestID)
 	return t.next.RoundTrip(req)

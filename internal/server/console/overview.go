@@ -28,8 +28,9 @@ type overviewData struct {
 
 type memberRow struct {
 	adminclient.Member
-	Ready  bool
-	Reason string
+	Ready   bool
+	Reason  string
+	Applied uint64
 }
 
 // attention is one "needs attention" item, linking to its page.
@@ -161,7 +162,9 @@ func (c *Console) probeMembers(ctx context.Context, members []adminclient.Member
 		wg.Go(func() {
 			pctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()
-			if err := c.cfg.Probe(pctx, m.HTTPAddr); err != nil {
+			applied, err := c.cfg.Probe(pctx, m.HTTPAddr)
+			rows[i].Applied = applied
+			if err != nil {
 				rows[i].Ready, rows[i].Reason = false, err.Error()
 			}
 		})

@@ -2,6 +2,7 @@ package console
 
 import (
 	"crypto/hmac"
+	"crypto/tls"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -29,7 +30,11 @@ type session struct {
 	// CSRF is the per-session token every form posts back.
 	CSRF string
 	// Expires is when the session ends at the latest.
-	Expires   time.Time
+	Expires time.Time
+	// Cert is the client certificate's subject when mutual TLS, not a
+	// token, authenticates the admin door.
+	Cert      string
+	tls       *tls.ConnectionState
 	requestID string
 }
 
@@ -148,12 +153,18 @@ func (c *Console) issue(w http.ResponseWriter, r *http.Request, k auth.SessionKe
 }
 
 func (c *Console) sessionOf(k auth.SessionKey, tok auth.Token, authOff bool, cl claims, r *http.Request) *session {
-	return &session{
+	s := &session{
 		Token: tok, AuthOff: authOff,
 		CSRF:      base64.RawURLEncoding.EncodeToString(k.Sign([]byte("csrf:" + cl.ID))[:18]),
 		Expires:   time.Unix(cl.Issued, 0).Add(c.cfg.SessionTTL),
 		requestID: r.Header.Get("X-Request-ID"),
 	}
+	// Without tokens the API authenticates by the client certificate, so
+	// the console's calls carry the browser's.
+	if authOff && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		s.tls, s.Cert = r.TLS, r.TLS.PeerCertificates[0].Subject.String()
+	}
+	return s
 }
 
 func clearCookie(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,8 @@
 package console
 
 import (
+	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"sync"
@@ -20,6 +22,7 @@ func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
 	in := req.Clone(req.Context())
 	in.RequestURI = req.URL.RequestURI()
 	in.RemoteAddr = "console"
+	in.TLS = tlsFrom(req.Context())
 	if in.Body == nil {
 		in.Body = http.NoBody
 	}
@@ -73,3 +76,17 @@ func (w *pipeWriter) Write(b []byte) (int, error) {
 
 // Flush is a no-op: the pipe hands every write to the reader at once.
 func (w *pipeWriter) Flush() {}
+
+type tlsKey struct{}
+
+// withTLS makes inProcess hand the API the browser's TLS connection state,
+// so that a client certificate authenticates the console's calls as it
+// would the browser's own.
+func withTLS(ctx context.Context, cs *tls.ConnectionState) context.Context {
+	return context.WithValue(ctx, tlsKey{}, cs)
+}
+
+func tlsFrom(ctx context.Context) *tls.ConnectionState {
+	cs, _ := ctx.Value(tlsKey{}).(*tls.ConnectionState)
+	return cs
+}
