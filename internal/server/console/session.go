@@ -2,8 +2,8 @@ package console
 
 import (
 	"crypto/hmac"
-	"crypto/tls"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
