@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -483,6 +484,33 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Errorf("%d injected elements", n)
 		}
 		b.noProblems()
+	})
+
+	t.Run("pages read without JavaScript", func(t *testing.T) {
+		noJS := b.tab(t, "no-js", false)
+		noJS.run("turn scripts off", func(ctx context.Context, _ *chromedp.Target) (chromedp.Void, error) {
+			_, err := chromedp.Call(ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
+			return chromedp.Void{}, err
+		})
+		st, err := cc.admin.Cluster(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []struct{ path, sel, want string }{
+			{"/ui/", "#leader", st.LeaderID},
+			{"/ui/sidecars?state=nacked", "#sidecars-table tbody", "nack-1"},
+			{"/ui/policies/acme.deny-shell", "#history-table", "token:ops-admin"},
+			{"/ui/events", "#events-table tbody", "acme.deny-shell"},
+		} {
+			noJS.open(base, p.path)
+			if got := noJS.text(p.sel); !strings.Contains(got, p.want) {
+				t.Errorf("%s without JavaScript: %s is %q, want %q", p.path, p.sel, got, p.want)
+			}
+			// The live script did not run: nothing said it is live.
+			if got := eval[string](noJS, "(document.getElementById('live-status') || {}).textContent || ''"); got != "" {
+				t.Errorf("%s: scripts ran (live status %q)", p.path, got)
+			}
+		}
 	})
 
 	t.Run("revert from the policy page, live on the events page", func(t *testing.T) {

@@ -58,7 +58,13 @@ type Console struct {
 	// there is no token to derive one from.
 	anon   auth.SessionKey
 	assets map[string]asset
+	// liveSlots bounds the live views open at once: each re-renders or
+	// relays for as long as its browser stays.
+	liveSlots chan struct{}
 }
+
+// maxLive is how many live views one node serves at once.
+const maxLive = 128
 
 // New builds the console over api, the admin API's handler.
 func New(cfg Config, logger *slog.Logger, api http.Handler) (*Console, error) {
@@ -74,7 +80,7 @@ func New(cfg Config, logger *slog.Logger, api http.Handler) (*Console, error) {
 	if cfg.Tokens == nil {
 		cfg.Tokens = func() *auth.AdminTokens { return nil }
 	}
-	c := &Console{cfg: cfg, logger: logger, api: api, mux: http.NewServeMux()}
+	c := &Console{cfg: cfg, logger: logger, api: api, mux: http.NewServeMux(), liveSlots: make(chan struct{}, maxLive)}
 	var err error
 	if c.anon, err = newAnonKey(); err != nil {
 		return nil, err

@@ -101,6 +101,13 @@ func (c *Console) live(pattern string, fn liveFunc) {
 			http.Error(w, "sign in first", http.StatusUnauthorized)
 			return
 		}
+		select {
+		case c.liveSlots <- struct{}{}:
+			defer func() { <-c.liveSlots }()
+		default:
+			http.Error(w, "too many live views open on this node; the page still works without one", http.StatusServiceUnavailable)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Accel-Buffering", "no")

@@ -34,9 +34,9 @@
   es.addEventListener('problem', function (e) { say('Live view: ' + e.data); });
   es.addEventListener('error', function () {
     if (es.readyState === EventSource.CLOSED) {
-      // The session ended or the node refused: a reload signs in again.
-      say('Disconnected; reloading.');
-      window.setTimeout(function () { window.location.reload(); }, 3000);
+      // The node refused the stream: the session ended, or too many are
+      // open. Reloading by itself could loop; the reader decides.
+      say('Live updates stopped: reload the page (you may need to sign in again).');
       return;
     }
     say('Reconnecting…');

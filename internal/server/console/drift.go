@@ -91,19 +91,3 @@ func traceHops(v string) []string {
 	}
 	return out
 }
-
-func (c *Console) reload(r *http.Request, _ *session, api *adminclient.Client) (string, string, any, error) {
-	v, err := api.Reload(r.Context())
-	if err != nil {
-		return "", "", nil, err
-	}
-	return "reload", "Reload", v, nil
-}
-
-func (c *Console) sources(r *http.Request, _ *session, api *adminclient.Client) (string, string, any, error) {
-	v, err := api.Sources(r.Context())
-	if err != nil {
-		return "", "", nil, err
-	}
-	return "sources", "Sources", v, nil
-}
