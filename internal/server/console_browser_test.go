@@ -232,6 +232,17 @@ func (tb *tab) follow(what string, steps ...chromedp.Action[chromedp.Void]) {
 	})
 }
 
+// waitLive waits until the page's live view says it is connected.
+func (tb *tab) waitLive() {
+	tb.t.Helper()
+	poll.Eventually(tb.t, tb.name+": the live view to connect", func() error {
+		if got := tb.text("#live-status"); !strings.HasPrefix(got, "Live") {
+			return fmt.Errorf("live status %q", got)
+		}
+		return nil
+	})
+}
+
 func (tb *tab) signIn(base, token string) {
 	tb.t.Helper()
 	tb.open(base, "/ui/signin")
@@ -517,12 +528,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		admin := admin.in(t)
 		events := b.tab(t, "events", false)
 		events.open(base, "/ui/events?type=policy")
-		poll.Eventually(t, "the events page to go live", func() error {
-			if got := events.text("#live-status"); !strings.HasPrefix(got, "Live") {
-				return fmt.Errorf("live status %q", got)
-			}
-			return nil
-		})
+		events.waitLive()
 		hist, err := cc.admin.History(ctx, "policies", "acme.deny-shell", false)
 		if err != nil {
 			t.Fatal(err)
@@ -557,12 +563,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		admin := admin.in(t)
 		events := b.tab(t, "events-rollout", false)
 		events.open(base, "/ui/events?type=rollout")
-		poll.Eventually(t, "the events page to go live", func() error {
-			if got := events.text("#live-status"); !strings.HasPrefix(got, "Live") {
-				return fmt.Errorf("live status %q", got)
-			}
-			return nil
-		})
+		events.waitLive()
 		ro, err := cc.admin.StartRollout(ctx, adminclient.StartRollout{
 			Changes: []adminclient.StartChange{{Op: "put", Policy: toolPolicy("acme.p2", "acme", "candidate")}},
 			Stages:  []adminclient.StartStage{{Percent: 50, Bake: "1h"}, {Percent: 100, Bake: "1h"}}, MaxNackRatio: 1,

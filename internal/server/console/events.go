@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -192,37 +191,25 @@ func (c *Console) liveEvents(ctx context.Context, w *sseWriter, r *http.Request,
 	if err := w.send("ready", "", ""); err != nil {
 		return nil
 	}
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	event, id := "", ""
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			id = strings.TrimPrefix(line, "id: ")
-		case strings.HasPrefix(line, "event: "):
-			event = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: ") && event != "reset":
-			var ev adminclient.Event
-			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev); err != nil {
-				return fmt.Errorf("event stream: %w", err)
-			}
-			var buf bytes.Buffer
-			if err := c.pages["events"].ExecuteTemplate(&buf, "event_row", ev); err != nil {
-				return fmt.Errorf("render: %w", err)
-			}
-			if err := w.send("row", id, buf.String()); err != nil {
-				return nil
-			}
-		case line == "":
-			event, id = "", ""
+	err = adminclient.ReadEvents(body, func(ev adminclient.StreamEvent) error {
+		if ev.Event == "reset" {
+			return nil // the page shows what it has; older events are gone
 		}
-	}
+		var e adminclient.Event
+		if err := json.Unmarshal([]byte(ev.Data), &e); err != nil {
+			return fmt.Errorf("event stream: %w", err)
+		}
+		var buf bytes.Buffer
+		if err := c.pages["events"].ExecuteTemplate(&buf, "event_row", e); err != nil {
+			return fmt.Errorf("render: %w", err)
+		}
+		return w.send("row", ev.ID, buf.String())
+	})
 	if ctx.Err() != nil {
 		return nil
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("event stream: %w", err)
+	if errors.Is(err, io.EOF) {
+		return errors.New("the event stream ended; reconnecting")
 	}
-	return errors.New("the event stream ended; reconnecting")
+	return err
 }

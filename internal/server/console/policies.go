@@ -54,8 +54,14 @@ func (f policyFilter) match(p adminclient.Policy) bool {
 }
 
 func (f policyFilter) query(page int) string {
+	return pageLink("/ui/policies", map[string]string{"org": f.Org, "team": f.Team, "kind": f.Kind, "source": f.Source, "label": f.Label}, page)
+}
+
+// pageLink is path with the filters that are set and, past the first, the
+// page number.
+func pageLink(path string, filters map[string]string, page int) string {
 	v := url.Values{}
-	for k, s := range map[string]string{"org": f.Org, "team": f.Team, "kind": f.Kind, "source": f.Source, "label": f.Label} {
+	for k, s := range filters {
 		if s != "" {
 			v.Set(k, s)
 		}
@@ -64,9 +70,9 @@ func (f policyFilter) query(page int) string {
 		v.Set("page", strconv.Itoa(page))
 	}
 	if len(v) == 0 {
-		return "/ui/policies"
+		return path
 	}
-	return "/ui/policies?" + v.Encode()
+	return path + "?" + v.Encode()
 }
 
 func pageParam(r *http.Request) (int, error) {

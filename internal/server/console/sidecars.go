@@ -2,8 +2,6 @@ package console
 
 import (
 	"net/http"
-	"net/url"
-	"strconv"
 
 	"github.com/policyd/policyd/adminclient"
 )
@@ -33,13 +31,9 @@ func (c *Console) sidecars(r *http.Request, _ *session, api *adminclient.Client)
 	q := r.URL.Query()
 	f := adminclient.ClientFilter{Node: q.Get("node"), Org: q.Get("org"), Team: q.Get("team"), State: q.Get("state"),
 		StaleAfter: staleAfter, Limit: sidecarsPerPage}
-	page := 1
-	if p := q.Get("page"); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 1 || n > 1_000_000 {
-			return "", "", nil, badRequestf("page %q is not a page number", p)
-		}
-		page = n
+	page, err := pageParam(r)
+	if err != nil {
+		return "", "", nil, err
 	}
 	f.Offset = (page - 1) * sidecarsPerPage
 	list, err := api.ClientsPage(r.Context(), f)
@@ -48,19 +42,7 @@ func (c *Console) sidecars(r *http.Request, _ *session, api *adminclient.Client)
 	}
 	d := &sidecarsData{List: list, Filter: f, Page: page, Pages: max(1, (list.Total+sidecarsPerPage-1)/sidecarsPerPage)}
 	link := func(state string, page int) string {
-		v := url.Values{}
-		for k, s := range map[string]string{"node": f.Node, "org": f.Org, "team": f.Team, "state": state} {
-			if s != "" {
-				v.Set(k, s)
-			}
-		}
-		if page > 1 {
-			v.Set("page", strconv.Itoa(page))
-		}
-		if len(v) == 0 {
-			return "/ui/sidecars"
-		}
-		return "/ui/sidecars?" + v.Encode()
+		return pageLink("/ui/sidecars", map[string]string{"node": f.Node, "org": f.Org, "team": f.Team, "state": state}, page)
 	}
 	all := list.Counts.Pending + list.Counts.Acked + list.Counts.Nacked
 	d.States = []stateTab{
