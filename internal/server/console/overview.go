@@ -72,7 +72,8 @@ func (c *Console) overviewData(ctx context.Context, api *adminclient.Client) *ov
 	}
 	run("cluster", func() (err error) { d.Cluster, err = api.Cluster(ctx); return })
 	run("sidecars", func() (err error) {
-		d.Sidecars, err = api.ClientsPage(ctx, adminclient.ClientFilter{StaleAfter: staleAfter})
+		// One row: the counts are what the Overview shows.
+		d.Sidecars, err = api.ClientsPage(ctx, adminclient.ClientFilter{StaleAfter: staleAfter, Limit: 1})
 		return
 	})
 	run("rollouts", func() (err error) { rollouts, err = api.StagedRollouts(ctx, "active"); return })
