@@ -49,6 +49,9 @@ func (c *Client) Policies(ctx context.Context, f PolicyFilter) (*PolicyList, err
 	if f.Consistent {
 		q.Set("consistent", "true")
 	}
+	if f.Summary {
+		q.Set("summary", "true")
+	}
 	var out PolicyList
 	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/policies", q), nil, nil, &out)
 }

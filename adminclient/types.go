@@ -39,10 +39,11 @@ type PolicyList struct {
 }
 
 // PolicyFilter selects policies: the ones that apply to an identity (Org,
-// Team, Employee), of a Kind; Consistent reads through the leader.
+// Team, Employee), of a Kind; Consistent reads through the leader; Summary
+// leaves the specs out (spec is null), for a listing.
 type PolicyFilter struct {
 	Org, Team, Employee, Kind string
-	Consistent                bool
+	Consistent, Summary       bool
 }
 
 // Employee is an identity.

@@ -94,7 +94,7 @@ func (c *Console) policies(r *http.Request, _ *session, api *adminclient.Client)
 	if err != nil {
 		return "", "", nil, err
 	}
-	list, err := api.Policies(r.Context(), adminclient.PolicyFilter{})
+	list, err := api.Policies(r.Context(), adminclient.PolicyFilter{Summary: true})
 	if err != nil {
 		return "", "", nil, err
 	}
