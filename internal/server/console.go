@@ -30,6 +30,7 @@ func (n *Node) setupConsole(mux *http.ServeMux) error {
 	}
 	mux.Handle("/ui/", con)
 	mux.Handle("/ui", con)
+	n.httpSrv.RegisterOnShutdown(con.CloseStreams)
 	return nil
 }
 

@@ -58,9 +58,13 @@ type Console struct {
 	// there is no token to derive one from.
 	anon   auth.SessionKey
 	assets map[string]asset
-	// liveSlots bounds the live views open at once: each re-renders or
-	// relays for as long as its browser stays.
-	liveSlots chan struct{}
+	// liveSlots bounds the live views open at once: each relays for as
+	// long as its browser stays.
+	liveSlots       chan struct{}
+	liveOverviewHub overviewHub
+	// streams ends every live view when the node shuts down.
+	streams     context.Context
+	stopStreams context.CancelFunc
 }
 
 // maxLive is how many live views one node serves at once.
@@ -81,6 +85,8 @@ func New(cfg Config, logger *slog.Logger, api http.Handler) (*Console, error) {
 		cfg.Tokens = func() *auth.AdminTokens { return nil }
 	}
 	c := &Console{cfg: cfg, logger: logger, api: api, mux: http.NewServeMux(), liveSlots: make(chan struct{}, maxLive)}
+	c.liveOverviewHub.c = c
+	c.streams, c.stopStreams = context.WithCancel(context.Background())
 	var err error
 	if c.anon, err = newAnonKey(); err != nil {
 		return nil, err
@@ -119,6 +125,10 @@ func (c *Console) routes() {
 	c.live("GET /ui/live/events", c.liveEvents)
 	c.mux.HandleFunc("/ui/", c.notFound)
 }
+
+// CloseStreams ends every live view, so that a graceful HTTP shutdown does
+// not wait for them.
+func (c *Console) CloseStreams() { c.stopStreams() }
 
 // ServeHTTP implements http.Handler.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/policyd/policyd/adminclient"
 )
@@ -86,90 +84,6 @@ func newestEvents(ctx context.Context, api *adminclient.Client, f adminclient.Ev
 		got[i], got[j] = got[j], got[i]
 	}
 	return got, end, nil
-}
-
-// liveFunc serves one live view's stream until the browser leaves.
-type liveFunc func(ctx context.Context, w *sseWriter, r *http.Request, s *session, api *adminclient.Client) error
-
-// live registers a Server-Sent Events view. It runs only while a browser
-// holds it open: no browser, no work.
-func (c *Console) live(pattern string, fn liveFunc) {
-	c.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		s, ok := c.session(w, r)
-		if !ok {
-			http.Error(w, "sign in first", http.StatusUnauthorized)
-			return
-		}
-		select {
-		case c.liveSlots <- struct{}{}:
-			defer func() { <-c.liveSlots }()
-		default:
-			http.Error(w, "too many live views open on this node; the page still works without one", http.StatusServiceUnavailable)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Accel-Buffering", "no")
-		w.WriteHeader(http.StatusOK)
-		sw := &sseWriter{w: w, rc: http.NewResponseController(w)}
-		// The session ends the stream: a browser reconnects and is sent
-		// to sign in when its session is gone.
-		ctx, cancel := context.WithDeadline(r.Context(), s.Expires)
-		defer cancel()
-		if err := fn(ctx, sw, r, s, c.client(s)); err != nil && ctx.Err() == nil {
-			c.logger.Debug("console live view ended", "path", r.URL.Path, "err", err)
-			_ = sw.send("problem", "", err.Error())
-		}
-	})
-}
-
-// sseWriter writes Server-Sent Events.
-type sseWriter struct {
-	w  io.Writer
-	rc *http.ResponseController
-}
-
-// send writes one event; data may span lines.
-func (s *sseWriter) send(event, id, data string) error {
-	var b strings.Builder
-	if id != "" {
-		fmt.Fprintf(&b, "id: %s\n", id)
-	}
-	fmt.Fprintf(&b, "event: %s\n", event)
-	for line := range strings.SplitSeq(data, "\n") {
-		fmt.Fprintf(&b, "data: %s\n", line)
-	}
-	b.WriteString("\n")
-	if _, err := io.WriteString(s.w, b.String()); err != nil {
-		return err
-	}
-	return s.rc.Flush()
-}
-
-// liveOverview re-renders the Overview's body every LivePeriod and sends
-// it when it changed. It reads through this node, so it keeps going while
-// another node, the leader among them, is down.
-func (c *Console) liveOverview(ctx context.Context, w *sseWriter, _ *http.Request, _ *session, api *adminclient.Client) error {
-	t := time.NewTicker(c.cfg.LivePeriod)
-	defer t.Stop()
-	var last []byte
-	for {
-		var buf bytes.Buffer
-		if err := c.pages["overview"].ExecuteTemplate(&buf, "overview_body", c.overviewData(ctx, api)); err != nil {
-			return fmt.Errorf("render: %w", err)
-		}
-		if !bytes.Equal(buf.Bytes(), last) {
-			if err := w.send("body", "", buf.String()); err != nil {
-				return nil // the browser left
-			}
-			last = buf.Bytes()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
 }
 
 // liveEvents relays the API's event watch as rendered table rows.

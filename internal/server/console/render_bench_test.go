@@ -14,10 +14,10 @@ import (
 	"github.com/policyd/policyd/adminclient"
 )
 
-// fakeAPI answers the admin API routes the overview, policies and
+// cannedAPI answers the admin API routes the overview, policies and
 // sidecars pages read with canned JSON: the console's own cost, without
 // the store's.
-func fakeAPI(b *testing.B, policies, sidecars int) http.Handler {
+func cannedAPI(b *testing.B, policies, sidecars int) http.Handler {
 	b.Helper()
 	now := time.Now().UTC()
 	pl := adminclient.PolicyList{AppliedIndex: 1}
@@ -42,6 +42,13 @@ func fakeAPI(b *testing.B, policies, sidecars int) http.Handler {
 		"/v1/sources":  adminclient.SourceList{},
 		"/v1/reload":   adminclient.ReloadView{},
 	}
+	summary := pl
+	summary.Policies = nil
+	for _, p := range pl.Policies {
+		p.Spec = json.RawMessage("null")
+		summary.Policies = append(summary.Policies, p)
+	}
+	routes["/v1/policies?summary=true"] = summary
 	bodies := map[string][]byte{}
 	for path, v := range routes {
 		body, err := json.Marshal(v)
@@ -51,7 +58,10 @@ func fakeAPI(b *testing.B, policies, sidecars int) http.Handler {
 		bodies[path] = body
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, ok := bodies[r.URL.Path]
+		body, ok := bodies[r.URL.Path+"?"+r.URL.RawQuery]
+		if !ok {
+			body, ok = bodies[r.URL.Path]
+		}
 		if !ok {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
@@ -63,10 +73,10 @@ func fakeAPI(b *testing.B, policies, sidecars int) http.Handler {
 	})
 }
 
-// BenchmarkRender renders pages against fakeAPI with 1,000 policies and
+// BenchmarkRender renders pages against cannedAPI with 1,000 policies and
 // 20,000 sidecars (one page of them), auth off.
 func BenchmarkRender(b *testing.B) {
-	c, err := New(Config{}, slog.New(slog.DiscardHandler), fakeAPI(b, 1000, 20000))
+	c, err := New(Config{}, slog.New(slog.DiscardHandler), cannedAPI(b, 1000, 20000))
 	if err != nil {
 		b.Fatal(err)
 	}
