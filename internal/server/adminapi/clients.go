@@ -195,11 +195,7 @@ func (a *API) listClients(w http.ResponseWriter, r *http.Request) error {
 	}
 	view.Total = len(matched)
 	if cq.given {
-		slices.SortStableFunc(matched, func(x, y *clusterv1.ClientInfo) int {
-			return cmp.Or(cmp.Compare(x.GetNodeId(), y.GetNodeId()),
-				cmp.Compare(x.GetClientAddress(), y.GetClientAddress()),
-				cmp.Compare(x.GetConnectedAtUnixNano(), y.GetConnectedAtUnixNano()))
-		})
+		matched = ordered(matched, cq.end())
 	}
 	if cq.offset != nil {
 		matched = matched[min(*cq.offset, len(matched)):]
@@ -213,6 +209,52 @@ func (a *API) listClients(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
+}
+
+// end is the index past the page's last row; -1 without a limit.
+func (cq *clientsQuery) end() int {
+	if cq.limit == nil {
+		return -1
+	}
+	off := 0
+	if cq.offset != nil {
+		off = *cq.offset
+	}
+	return off + *cq.limit
+}
+
+func clientOrder(x, y *clusterv1.ClientInfo) int {
+	return cmp.Or(cmp.Compare(x.GetNodeId(), y.GetNodeId()),
+		cmp.Compare(x.GetClientAddress(), y.GetClientAddress()),
+		cmp.Compare(x.GetConnectedAtUnixNano(), y.GetConnectedAtUnixNano()))
+}
+
+// ordered sorts cs, or only its first end rows when they are few: the
+// Overview's counts (one row) and the first pages of 20,000 sidecars then
+// cost a scan, not a sort. Ties keep their order either way.
+func ordered(cs []*clusterv1.ClientInfo, end int) []*clusterv1.ClientInfo {
+	if end < 0 || end > len(cs)/8 || end > 1024 {
+		slices.SortStableFunc(cs, clientOrder)
+		return cs
+	}
+	top := make([]*clusterv1.ClientInfo, 0, end+1)
+	for _, c := range cs {
+		if len(top) == end && (end == 0 || clientOrder(c, top[end-1]) >= 0) {
+			continue
+		}
+		// After every equal one: stable.
+		i, _ := slices.BinarySearchFunc(top, c, func(e, t *clusterv1.ClientInfo) int {
+			if clientOrder(e, t) <= 0 {
+				return -1
+			}
+			return 1
+		})
+		top = slices.Insert(top, i, c)
+		if len(top) > end {
+			top = top[:end]
+		}
+	}
+	return top
 }
 
 func clientView(c *clusterv1.ClientInfo) ClientView {

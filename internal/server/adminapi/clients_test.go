@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -297,4 +299,41 @@ func TestClientsAdminClient(t *testing.T) {
 	if page.Counts != (adminclient.ClientCounts{Pending: 1, Acked: 2, Nacked: 1, Stale: 1}) {
 		t.Errorf("counts %+v", page.Counts)
 	}
+}
+
+// TestOrderedIsTheSortedPrefix: the partial selection gives what a full
+// stable sort's first rows are, ties included.
+func TestOrderedIsTheSortedPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 7, 100, 2000} {
+		for _, end := range []int{0, 1, 3, 50, 250, 2000, -1} {
+			t.Run(fmt.Sprintf("%d of %d", end, n), func(t *testing.T) {
+				cs := make([]*clusterv1.ClientInfo, n)
+				for i := range cs {
+					// Few distinct keys: many ties, told apart by PeerAddr.
+					cs[i] = &clusterv1.ClientInfo{NodeId: fmt.Sprint(rng.IntN(3)), ClientAddress: fmt.Sprint(rng.IntN(20)), PeerAddr: fmt.Sprint(i)}
+				}
+				want := slices.Clone(cs)
+				slices.SortStableFunc(want, clientOrder)
+				if end >= 0 {
+					want = want[:min(end, n)]
+				}
+				got := ordered(slices.Clone(cs), end)
+				if end >= 0 && len(got) > end {
+					got = got[:end]
+				}
+				if diff := cmp.Diff(peers(want), peers(got)); diff != "" {
+					t.Errorf("(-sorted +ordered):\n%s", diff)
+				}
+			})
+		}
+	}
+}
+
+func peers(cs []*clusterv1.ClientInfo) []string {
+	out := []string{}
+	for _, c := range cs {
+		out = append(out, c.GetPeerAddr())
+	}
+	return out
 }
