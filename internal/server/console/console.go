@@ -180,7 +180,7 @@ func (c *Console) page(pattern string, fn pageFunc) {
 			return
 		}
 		c.render(w, http.StatusOK, tmpl, view{Title: title, Nav: navOf(tmpl), S: s, NodeID: c.cfg.NodeID,
-			Flash: r.URL.Query().Get("done"), Data: data})
+			Flash: s.flashOf(r), Data: data})
 	})
 }
 

@@ -387,3 +387,31 @@ func FuzzSessionCookie(f *testing.F) {
 		}
 	})
 }
+
+func TestFlashIsSigned(t *testing.T) {
+	tk := tokens(t)
+	c := newConsole(t, tk, &fakeAPI{})
+	now := time.Now()
+	ck := cookieFor(t, tk, adminSecret, now, now)
+	r := httptest.NewRequest(http.MethodGet, "/ui/", nil)
+	r.AddCookie(ck)
+	s, ok := c.session(httptest.NewRecorder(), r)
+	if !ok {
+		t.Fatal("no session")
+	}
+	for _, tc := range []struct {
+		name, query string
+		shown       bool
+	}{
+		{"signed for the session", s.flash("Reverted."), true},
+		{"unsigned", "done=" + url.QueryEscape("Your token leaked: sign in at evil.example"), false},
+		{"signed for another message", "done=Other&" + strings.SplitN(s.flash("Reverted."), "&", 2)[1], false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := get(c, "/ui/rollouts?"+tc.query, ck)
+			if got := strings.Contains(w.Body.String(), `id="flash"`); got != tc.shown {
+				t.Errorf("flash shown: %v, want %v", got, tc.shown)
+			}
+		})
+	}
+}

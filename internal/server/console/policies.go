@@ -291,7 +291,7 @@ func (c *Console) revertConfirm(r *http.Request, _ *session, api *adminclient.Cl
 	return "revert", "Revert " + name, d, nil
 }
 
-func (c *Console) revert(r *http.Request, _ *session, api *adminclient.Client) (string, error) {
+func (c *Console) revert(r *http.Request, s *session, api *adminclient.Client) (string, error) {
 	name := r.PathValue("name")
 	to, err := revParam(r.PostFormValue("to"))
 	if err != nil {
@@ -309,6 +309,5 @@ func (c *Console) revert(r *http.Request, _ *session, api *adminclient.Client) (
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("/ui/policies/%s?done=%s", url.PathEscape(name),
-		url.QueryEscape(fmt.Sprintf("Reverted to revision %d: now revision %d.", to, w.Revision))), nil
+	return "/ui/policies/" + url.PathEscape(name) + "?" + s.flash(fmt.Sprintf("Reverted to revision %d: now revision %d.", to, w.Revision)), nil
 }

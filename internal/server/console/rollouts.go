@@ -63,7 +63,7 @@ func (c *Console) rolloutConfirm(r *http.Request, _ *session, api *adminclient.C
 	return "rollout_action", action + " rollout " + ro.ID, &rolloutActionData{Rollout: ro, Action: action}, nil
 }
 
-func (c *Console) rolloutAction(r *http.Request, _ *session, api *adminclient.Client) (string, error) {
+func (c *Console) rolloutAction(r *http.Request, s *session, api *adminclient.Client) (string, error) {
 	id, action := r.PathValue("id"), r.PathValue("action")
 	if !validAction(action) {
 		return "", fmt.Errorf("%w: no rollout action %q", errNotFound, action)
@@ -72,7 +72,7 @@ func (c *Console) rolloutAction(r *http.Request, _ *session, api *adminclient.Cl
 	if err != nil {
 		return "", err
 	}
-	return "/ui/rollouts/" + url.PathEscape(id) + "?done=" + url.QueryEscape(fmt.Sprintf("%s: the rollout is %s.", action, ro.State)), nil
+	return "/ui/rollouts/" + url.PathEscape(id) + "?" + s.flash(fmt.Sprintf("%s: the rollout is %s.", action, ro.State)), nil
 }
 
 func validAction(a string) bool {

@@ -3,6 +3,7 @@ package console
 import (
 	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
@@ -170,6 +171,28 @@ func (c *Console) sessionOf(k auth.SessionKey, tok auth.Token, authOff bool, cl 
 func clearCookie(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/ui/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+}
+
+// flash is the query that shows msg once on the next page. It is signed
+// for the session, so a link from elsewhere cannot put words on a page.
+func (s *session) flash(msg string) string {
+	return url.Values{"done": {msg}, "ds": {s.flashSig(msg)}}.Encode()
+}
+
+func (s *session) flashSig(msg string) string {
+	m := hmac.New(sha256.New, []byte(s.CSRF))
+	m.Write([]byte(msg))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:12])
+}
+
+// flashOf is the request's flash message when this session signed it.
+func (s *session) flashOf(r *http.Request) string {
+	q := r.URL.Query()
+	msg := q.Get("done")
+	if msg == "" || !hmac.Equal([]byte(q.Get("ds")), []byte(s.flashSig(msg))) {
+		return ""
+	}
+	return msg
 }
 
 // sameOrigin refuses a state-changing request a browser says came from
