@@ -49,6 +49,9 @@ func (c *Client) Policies(ctx context.Context, f PolicyFilter) (*PolicyList, err
 	if f.Consistent {
 		q.Set("consistent", "true")
 	}
+	if f.Summary {
+		q.Set("summary", "true")
+	}
 	var out PolicyList
 	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/policies", q), nil, nil, &out)
 }
@@ -279,6 +282,30 @@ func (c *Client) memberURL(addr string) string {
 func (c *Client) Clients(ctx context.Context) (*ClientList, error) {
 	var out ClientList
 	return &out, c.Do(ctx, http.MethodGet, "/v1/clients", nil, nil, &out)
+}
+
+// ClientsPage lists the connected sidecars that match f, one page at a
+// time: with any field of f set, the server sorts them by node, client
+// address and connection time, so that pages do not overlap. A server older
+// than the filters ignores them and answers every sidecar, with Total 0.
+func (c *Client) ClientsPage(ctx context.Context, f ClientFilter) (*ClientList, error) {
+	q := url.Values{}
+	setNonEmpty(q, "node", f.Node)
+	setNonEmpty(q, "org", f.Org)
+	setNonEmpty(q, "team", f.Team)
+	setNonEmpty(q, "employee", f.Employee)
+	setNonEmpty(q, "state", f.State)
+	if f.StaleAfter != 0 {
+		q.Set("stale_after", f.StaleAfter.String())
+	}
+	if f.Limit != 0 {
+		q.Set("limit", strconv.Itoa(f.Limit))
+	}
+	if f.Offset != 0 {
+		q.Set("offset", strconv.Itoa(f.Offset))
+	}
+	var out ClientList
+	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/clients", q), nil, nil, &out)
 }
 
 // Snapshot is an open GET /v1/snapshot stream.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -207,5 +208,48 @@ func TestNewChecksServers(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"http://a", "https://b:8443"}, c.Servers()); diff != "" {
 		t.Errorf("servers (-want +got):\n%s", diff)
+	}
+}
+
+// TestClientsPageQuery: ClientsPage sends the fields set, and only those,
+// and decodes the page's totals.
+func TestClientsPageQuery(t *testing.T) {
+	const page = `{"clients":[],"total":7,"counts":{"pending":1,"acked":5,"nacked":1,"stale":2},"offset":40,"limit":20}`
+	tests := []struct {
+		name string
+		f    ClientFilter
+		want string
+	}{
+		{"zero filter", ClientFilter{}, ""},
+		{"every field", ClientFilter{Node: "n1", Org: "acme", Team: "a b", Employee: "e", State: "stale", StaleAfter: 90 * time.Second, Limit: 20, Offset: 40},
+			"employee=e&limit=20&node=n1&offset=40&org=acme&stale_after=1m30s&state=stale&team=a+b"},
+		{"paging only", ClientFilter{Limit: 50}, "limit=50"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got atomic.Value
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got.Store(r.URL.Path + "?" + r.URL.RawQuery)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, page)
+			}))
+			t.Cleanup(srv.Close)
+			c, err := New(Config{Servers: []string{srv.URL}, Token: "tok"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			list, err := c.ClientsPage(context.Background(), tc.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff("/v1/clients?"+tc.want, got.Load()); diff != "" {
+				t.Errorf("request (-want +got):\n%s", diff)
+			}
+			off, lim := 40, 20
+			want := &ClientList{Clients: []ClientInfo{}, Total: 7, Counts: ClientCounts{Pending: 1, Acked: 5, Nacked: 1, Stale: 2}, Offset: &off, Limit: &lim}
+			if diff := cmp.Diff(want, list); diff != "" {
+				t.Errorf("answer (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

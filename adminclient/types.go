@@ -39,10 +39,11 @@ type PolicyList struct {
 }
 
 // PolicyFilter selects policies: the ones that apply to an identity (Org,
-// Team, Employee), of a Kind; Consistent reads through the leader.
+// Team, Employee), of a Kind; Consistent reads through the leader; Summary
+// leaves the specs out (spec is null), for a listing.
 type PolicyFilter struct {
 	Org, Team, Employee, Kind string
-	Consistent                bool
+	Consistent, Summary       bool
 }
 
 // Employee is an identity.
@@ -193,10 +194,38 @@ type VersionInfo struct {
 	Commit    string `json:"commit"`
 }
 
-// ClientList is GET /v1/clients.
+// ClientList is GET /v1/clients. Clients is the page asked for (every
+// sidecar from Clients); Total counts those matching every filter before
+// paging, and Counts those matching the node and scope filters, per state.
 type ClientList struct {
 	Clients     []ClientInfo `json:"clients"`
 	Unreachable []string     `json:"unreachable_nodes,omitempty"`
+	Total       int          `json:"total"`
+	Counts      ClientCounts `json:"counts"`
+	// Offset and Limit echo the request's; nil when it gave none, as
+	// Clients does.
+	Offset *int `json:"offset,omitempty"`
+	Limit  *int `json:"limit,omitempty"`
+}
+
+// ClientCounts counts sidecars per state. Stale overlaps the others: a
+// stale sidecar is also pending, acked or nacked.
+type ClientCounts struct {
+	Pending int `json:"pending"`
+	Acked   int `json:"acked"`
+	Nacked  int `json:"nacked"`
+	Stale   int `json:"stale"`
+}
+
+// ClientFilter selects a page of GET /v1/clients; zero fields are not
+// sent. State is pending, acked, nacked or stale (a last health check
+// older than StaleAfter, 30s when zero, whatever the state).
+type ClientFilter struct {
+	Node, Org, Team, Employee, State string
+	StaleAfter                       time.Duration
+	// Limit 0 asks for no limit, not for an empty page, so that the zero
+	// filter lists everything; Offset 0 is the first sidecar.
+	Limit, Offset int
 }
 
 // ClientInfo is one connected sidecar.

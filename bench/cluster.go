@@ -36,6 +36,8 @@ type cluster struct {
 	// extra is YAML appended to every node's config file (top-level keys
 	// the flags and env cannot set, such as lists).
 	extra string
+	// token is the admin token waitReady sends; "" when auth is off.
+	token string
 }
 
 // node is one policyd process.
@@ -71,6 +73,7 @@ type clusterSpec struct {
 	env      []string // POLICYD_*=value settings for every node, overriding its config file
 	cpus     string   // CPU list every node is pinned to (taskset -c); "" not pinned
 	extra    string   // YAML appended to every node's config file
+	token    string   // admin token for waitReady, with extra naming a tokens file
 }
 
 // startCluster writes the configs of the cluster under spec.dir and starts
@@ -82,7 +85,7 @@ func startCluster(spec clusterSpec) (_ *cluster, err error) {
 		return nil, err
 	}
 	dir := spec.dir
-	c := &cluster{dir: dir, binary: spec.binary, env: spec.env, extra: spec.extra}
+	c := &cluster{dir: dir, binary: spec.binary, env: spec.env, extra: spec.extra, token: spec.token}
 	for i := range spec.nodes {
 		id := "node" + strconv.Itoa(i+1)
 		nd := &node{
@@ -295,7 +298,7 @@ func (c *cluster) checkAlive() error {
 func (c *cluster) waitReady(ctx context.Context, timeout time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{Proxy: nil}}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: withBearer(&http.Transport{Proxy: nil}, c.token)}
 	defer client.CloseIdleConnections()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -364,6 +367,33 @@ func (c *cluster) status(ctx context.Context, client *http.Client, nd *node) (*a
 		return nil, fmt.Errorf("%s /v1/cluster: %w", nd.id, err)
 	}
 	return st, nil
+}
+
+// withBearer sends token as every request's bearer token; "" leaves rt as is.
+func withBearer(rt http.RoundTripper, token string) http.RoundTripper {
+	if token == "" {
+		return rt
+	}
+	return bearer{rt, "Bearer " + token}
+}
+
+// bearer is an http.RoundTripper that adds an Authorization header.
+type bearer struct {
+	rt   http.RoundTripper
+	auth string
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", b.auth)
+	return b.rt.RoundTrip(r)
+}
+
+// CloseIdleConnections passes on to the wrapped transport.
+func (b bearer) CloseIdleConnections() {
+	if c, ok := b.rt.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // nodeAPI is an admin API client of the node at addr alone, over client:

@@ -66,6 +66,7 @@ func scenarios() []scenario {
 		shadowScenario(),
 		authzScenario(),
 		sourcesScenario(),
+		consoleScenario(),
 		suiteScenario(),
 	}
 }

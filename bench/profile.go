@@ -20,7 +20,7 @@ import (
 // <binary> <file>`.
 func profileNodes(ctx context.Context, cl *cluster, leader, dir, tag string, delay, d time.Duration) func() error {
 	secs := max(1, int(d.Seconds()))
-	client := &http.Client{Timeout: d + delay + 30*time.Second, Transport: &http.Transport{Proxy: nil}}
+	client := &http.Client{Timeout: d + delay + 30*time.Second, Transport: withBearer(&http.Transport{Proxy: nil}, cl.token)}
 	errs := make([]error, len(cl.nodes))
 	var wg sync.WaitGroup
 	for i, nd := range cl.nodes {

@@ -270,6 +270,9 @@ type fleetSpec struct {
 	grpcHead        bool
 	streamsPerConn  int
 	dialConcurrency int
+	// nackEvery makes every nackEvery-th gRPC sidecar NACK every response
+	// (0: none), so that the console has rejecting sidecars to show.
+	nackEvery int
 }
 
 // fleet is the open sidecars.
@@ -368,7 +371,8 @@ func openFleet(ctx context.Context, spec fleetSpec) (*fleet, error) {
 		opening.Go(func() {
 			defer func() { <-sem }()
 			if c.kind == kindGRPC {
-				f.openStream(c, clients[c.idx], grpcScope(spec.grpcScope, c), spec.grpcHead)
+				nack := spec.nackEvery > 0 && c.idx%spec.nackEvery == 0 // gRPC sidecars come first
+				f.openStream(c, clients[c.idx], grpcScope(spec.grpcScope, c), spec.grpcHead, nack)
 			} else {
 				f.openFeed(c, spec.httpAddrs[c.node])
 			}
@@ -434,9 +438,10 @@ func grpcScope(mode string, c *sidecar) *discoveryv1.Scope {
 }
 
 // openStream opens c's discovery stream on cc, sends the initial request
-// and starts its receiver, which ACKs every response. head: read responses
+// and starts its receiver, which ACKs every response (nack: NACKs it,
+// keeping the version it accepted before, none). head: read responses
 // with headCodec.
-func (f *fleet) openStream(c *sidecar, cc *grpc.ClientConn, scope *discoveryv1.Scope, head bool) {
+func (f *fleet) openStream(c *sidecar, cc *grpc.ClientConn, scope *discoveryv1.Scope, head, nack bool) {
 	var opts []grpc.CallOption
 	if head {
 		opts = append(opts, grpc.ForceCodecV2(headCodec{encoding.GetCodecV2(protoenc.Name)}))
@@ -475,6 +480,9 @@ func (f *fleet) openStream(c *sidecar, cc *grpc.ClientConn, scope *discoveryv1.S
 			// ACK. SendMsg marshals req before returning, so it can be
 			// reused.
 			req.VersionInfo, req.ResponseNonce = hd.version, hd.nonce
+			if nack {
+				req.VersionInfo, req.ErrorDetail = "", nackDetail
+			}
 			if err := st.SendMsg(req); err != nil {
 				f.fail(c, fmt.Errorf("ACK: %w", err))
 				return
@@ -482,6 +490,9 @@ func (f *fleet) openStream(c *sidecar, cc *grpc.ClientConn, scope *discoveryv1.S
 		}
 	})
 }
+
+// nackDetail is what a NACKing simulated sidecar reports.
+var nackDetail = &discoveryv1.ErrorDetail{Message: "bench: simulated rejection"}
 
 // Field numbers of PolicyDiscoveryResponse (api/discovery/v1) that
 // responseHead reads.

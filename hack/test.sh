@@ -4,7 +4,8 @@
 # formatting, vets and lints the module, and runs the tests with the race
 # detector, then upstream hashicorp/raft's tests on the patched copy in
 # internal/third_party/raft (hack/raft-fork-test.sh). The chaos suite runs on both
-# Raft log stores.
+# Raft log stores. It finds or installs headless Chromium (hack/chromium.sh)
+# and exports its path as POLICYD_CHROMIUM for the console's browser tests.
 #
 # Environment:
 #	PKGS         packages to test (default: the module's, but internal/third_party/raft)
@@ -76,6 +77,13 @@ export PATH="$tools_bin:$PATH"
 step "kube-apiserver, etcd and kube-controller-manager for the Kubernetes tests"
 KUBEBUILDER_ASSETS="$(hack/kube-bins.sh)"
 export KUBEBUILDER_ASSETS
+
+# Headless Chromium for the console's browser tests (chromedp), from
+# Debian's chromium package. Its absence fails nothing here: POLICYD_CHROMIUM
+# is then empty and those tests skip, saying why.
+step "chromium for the console's browser tests"
+POLICYD_CHROMIUM="$(hack/chromium.sh)" || true
+export POLICYD_CHROMIUM
 
 step "go mod download"
 go mod download

@@ -11,8 +11,9 @@ import (
 	"github.com/policyd/policyd/adminclient"
 )
 
-// clientsCommand lists the connected sidecars, filtered on the client side
-// (GET /v1/clients takes no filters).
+// clientsCommand lists the connected sidecars, filtered on the client side:
+// --scope matches a prefix, which the server's exact org/team/employee
+// filters do not, and a server older than them would ignore them.
 func clientsCommand(c *adminClient) *cobra.Command {
 	var node, scope, state string
 	cmd := &cobra.Command{

@@ -1,13 +1,11 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,45 +67,29 @@ func eventsCommand(c *adminClient) *cobra.Command {
 // copySSE prints each event's data line; a reset is printed as a JSON object
 // with "reset". It returns nil when ctx ends (Ctrl-C).
 func copySSE(ctx context.Context, r io.Reader, w io.Writer, format string) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	event := ""
-	emit := func(line string) error {
+	err := adminclient.ReadEvents(r, func(ev adminclient.StreamEvent) error {
+		data := ev.Data
+		if ev.Event == "reset" {
+			data = "{\"reset\":" + data + "}"
+		}
 		if format != outputYAML {
-			_, err := fmt.Fprintln(w, line)
+			_, err := fmt.Fprintln(w, data)
 			return err
 		}
 		var v any
-		if err := json.Unmarshal([]byte(line), &v); err != nil {
+		if err := json.Unmarshal([]byte(data), &v); err != nil {
 			return fmt.Errorf("event stream: %w", err)
 		}
 		if _, err := fmt.Fprintln(w, "---"); err != nil {
 			return err
 		}
 		return printValue(w, outputYAML, v, nil)
-	}
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "event: "):
-			event = strings.TrimPrefix(line, "event: ")
-		case strings.HasPrefix(line, "data: "):
-			data := strings.TrimPrefix(line, "data: ")
-			if event == "reset" {
-				data = "{\"reset\":" + data + "}"
-			}
-			if err := emit(data); err != nil {
-				return err
-			}
-		case line == "":
-			event = ""
-		}
-	}
-	if ctx.Err() != nil {
+	})
+	switch {
+	case ctx.Err() != nil:
 		return nil
+	case errors.Is(err, io.EOF):
+		return errors.New("event stream ended by the server")
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("event stream: %w", err)
-	}
-	return errors.New("event stream ended by the server")
+	return err
 }

@@ -80,6 +80,17 @@ type HTTP struct {
 	MaxConnectionsPerIP int `mapstructure:"max_connections_per_ip"`
 	// MaxHeaderBytes bounds a request's header block.
 	MaxHeaderBytes int `mapstructure:"max_header_bytes"`
+	// Console is the web console at /ui/ (docs/console.md).
+	Console Console `mapstructure:"console"`
+}
+
+// Console configures the web console on the HTTP listener.
+type Console struct {
+	Enabled bool `mapstructure:"enabled"`
+	// SessionTTL ends a session this long after sign-in.
+	SessionTTL time.Duration `mapstructure:"session_ttl"`
+	// IdleTimeout ends a session unused for this long.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
 }
 
 // GRPC is the sidecar listener: policy discovery (and health, reflection).
@@ -269,7 +280,8 @@ func Default() Config {
 	return Config{
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
-		HTTP:    HTTP{Addr: "127.0.0.1:8080", MaxConnections: 20000, MaxHeaderBytes: 64 << 10},
+		HTTP: HTTP{Addr: "127.0.0.1:8080", MaxConnections: 20000, MaxHeaderBytes: 64 << 10,
+			Console: Console{Enabled: true, SessionTTL: 8 * time.Hour, IdleTimeout: time.Hour}},
 		GRPC: GRPC{
 			Addr:                 "127.0.0.1:9090",
 			MaxConnections:       10000,

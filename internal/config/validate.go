@@ -161,6 +161,9 @@ func (c *Config) validateLimits(p *problems) {
 		}
 	}
 	// A JWT in an Authorization header or a subprotocol needs a few KiB.
+	if con := c.HTTP.Console; con.Enabled && (con.SessionTTL < time.Minute || con.IdleTimeout <= 0 || con.IdleTimeout > con.SessionTTL) {
+		p.add("http.console", "session_ttl %s must be >= 1m and idle_timeout %s > 0 and <= session_ttl", con.SessionTTL, con.IdleTimeout)
+	}
 	if c.HTTP.MaxHeaderBytes < 4<<10 {
 		p.add("http.max_header_bytes", "%d must be >= 4096", c.HTTP.MaxHeaderBytes)
 	}

@@ -269,6 +269,9 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	// Shutdown waits for handlers; long-lived streams must end first.
 	n.httpSrv.RegisterOnShutdown(n.api.CloseStreams)
 	n.httpSrv.RegisterOnShutdown(n.feed.CloseAll)
+	if err = n.setupConsole(mux); err != nil {
+		return nil, err
+	}
 	if err = n.setupReload(); err != nil {
 		return nil, err
 	}

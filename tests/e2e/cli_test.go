@@ -208,6 +208,7 @@ func TestCLIEndToEnd(t *testing.T) {
 			"/v1/events?limit=50":             &adminclient.EventPage{},
 			"/v1/cluster":                     &adminclient.ClusterStatus{},
 			"/v1/clients":                     &adminclient.ClientList{},
+			"/v1/clients?offset=0&limit=10":   &adminclient.ClientList{},
 			"/v1/rollout":                     &adminclient.ProxyStatus{},
 			"/v1/proxy-status":                &adminclient.ProxyStatus{},
 			"/v1/reload":                      &adminclient.ReloadView{},

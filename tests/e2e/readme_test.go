@@ -112,6 +112,20 @@ func TestReadmeSingleNode(t *testing.T) {
 			t.Errorf("/metrics lacks %s", m)
 		}
 	}
+	// The README's console URL, on the default with no config: auth is
+	// off, so the Overview renders with its banner.
+	resp, err = http.Get("http://127.0.0.1:8080/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(page, []byte(`id="auth-off"`)) || !bytes.Contains(page, []byte("<h1>Overview</h1>")) {
+		t.Errorf("GET /ui/: %d\n%.400s", resp.StatusCode, page)
+	}
 	took := d.interrupt(t)
 	t.Logf("shutdown took %v", took)
 	logs := d.logs.String()

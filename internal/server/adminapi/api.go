@@ -219,6 +219,9 @@ func (a *API) CloseStreams() { a.stop() }
 // like a nil Config.Tokens.
 func (a *API) SetTokens(t *auth.AdminTokens) { a.tokens.Store(t) }
 
+// Tokens returns the admin token set in force (nil: auth is off).
+func (a *API) Tokens() *auth.AdminTokens { return a.tokens.Load() }
+
 // handlerFunc returns an error instead of writing one, so the status mapping
 // lives in writeError alone.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) error
@@ -249,7 +252,14 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			return
 		}
 		var tokenName string
-		if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
+		if tok, ok := auth.TokenFrom(r.Context()); ok && need >= 0 {
+			// The console authenticated its session in process.
+			if tok.Role < need {
+				a.writeError(sw, r, fmt.Errorf("token %q has role %s, operation needs %s: %w", tok.Name, tok.Role, need, auth.ErrForbidden))
+				return
+			}
+			tokenName = tok.Name
+		} else if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
 			tok, err := tokens.Authorize(r.Header.Get("Authorization"), need)
 			if err != nil {
 				a.writeError(sw, r, err)
@@ -477,7 +487,11 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 	if err := a.b.Ready(r.Context()); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	// The applied index lets a console show how far each member is.
+	writeJSON(w, http.StatusOK, struct {
+		Status       string `json:"status"`
+		AppliedIndex uint64 `json:"applied_index"`
+	}{"ready", a.b.Store().AppliedIndex()})
 	return nil
 }
 

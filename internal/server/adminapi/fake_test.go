@@ -59,8 +59,9 @@ type fakeBackend struct {
 	leader      string
 }
 
-// newFake returns a fake over an empty store, closed when the test ends.
-func newFake(t *testing.T) *fakeBackend {
+// newFake returns a fake over an empty store, closed when the test (or
+// benchmark) ends.
+func newFake(t testing.TB) *fakeBackend {
 	t.Helper()
 	// NoSync: the test owns the only copy and never reopens it.
 	st, err := store.OpenWithOptions(filepath.Join(t.TempDir(), "state.db"), discard(), store.Options{NoSync: true})

@@ -55,13 +55,17 @@ func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 	if err := a.maybeConsistent(r); err != nil {
 		return err
 	}
+	summary, err := queryBool(r, "summary")
+	if err != nil {
+		return err
+	}
 	kind := r.URL.Query().Get("kind")
 	if id != nil && kind == "" {
 		set, err := a.b.Store().PolicySet(*id)
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, PolicyList{Policies: nonNil(set.Policies), Version: set.Version, AppliedIndex: set.Index})
+		writeJSON(w, http.StatusOK, PolicyList{Policies: withoutSpecs(nonNil(set.Policies), summary), Version: set.Version, AppliedIndex: set.Index})
 		return nil
 	}
 	idx := a.b.Store().AppliedIndex()
@@ -69,8 +73,23 @@ func (a *API) listPolicies(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, PolicyList{Policies: nonNil(ps), AppliedIndex: idx})
+	writeJSON(w, http.StatusOK, PolicyList{Policies: withoutSpecs(nonNil(ps), summary), AppliedIndex: idx})
 	return nil
+}
+
+// withoutSpecs drops every spec when summary is set: a listing of a
+// thousand policies is then names and metadata, not megabytes of specs.
+func withoutSpecs(ps []*policy.Policy, summary bool) []*policy.Policy {
+	if !summary {
+		return ps
+	}
+	out := make([]*policy.Policy, len(ps))
+	for i, p := range ps {
+		c := *p
+		c.Spec = nil
+		out[i] = &c
+	}
+	return out
 }
 
 // entity describes a keyed resource (policies, employees) for the shared

@@ -231,7 +231,11 @@ var routeTests = map[string]routeTest{
 	"GET /v1/version":  {ok: check{verify: bodyHas(`"version"`)}, noBackend: true},
 	"GET /v1/snapshot": {ok: check{verify: header(HeaderAppliedIndex, "3")}, local: true},
 
-	"GET /v1/clients": {ok: check{setup: someClients, verify: bodyHas(`"client_address":"c1"`)}, via: "Clients"},
+	"GET /v1/clients": {ok: check{setup: someClients, verify: bodyHas(`"client_address":"c1"`)}, via: "Clients", checks: []check{
+		{name: "a page", setup: someClients, target: "/v1/clients?state=pending&limit=1", verify: bodyHas(`"total":1,"counts":{"pending":1,"acked":1,"nacked":0,"stale":2},"limit":1`)},
+		{name: "bad state", target: "/v1/clients?state=bogus", status: 400, code: "invalid", mention: "bogus"},
+		{name: "limit too high", target: "/v1/clients?limit=10001", status: 400, code: "invalid", mention: "limit"},
+	}},
 	"GET /v1/proxy-status": {ok: check{setup: someClients, verify: bodyHas(`"done":false`)}, via: "Clients", checks: []check{
 		{name: "bad wait", target: "/v1/proxy-status?wait=forever", status: 400, code: "invalid", mention: "wait"},
 	}},

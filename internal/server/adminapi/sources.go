@@ -84,6 +84,10 @@ func (a *API) sourceViews(ctx context.Context, names []string) ([]SourceView, er
 	for _, r := range recs {
 		byName[r.Source] = r
 	}
+	out := make([]SourceView, 0, len(names))
+	if len(names) == 0 {
+		return out, ctx.Err() // no source: no policy to read for owners
+	}
 	ps, err := a.b.Store().ListPolicies(store.PolicyFilter{})
 	if err != nil {
 		return nil, err
@@ -94,7 +98,6 @@ func (a *API) sourceViews(ctx context.Context, names []string) ([]SourceView, er
 			owned[p.Source] = append(owned[p.Source], p.Name)
 		}
 	}
-	out := make([]SourceView, 0, len(names))
 	for _, n := range names {
 		rec := byName[n]
 		v := SourceView{
