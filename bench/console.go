@@ -20,8 +20,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-
-	"github.com/policyd/policyd/adminclient"
 )
 
 // Console targets: a page's server render time on loopback and its weight
@@ -274,22 +272,6 @@ func seedRevision(ctx context.Context, client *http.Client, addrs []string, orgs
 		}
 	}
 	return putAll(ctx, client, addrs, puts, 16)
-}
-
-// startConsoleRollout starts a staged rollout that stays in its first
-// stage for the run, so that the rollout pages have one to show.
-func startConsoleRollout(ctx context.Context, api *adminclient.Client, size int) (string, error) {
-	name := propPolicyName(0, 1)
-	ro, err := api.StartRollout(ctx, adminclient.StartRollout{
-		Changes:      []adminclient.StartChange{{Op: "put", Policy: propPolicyBody(name, orgName(0), 1000, size)}},
-		Stages:       []adminclient.StartStage{{Percent: 10, Bake: "1h"}, {Percent: 100, Bake: "1h"}},
-		MaxNackRatio: 1,
-		OnHalt:       "stay",
-	})
-	if err != nil {
-		return "", fmt.Errorf("POST /v1/rollouts: %w", err)
-	}
-	return ro.ID, nil
 }
 
 // consoleClient is a signed-in console visitor over plain HTTP.
