@@ -82,6 +82,8 @@ func checkHeader(h []byte, id uint64) error {
 		return fmt.Errorf("no segment magic (%q)", h[:4])
 	case h[4] != version:
 		return fmt.Errorf("segment version %d, this build reads %d", h[4], version)
+	case h[5]|h[6]|h[7] != 0:
+		return fmt.Errorf("reserved header bytes %x are not zero", h[5:8])
 	case binary.LittleEndian.Uint64(h[8:]) != id:
 		return fmt.Errorf("header names segment %d, the file name %d", binary.LittleEndian.Uint64(h[8:]), id)
 	}
