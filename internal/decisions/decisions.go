@@ -126,8 +126,10 @@ type Store struct {
 	done chan struct{} // closed when the flusher has ended
 }
 
-// Open opens the store in dir, creating dir if need be, indexes every
-// segment and repairs a torn tail of the newest (see the package doc).
+// Open opens the store in dir, creating dir if need be, reads every
+// segment through to index it and repairs a torn tail of the newest. One
+// Store per directory: the caller owns dir (policyd holds data_dir through
+// state.db's lock).
 func Open(dir string, cfg Config, logger *slog.Logger) (*Store, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

@@ -148,19 +148,8 @@ func (s *Store) scanSegment(seg segment, start, lo, hi int64, fn func(Record, Cu
 	rd := newReader(f, start, seg.end)
 	for {
 		t, data, err := rd.next()
-		if errors.Is(err, io.EOF) {
-			return Cursor{seg: seg.id, off: rd.off}, true, nil
-		}
-		var d *damage
-		if errors.As(err, &d) {
-			if d.off == start && start != headerSize {
-				return Cursor{}, false, fmt.Errorf("%w: no record at offset %d of segment %d (%s)", ErrBadCursor, start, seg.id, d.reason)
-			}
-			s.reportDamage(seg, d)
-			return Cursor{seg: seg.id, off: seg.end}, true, nil
-		}
 		if err != nil {
-			return Cursor{}, false, fmt.Errorf("scan decisions in %s: %w", seg.path, err)
+			return s.scanEnd(seg, start, rd.off, err)
 		}
 		if t < lo || t >= hi {
 			continue
@@ -169,6 +158,24 @@ func (s *Store) scanSegment(seg segment, start, lo, hi int64, fn func(Record, Cu
 			return Cursor{seg: seg.id, off: rd.off}, false, nil
 		}
 	}
+}
+
+// scanEnd is where reading seg from start ended with err at off: its end,
+// damage (logged; the scan goes on with the next segment), a cursor that
+// was not at a record, or an I/O error.
+func (s *Store) scanEnd(seg segment, start, off int64, err error) (Cursor, bool, error) {
+	if errors.Is(err, io.EOF) {
+		return Cursor{seg: seg.id, off: off}, true, nil
+	}
+	var d *damage
+	if !errors.As(err, &d) {
+		return Cursor{}, false, fmt.Errorf("scan decisions in %s: %w", seg.path, err)
+	}
+	if d.off == start && start != headerSize {
+		return Cursor{}, false, fmt.Errorf("%w: no record at offset %d of segment %d (%s)", ErrBadCursor, start, seg.id, d.reason)
+	}
+	s.reportDamage(seg, d)
+	return Cursor{seg: seg.id, off: seg.end}, true, nil
 }
 
 // reportDamage logs, once per segment, damage a scan found.

@@ -29,7 +29,9 @@ import (
 //
 // Files are named <id>-<first>.seg, both numbers 20 decimal digits: id
 // counts up from 1 and is never reused, first is the Unix nanoseconds of
-// the segment's first record, so a listing sorts by age and shows it.
+// the segment's first record as written (a crash may have taken it), so a
+// listing sorts by age and shows it. The index keeps each segment's least
+// and greatest times, read at Open, since arrival order is not time order.
 const (
 	headerSize = 16
 	frameSize  = 16
