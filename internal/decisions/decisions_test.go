@@ -120,7 +120,7 @@ func segFiles(t testing.TB, dir string) []string {
 	return m
 }
 
-// emptyIsNil lets an empty scan equal a nil want.
+// diff is cmp.Diff, with an empty scan equal to a nil want.
 func diff(want, got []Record) string {
 	if len(want) == 0 && len(got) == 0 {
 		return ""
@@ -237,7 +237,7 @@ func TestRotation(t *testing.T) {
 		if (fi.Size() > segBytes) != last {
 			t.Errorf("%s: %d bytes (SegmentBytes %d)", f, fi.Size(), segBytes)
 		}
-		first := want[min(i*9, 100)].UnixNanoName()
+		first := fmt.Sprintf("%020d", want[min(i*9, 100)].Time.UnixNano())
 		if wantName := fmt.Sprintf("%020d-%s.seg", i+1, first); filepath.Base(f) != wantName {
 			t.Errorf("file %d is %s, want %s", i, filepath.Base(f), wantName)
 		}
@@ -246,9 +246,6 @@ func TestRotation(t *testing.T) {
 		t.Fatalf("scan (-want +got):\n%s", d)
 	}
 }
-
-// UnixNanoName is r's time as a segment file name spells it.
-func (r Record) UnixNanoName() string { return fmt.Sprintf("%020d", r.Time.UnixNano()) }
 
 func TestReopen(t *testing.T) {
 	dir := t.TempDir()
