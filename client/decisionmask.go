@@ -179,7 +179,7 @@ func applyPath(m map[string]any, p maskPath, i int, fold bool, f func(any) any) 
 	fold = fold || (p.root == "request" && i == 1 && p.segs[0].key == "headers" && !p.segs[0].each)
 	found := false
 	for k, v := range m {
-		if seg.key != "*" && k != seg.key && !(fold && strings.EqualFold(k, seg.key)) {
+		if !keyMatches(seg.key, k, fold) {
 			continue
 		}
 		last := i == len(p.segs)-1
@@ -220,6 +220,11 @@ func applyPath(m map[string]any, p maskPath, i int, fold bool, f func(any) any) 
 		}
 	}
 	return found
+}
+
+// keyMatches reports whether a path segment's key names map key k.
+func keyMatches(seg, k string, fold bool) bool {
+	return seg == "*" || k == seg || (fold && strings.EqualFold(k, seg))
 }
 
 // hashValue is what a hashed value becomes.
