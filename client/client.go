@@ -79,6 +79,8 @@ type view struct {
 	// shadow are the compiled shadow policies, evaluated apart; nil
 	// when there are none, which costs the hot path one check.
 	shadow []*shadowPolicy
+	// version is the policy-set version of the set in force.
+	version string
 }
 
 // Client follows a policyd cluster and enforces the policies it receives.
@@ -92,6 +94,8 @@ type Client struct {
 	cel    *celCompiler
 
 	evalErrors atomic.Uint64
+	// dlog records decisions; nil when Config.DecisionLog is.
+	dlog *decisionLog
 
 	readyOnce sync.Once
 	readyCh   chan struct{} // closed when first ready
@@ -138,6 +142,12 @@ func New(cfg Config, logger *slog.Logger) (*Client, error) {
 		state:   StateConnecting,
 		rules:   emptyRules,
 		cel:     cc,
+	}
+	if cfg.DecisionLog != nil {
+		if c.dlog, err = newDecisionLog(*cfg.DecisionLog, cfg.Clock); err != nil {
+			return nil, fmt.Errorf("client config: %w", err)
+		}
+		c.dlog.setIdentity(&c.cfg, cfg.Token)
 	}
 	c.publish()
 	return c, nil
@@ -251,7 +261,7 @@ func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, bl
 	}
 	r := c.toolDeny(v.rules, tool, input)
 	if v.shadow != nil {
-		shadowTools(v.shadow, tool, input, r == nil)
+		shadowTools(v.shadow, tool, input, r == nil, nil)
 	}
 	if r != nil {
 		return r.denial(), true
@@ -326,7 +336,7 @@ func (c *Client) Stats() Stats {
 // publish rebuilds the hot-path view. Call with c.mu held (or before the
 // client is shared).
 func (c *Client) publish() {
-	v := &view{state: c.state, rules: c.rules, validators: c.validators, shadow: c.shadow}
+	v := &view{state: c.state, rules: c.rules, validators: c.validators, shadow: c.shadow, version: c.version}
 	switch {
 	case c.state == StateRevoked:
 		v.block = ReasonRevoked
@@ -544,6 +554,9 @@ func (c *Client) token(ctx context.Context) (string, error) {
 	tok, err := c.cfg.TokenSource(ctx)
 	if err != nil {
 		return "", fmt.Errorf("token source: %w", err)
+	}
+	if c.dlog != nil {
+		c.dlog.setIdentity(&c.cfg, tok)
 	}
 	return tok, nil
 }

@@ -164,6 +164,10 @@ type Config struct {
 	// not called for a gRPC "unchanged" answer or a set identical to the one
 	// held.
 	OnUpdate func(Update)
+	// DecisionLog, when set, records Evaluate's decisions: every denial and
+	// a share of allows, masked, in a bounded buffer (TakeDecisions,
+	// DecisionLogStats). Nil: off. See docs/sidecars.md.
+	DecisionLog *DecisionLog
 	// Clock drives the grace timer and timestamps. Default: the real clock.
 	// Backoff and health checks always use real time.
 	Clock Clock

@@ -112,20 +112,32 @@ func (c *Client) counterLocked(name string) *shadowCounter {
 }
 
 // count records one evaluation of a shadow policy that denies (or not)
-// against the enforced decision.
-func (n *shadowCounter) count(denies, allowed bool) {
+// against the enforced decision, and reports whether they disagree.
+func (n *shadowCounter) count(denies, allowed bool) (disagrees bool) {
 	n.evaluated.Add(1)
 	switch {
 	case denies && allowed:
 		n.wouldBlock.Add(1)
 	case !denies && !allowed:
 		n.wouldAllow.Add(1)
+	default:
+		return false
+	}
+	return true
+}
+
+// countShadow counts one evaluation of sp and, when disagree is not nil
+// and sp decided otherwise than the enforced policies, appends its name.
+func countShadow(sp *shadowPolicy, denies, allowed bool, disagree *[]string) {
+	if sp.n.count(denies, allowed) && disagree != nil {
+		*disagree = append(*disagree, sp.name)
 	}
 }
 
 // shadowTools evaluates the shadow ToolPolicies that apply to a call of
-// tool, each alone, against the enforced decision.
-func shadowTools(shadow []*shadowPolicy, tool string, input map[string]any, allowed bool) {
+// tool, each alone, against the enforced decision. disagree, when not
+// nil, gets the names of those that decided otherwise.
+func shadowTools(shadow []*shadowPolicy, tool string, input map[string]any, allowed bool, disagree *[]string) {
 	var in *callInput
 	for _, sp := range shadow {
 		r := sp.rule
@@ -139,16 +151,18 @@ func shadowTools(shadow []*shadowPolicy, tool string, input map[string]any, allo
 			}
 			denies = r.matches(in)
 		}
-		sp.n.count(denies, allowed)
+		countShadow(sp, denies, allowed, disagree)
 	}
 }
 
 // shadowEvaluate evaluates every shadow policy that applies to req, each
 // alone, against the enforced decision. An evaluation error counts as a
 // denial, as it would if the policy were enforced, but not in EvalErrors.
-func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, in *celInput, allowed bool) {
+// disagree, when not nil, gets the names of those that decided otherwise
+// (for the decision log).
+func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, in *celInput, allowed bool, disagree *[]string) {
 	if in.req.Tool != "" {
-		shadowTools(shadow, in.req.Tool, in.req.Input, allowed)
+		shadowTools(shadow, in.req.Tool, in.req.Input, allowed, disagree)
 	}
 	for _, sp := range shadow {
 		if sp.val == nil {
@@ -162,7 +176,7 @@ func (c *Client) shadowEvaluate(ctx context.Context, shadow []*shadowPolicy, in 
 			return
 		}
 		if applies, d := sp.val.decide(in.size, vars); applies {
-			sp.n.count(d != nil, allowed)
+			countShadow(sp, d != nil, allowed, disagree)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/interpreter"
@@ -184,12 +185,44 @@ type Decision struct {
 //
 // Shadow policies never decide: each one that applies is evaluated alone
 // after the enforced decision, and counted (Stats.Shadow).
+//
+// With Config.DecisionLog set, the decision is then recorded (decisionlog.go).
 func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
+	if c.dlog != nil {
+		return c.evaluateRecorded(ctx, &req)
+	}
 	v := c.view.Load()
 	in := &celInput{req: &req}
 	d := c.evaluate(ctx, v, in)
 	if v.shadow != nil && v.block == "" {
-		c.shadowEvaluate(ctx, v.shadow, in, d.Allowed)
+		c.shadowEvaluate(ctx, v.shadow, in, d.Allowed, nil)
+	}
+	return d
+}
+
+// evaluateRecorded is Evaluate with the decision log on: the decision is
+// timed, sampled, and recorded with the shadow policies that disagreed.
+func (c *Client) evaluateRecorded(ctx context.Context, req *Request) Decision {
+	start := time.Now()
+	v := c.view.Load()
+	in := &celInput{req: req}
+	d := c.evaluate(ctx, v, in)
+	keep := c.dlog.keep(d.Allowed)
+	var now time.Time
+	if keep {
+		now = c.cfg.Clock.Now()
+		keep = c.dlog.admit(now)
+	}
+	var disagree []string
+	if v.shadow != nil && v.block == "" {
+		var names *[]string
+		if keep {
+			names = &disagree
+		}
+		c.shadowEvaluate(ctx, v.shadow, in, d.Allowed, names)
+	}
+	if keep {
+		c.dlog.record(c, v, req, &d, now, time.Since(start), disagree)
 	}
 	return d
 }
