@@ -8,6 +8,7 @@
 package decisions
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -171,7 +172,7 @@ func (s *Store) load() error {
 		}
 		files = append(files, file{id, e.Name()})
 	}
-	slices.SortFunc(files, func(a, b file) int { return compare(a.id, b.id) })
+	slices.SortFunc(files, func(a, b file) int { return cmp.Compare(a.id, b.id) })
 	for i, f := range files {
 		if i > 0 && f.id == files[i-1].id {
 			s.logger.Warn("decisions: ignoring a second segment with the same id", "file", filepath.Join(s.dir, f.name))
@@ -183,17 +184,6 @@ func (s *Store) load() error {
 		}
 	}
 	return nil
-}
-
-// compare orders segment ids.
-func compare(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // loadSegment reads one segment through, checking every record, and adds

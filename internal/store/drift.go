@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -431,21 +432,11 @@ func (s *Store) DriftTasks() ([]DriftTask, error) {
 	})
 	slices.SortStableFunc(out, func(a, b DriftTask) int {
 		if a.Index != b.Index {
-			return cmpUint(a.Index, b.Index)
+			return cmp.Compare(a.Index, b.Index)
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
 	return out, err
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // DriftReport returns one report or ErrNotFound.
