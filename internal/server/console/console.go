@@ -236,12 +236,17 @@ type identityTransport struct {
 }
 
 func (t identityTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
 	if !t.s.AuthOff {
-		req = req.WithContext(auth.WithToken(req.Context(), t.s.Token))
+		ctx = auth.WithToken(ctx, t.s.Token)
 	} else if t.s.tls != nil {
-		req = req.WithContext(withTLS(req.Context(), t.s.tls))
+		ctx = withTLS(ctx, t.s.tls)
 	}
-	req.Header.Set("X-Request-ID", t.s.requestID)
+	// A RoundTripper must not change the request it is given.
+	req = req.Clone(ctx)
+	if t.s.requestID != "" {
+		req.Header.Set("X-Request-ID", t.s.requestID)
+	}
 	return t.next.RoundTrip(req)
 }
 
