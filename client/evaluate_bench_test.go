@@ -5,10 +5,9 @@ import (
 	"testing"
 )
 
-// BenchmarkEvaluate decides one request against 20 ValidatingPolicies and
-// 20 ToolPolicies, in process, with every policy evaluated and none denying:
-// the slowest path a request that is allowed takes.
-func BenchmarkEvaluate(b *testing.B) {
+// evaluateBenchSet is the Evaluate benchmarks' 20 ValidatingPolicies and 20 ToolPolicies,
+// none of which denies their request.
+func evaluateBenchSet() []Policy {
 	var set []Policy
 	for i := range 20 {
 		set = append(set,
@@ -20,6 +19,14 @@ func BenchmarkEvaluate(b *testing.B) {
 			tp(fmt.Sprintf("tp-%02d", i), "Bash", "deny", "no", fmt.Sprintf(`^rm -rf /%d`, i)),
 		)
 	}
+	return set
+}
+
+// BenchmarkEvaluate decides one request against 20 ValidatingPolicies and
+// 20 ToolPolicies, in process, with every policy evaluated and none denying:
+// the slowest path a request that is allowed takes.
+func BenchmarkEvaluate(b *testing.B) {
+	set := evaluateBenchSet()
 	c, err := New(Config{Servers: []string{"127.0.0.1:1"}}, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -94,17 +101,7 @@ func BenchmarkEvaluateMatchConditions(b *testing.B) {
 // sampled decision is masked, encoded and buffered; nothing takes the
 // records, so the buffer is full and each one drops the oldest.
 func BenchmarkEvaluateDecisionLog(b *testing.B) {
-	var set []Policy
-	for i := range 20 {
-		set = append(set,
-			vp(fmt.Sprintf("vp-%02d", i),
-				val{`request.method in ["GET", "POST"]`, "method", ""},
-				val{fmt.Sprintf(`!request.path.startsWith("/internal/%d/")`, i), "path", ""},
-				val{`!("x-evil" in request.headers) && request.headers["x-user"] != ""`, "headers", ""},
-			),
-			tp(fmt.Sprintf("tp-%02d", i), "Bash", "deny", "no", fmt.Sprintf(`^rm -rf /%d`, i)),
-		)
-	}
+	set := evaluateBenchSet()
 	req := Request{
 		Request: map[string]any{"method": "GET", "path": "/api/v1/things", "headers": map[string]any{
 			"x-user": "alice", "accept": "*/*", "authorization": "Bearer secret"}},

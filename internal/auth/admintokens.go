@@ -188,10 +188,16 @@ func (t *AdminTokens) Authorize(header string, need Role) (Token, error) {
 		return Token{}, ErrBadCredentials
 	}
 	tok := t.entries[match].token
-	if tok.Role < need {
-		return tok, fmt.Errorf("token %q has role %s, operation needs %s: %w", tok.Name, tok.Role, need, ErrForbidden)
+	return tok, tok.Allows(need)
+}
+
+// Allows is nil when the token's role suffices for need, else ErrForbidden
+// (wrapped, naming both roles).
+func (t Token) Allows(need Role) error {
+	if t.Role < need {
+		return fmt.Errorf("token %q has role %s, operation needs %s: %w", t.Name, t.Role, need, ErrForbidden)
 	}
-	return tok, nil
+	return nil
 }
 
 // checkTokenName refuses a token name that is not valid UTF-8 or holds

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/policyd/policyd/internal/server/console"
@@ -54,9 +55,9 @@ func (n *Node) probeReady(ctx context.Context, httpAddr string) (uint64, error) 
 	}
 	resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Do(req)
 	if err != nil {
-		var ue interface{ Unwrap() error }
-		if errors.As(err, &ue) && ue.Unwrap() != nil {
-			err = ue.Unwrap()
+		var ue *url.Error // the URL is in the member's row already
+		if errors.As(err, &ue) {
+			err = ue.Err
 		}
 		return 0, fmt.Errorf("no answer: %w", err)
 	}

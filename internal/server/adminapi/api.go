@@ -254,8 +254,8 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 		var tokenName string
 		if tok, ok := auth.TokenFrom(r.Context()); ok && need >= 0 {
 			// The console authenticated its session in process.
-			if tok.Role < need {
-				a.writeError(sw, r, fmt.Errorf("token %q has role %s, operation needs %s: %w", tok.Name, tok.Role, need, auth.ErrForbidden))
+			if err := tok.Allows(need); err != nil {
+				a.writeError(sw, r, err)
 				return
 			}
 			tokenName = tok.Name

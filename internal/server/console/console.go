@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/policyd/policyd/adminclient"
@@ -171,7 +172,7 @@ func (c *Console) page(pattern string, fn pageFunc) {
 	c.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s, ok := c.session(w, r)
 		if !ok {
-			http.Redirect(w, r, "/ui/signin?next="+urlQueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			http.Redirect(w, r, "/ui/signin?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
 		tmpl, title, data, err := fn(r, s, c.client(s))

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/policyd/policyd/adminclient"
 	"github.com/policyd/policyd/internal/auth"
 )
 
@@ -411,6 +413,93 @@ func TestFlashIsSigned(t *testing.T) {
 			w := get(c, "/ui/rollouts?"+tc.query, ck)
 			if got := strings.Contains(w.Body.String(), `id="flash"`); got != tc.shown {
 				t.Errorf("flash shown: %v, want %v", got, tc.shown)
+			}
+		})
+	}
+}
+
+// eventLog serves /v1/cluster and /v1/events over events with the given
+// ids, reading forward as the API does, and counts the events it served.
+type eventLog struct {
+	ids    []uint64
+	served int
+}
+
+func (l *eventLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	last := l.ids[len(l.ids)-1]
+	if r.URL.Path == "/v1/cluster" {
+		_ = json.NewEncoder(w).Encode(map[string]any{"applied_index": last})
+		return
+	}
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	page := adminclient.EventPage{Events: []adminclient.Event{}}
+	for _, id := range l.ids {
+		if id > after && len(page.Events) < limit {
+			page.Events = append(page.Events, adminclient.Event{ID: id})
+			page.LastID = id
+		}
+	}
+	l.served += len(page.Events)
+	_ = json.NewEncoder(w).Encode(page)
+}
+
+func TestNewestEvents(t *testing.T) {
+	dense := make([]uint64, 5000)
+	for i := range dense {
+		dense[i] = uint64(i + 1)
+	}
+	// Sparse: 150 events, 100 of them far below the applied index.
+	var sparse []uint64
+	for i := range 100 {
+		sparse = append(sparse, uint64(10+i))
+	}
+	for i := range 50 {
+		sparse = append(sparse, uint64(100_000+i*10))
+	}
+	for _, tc := range []struct {
+		name      string
+		ids       []uint64
+		want      []uint64 // newest first
+		maxServed int
+	}{
+		{"dense: one window", dense, []uint64{5000, 4999, 4998}, 1024},
+		// Three windows: the API reads forward only, so each wider one reads
+		// at most one page (here all 50) of what the narrower one had.
+		{"sparse: widened to the start", sparse, []uint64{100_490, 100_480}, len(sparse) + 2*50},
+		{"fewer than asked", []uint64{3, 7}, []uint64{7, 3}, 2},
+		// 2,000 of 5,000: the first window holds 1,024, the second reads
+		// from 0 and stops at the page that reaches the first's start.
+		{"dense: widened once", dense, []uint64{5000, 4999}, 1024 + 4000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &eventLog{ids: tc.ids}
+			c := newConsole(t, nil, l)
+			n := map[string]int{"sparse: widened to the start": 120, "dense: widened once": 2000}[tc.name]
+			if n == 0 {
+				n = len(tc.want)
+			}
+			got, end, err := newestEvents(t.Context(), c.client(&session{AuthOff: true}), adminclient.EventFilter{}, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if end != tc.ids[len(tc.ids)-1] {
+				t.Errorf("read to %d, want %d", end, tc.ids[len(tc.ids)-1])
+			}
+			if len(got) != n {
+				t.Fatalf("%d events, want %d", len(got), n)
+			}
+			for i, id := range tc.want {
+				if got[i].ID != id {
+					t.Errorf("event %d is %d, want %d", i, got[i].ID, id)
+				}
+			}
+			if n == 120 && got[119].ID != 40 {
+				t.Errorf("the oldest of 120 is %d, want 40", got[119].ID)
+			}
+			if l.served > tc.maxServed {
+				t.Errorf("served %d events, at most %d: a wider window re-read a narrower one", l.served, tc.maxServed)
 			}
 		})
 	}

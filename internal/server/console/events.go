@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -53,32 +54,46 @@ func newestEvents(ctx context.Context, api *adminclient.Client, f adminclient.Ev
 		return nil, 0, err
 	}
 	end := cl.AppliedIndex
-	var got []adminclient.Event
+	var got []adminclient.Event   // the newest n read so far, oldest first
+	top := uint64(math.MaxUint64) // events above top are read already
 	for window := uint64(1024); ; window *= 16 {
-		f.After = 0
+		start := uint64(0)
 		if end > window {
-			f.After = end - window
+			start = end - window
 		}
-		got = got[:0]
+		// Each wider window reads only what the narrower one left below it.
+		var older []adminclient.Event
+		f.After = start
 		for {
 			f.Limit = 1000
 			page, err := api.Events(ctx, f)
 			if err != nil {
 				return nil, 0, err
 			}
-			got = append(got, page.Events...)
-			if len(got) > n {
-				got = append(got[:0], got[len(got)-n:]...)
+			for _, ev := range page.Events {
+				if ev.ID <= top {
+					older = append(older, ev)
+				}
 			}
-			end = max(end, page.LastID)
-			if len(page.Events) < f.Limit {
+			if len(older) > n {
+				older = append(older[:0], older[len(older)-n:]...)
+			}
+			if top == math.MaxUint64 {
+				end = max(end, page.LastID)
+			}
+			if len(page.Events) < f.Limit || page.LastID >= top {
 				break
 			}
 			f.After = page.LastID
 		}
-		if len(got) >= n || f.After == 0 || end <= window {
+		got = append(older, got...)
+		if len(got) > n {
+			got = got[len(got)-n:]
+		}
+		if len(got) >= n || start == 0 {
 			break
 		}
+		top = start
 	}
 	for i, j := 0, len(got)-1; i < j; i, j = i+1, j-1 {
 		got[i], got[j] = got[j], got[i]

@@ -16,6 +16,9 @@ import (
 	"github.com/policyd/policyd/internal/auth"
 )
 
+// anonymous is every visitor when auth is off, as the API sees them.
+var anonymous = auth.Token{Name: "anonymous", Role: auth.RoleAdmin}
+
 // cookieName is the console's session cookie.
 const cookieName = "policyd_console"
 
@@ -78,7 +81,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 		}
 		// Auth is off: everyone is the anonymous admin; a session only
 		// carries the CSRF token.
-		return c.issue(w, r, c.anon, auth.Token{Name: "anonymous", Role: auth.RoleAdmin}, true, claims{Issued: now.Unix()}), true
+		return c.issue(w, r, c.anon, anonymous, true, claims{Issued: now.Unix()}), true
 	}
 	b, mac, ok := strings.Cut(ck.Value, ".")
 	if !ok {
@@ -101,7 +104,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 		if cl.Key != "" {
 			return c.noSession(w, r, tokens)
 		}
-		tok, key = auth.Token{Name: "anonymous", Role: auth.RoleAdmin}, c.anon
+		tok, key = anonymous, c.anon
 	} else {
 		if tok, key, ok = tokens.Session(cl.Key); !ok {
 			return c.noSession(w, r, tokens)
@@ -125,7 +128,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) (*session, boo
 // new anonymous session instead.
 func (c *Console) noSession(w http.ResponseWriter, r *http.Request, tokens *auth.AdminTokens) (*session, bool) {
 	if tokens == nil {
-		return c.issue(w, r, c.anon, auth.Token{Name: "anonymous", Role: auth.RoleAdmin}, true, claims{Issued: time.Now().Unix()}), true
+		return c.issue(w, r, c.anon, anonymous, true, claims{Issued: time.Now().Unix()}), true
 	}
 	clearCookie(w, r)
 	return nil, false
@@ -271,5 +274,3 @@ func safeNext(next string) string {
 	}
 	return next
 }
-
-func urlQueryEscape(s string) string { return url.QueryEscape(s) }
