@@ -167,6 +167,11 @@ type Raft struct {
 	shutdownCh   chan struct{}
 	shutdownLock sync.Mutex
 
+	// policyd: heartbeats run on the transport's goroutines, not raft's;
+	// Shutdown waits for the one in flight so no store is written after it
+	// returns (README.md, change 5).
+	heartbeatLock sync.RWMutex
+
 	// snapshots is used to store and retrieve snapshots
 	snapshots SnapshotStore
 

@@ -173,6 +173,12 @@ func (s *shutdownFuture) Error() error {
 		return nil
 	}
 	s.raft.waitShutdown()
+	// policyd: a heartbeat that passed its shutdown check before
+	// shutdownCh closed may still be writing the stable store; later ones
+	// return at the check.
+	s.raft.heartbeatLock.Lock()
+	//nolint:staticcheck // an empty critical section: only the wait matters
+	s.raft.heartbeatLock.Unlock()
 	if closeable, ok := s.raft.trans.(WithClose); ok {
 		closeable.Close()
 	}

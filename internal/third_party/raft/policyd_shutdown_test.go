@@ -4,7 +4,9 @@
 package raft
 
 import (
+	"bytes"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -50,4 +52,58 @@ func TestApplyQueuedAtShutdownResolves(t *testing.T) {
 			}
 		})
 	}
+}
+
+// termGate blocks the first write of the current term until released.
+type termGate struct {
+	*InmemStore
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *termGate) SetUint64(key []byte, val uint64) error {
+	if bytes.Equal(key, keyCurrentTerm) && val > 1 {
+		g.once.Do(func() { close(g.entered); <-g.release })
+	}
+	return g.InmemStore.SetUint64(key, val)
+}
+
+// TestShutdownWaitsForHeartbeat runs a heartbeat from a newer term, which
+// writes the term on the transport's goroutine, and shuts raft down while
+// that write is in flight: before the patch Shutdown returned at once, and
+// the caller closed the stores under the write.
+func TestShutdownWaitsForHeartbeat(t *testing.T) {
+	conf := inmemConfig(t)
+	conf.LocalID = "a"
+	gate := &termGate{InmemStore: NewInmemStore(), entered: make(chan struct{}), release: make(chan struct{})}
+	_, trans := NewInmemTransport("a")
+	r, err := NewRaft(conf, &MockFSM{}, NewInmemStore(), gate, NewInmemSnapshotStore(), trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := make(chan RPCResponse, 1)
+	go r.processHeartbeat(RPC{
+		Command:  &AppendEntriesRequest{RPCHeader: RPCHeader{ID: []byte("b"), Addr: []byte("b")}, Term: 7},
+		RespChan: resp,
+	})
+	select {
+	case <-gate.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the heartbeat did not write the term")
+	}
+	done := make(chan struct{})
+	go func() { _ = r.Shutdown().Error(); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("Shutdown returned with a heartbeat writing the stable store")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(gate.release)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the heartbeat ended")
+	}
+	<-resp
 }

@@ -1453,6 +1453,9 @@ func (r *Raft) processRPC(rpc RPC) {
 // be called from the main thread.
 func (r *Raft) processHeartbeat(rpc RPC) {
 	defer metrics.MeasureSince([]string{"raft", "rpc", "processHeartbeat"}, time.Now())
+	// policyd: held until the heartbeat is answered; Shutdown waits for it.
+	r.heartbeatLock.RLock()
+	defer r.heartbeatLock.RUnlock()
 
 	// Check if we are shutdown, just ignore the RPC
 	select {
