@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 )
 
 // Decision log defaults, applied by New to zero fields of a DecisionLog.
@@ -49,45 +51,16 @@ type DecisionLog struct {
 }
 
 // DecisionRecord is one recorded decision, as TakeDecisions' records
-// encode it (JSON, one object each).
-type DecisionRecord struct {
-	// Time is when the decision was made (Config.Clock).
-	Time time.Time `json:"time"`
-	// Org, Team and Employee name the client's identity: the claims of its
-	// token (not verified; a node that receives records is to set them
-	// from the identity it authenticated), or else Config.Scope, or
-	// Config.Employee for the feed.
-	Org           string `json:"org"`
-	Team          string `json:"team"`
-	Employee      string `json:"employee"`
-	ClientAddress string `json:"client_address"`
-	// Request is the request decided on, masked.
-	Request DecisionRequest `json:"request"`
-	// Allowed, Policy, Reason and Message are the Decision's.
-	Allowed bool   `json:"allowed"`
-	Policy  string `json:"policy,omitempty"`
-	Reason  string `json:"reason,omitempty"`
-	Message string `json:"message,omitempty"`
-	// Version is the policy-set version the decision was made with.
-	Version string `json:"version"`
-	// LatencyUS is how long the decision took, shadow policies included,
-	// in microseconds.
-	LatencyUS int64 `json:"latency_us"`
-	// ShadowDisagreements names the shadow policies that would have
-	// decided otherwise: denied an allowed request, or allowed a denied one.
-	ShadowDisagreements []string `json:"shadow_disagreements,omitempty"`
-	// Masked is true when masking removed or hashed something.
-	Masked bool `json:"masked"`
-}
+// encode it (JSON, one object each). Org, Team and Employee are the claims
+// of the client's token (not verified: the node checks them against the
+// identity it authenticated), or else Config.Scope, or Config.Employee
+// for the feed.
+type DecisionRecord = decisionsv1.Record
 
 // DecisionRequest is a recorded request: the tool call (Tool, Input)
 // and the HTTP attributes (Request.Request), masked. Object, OldObject and
 // Params are not recorded.
-type DecisionRequest struct {
-	Tool  string         `json:"tool,omitempty"`
-	Input map[string]any `json:"input,omitempty"`
-	HTTP  map[string]any `json:"http,omitempty"`
-}
+type DecisionRequest = decisionsv1.Request
 
 // DecisionLogStats are the decision log's counters since New. Every
 // decision is Recorded or SampledOut; every recorded one is, in the end,

@@ -810,11 +810,519 @@ func (x *ShadowScopeCount) GetPolicy() string {
 	return ""
 }
 
+// DecisionKey orders decision records across the cluster: by time, then
+// node, then position in the node's store.
+type DecisionKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TimeUnixNano  int64                  `protobuf:"varint,1,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Position      uint64                 `protobuf:"varint,3,opt,name=position,proto3" json:"position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionKey) Reset() {
+	*x = DecisionKey{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionKey) ProtoMessage() {}
+
+func (x *DecisionKey) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionKey.ProtoReflect.Descriptor instead.
+func (*DecisionKey) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DecisionKey) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *DecisionKey) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DecisionKey) GetPosition() uint64 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+type LocalDecisionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Org           string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Team          string                 `protobuf:"bytes,2,opt,name=team,proto3" json:"team,omitempty"`
+	Employee      string                 `protobuf:"bytes,3,opt,name=employee,proto3" json:"employee,omitempty"`
+	Policy        string                 `protobuf:"bytes,4,opt,name=policy,proto3" json:"policy,omitempty"`
+	Result        string                 `protobuf:"bytes,5,opt,name=result,proto3" json:"result,omitempty"` // "allow", "deny" or "" for both
+	SinceUnixNano int64                  `protobuf:"varint,6,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	UntilUnixNano int64                  `protobuf:"varint,7,opt,name=until_unix_nano,json=untilUnixNano,proto3" json:"until_unix_nano,omitempty"`
+	Limit         uint32                 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	Before        *DecisionKey           `protobuf:"bytes,9,opt,name=before,proto3" json:"before,omitempty"` // only records ordered before it (the cursor)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalDecisionsRequest) Reset() {
+	*x = LocalDecisionsRequest{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalDecisionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalDecisionsRequest) ProtoMessage() {}
+
+func (x *LocalDecisionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalDecisionsRequest.ProtoReflect.Descriptor instead.
+func (*LocalDecisionsRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LocalDecisionsRequest) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *LocalDecisionsRequest) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *LocalDecisionsRequest) GetEmployee() string {
+	if x != nil {
+		return x.Employee
+	}
+	return ""
+}
+
+func (x *LocalDecisionsRequest) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *LocalDecisionsRequest) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *LocalDecisionsRequest) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+func (x *LocalDecisionsRequest) GetUntilUnixNano() int64 {
+	if x != nil {
+		return x.UntilUnixNano
+	}
+	return 0
+}
+
+func (x *LocalDecisionsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LocalDecisionsRequest) GetBefore() *DecisionKey {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+type LocalDecisionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Records       [][]byte               `protobuf:"bytes,2,rep,name=records,proto3" json:"records,omitempty"` // decisionsv1.Record as JSON, newest first
+	Keys          []*DecisionKey         `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`       // keys[i] is records[i]'s
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalDecisionsResponse) Reset() {
+	*x = LocalDecisionsResponse{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalDecisionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalDecisionsResponse) ProtoMessage() {}
+
+func (x *LocalDecisionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalDecisionsResponse.ProtoReflect.Descriptor instead.
+func (*LocalDecisionsResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LocalDecisionsResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LocalDecisionsResponse) GetRecords() [][]byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *LocalDecisionsResponse) GetKeys() []*DecisionKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type LocalImpactRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*v1.RolloutChange    `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	SinceUnixNano int64                  `protobuf:"varint,2,opt,name=since_unix_nano,json=sinceUnixNano,proto3" json:"since_unix_nano,omitempty"`
+	Org           string                 `protobuf:"bytes,3,opt,name=org,proto3" json:"org,omitempty"`
+	Team          string                 `protobuf:"bytes,4,opt,name=team,proto3" json:"team,omitempty"`
+	MaxExamples   uint32                 `protobuf:"varint,5,opt,name=max_examples,json=maxExamples,proto3" json:"max_examples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalImpactRequest) Reset() {
+	*x = LocalImpactRequest{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalImpactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalImpactRequest) ProtoMessage() {}
+
+func (x *LocalImpactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalImpactRequest.ProtoReflect.Descriptor instead.
+func (*LocalImpactRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *LocalImpactRequest) GetChanges() []*v1.RolloutChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *LocalImpactRequest) GetSinceUnixNano() int64 {
+	if x != nil {
+		return x.SinceUnixNano
+	}
+	return 0
+}
+
+func (x *LocalImpactRequest) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *LocalImpactRequest) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *LocalImpactRequest) GetMaxExamples() uint32 {
+	if x != nil {
+		return x.MaxExamples
+	}
+	return 0
+}
+
+type LocalImpactResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	NodeId         string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Teams          []*ImpactCount         `protobuf:"bytes,2,rep,name=teams,proto3" json:"teams,omitempty"`
+	Masked         uint64                 `protobuf:"varint,3,opt,name=masked,proto3" json:"masked,omitempty"`                                         // evaluated records with masked fields
+	Unrecorded     uint64                 `protobuf:"varint,4,opt,name=unrecorded,proto3" json:"unrecorded,omitempty"`                                 // decisions of affected identities not logged (sampling, drops)
+	OldestUnixNano int64                  `protobuf:"varint,5,opt,name=oldest_unix_nano,json=oldestUnixNano,proto3" json:"oldest_unix_nano,omitempty"` // the oldest record the node holds, 0 if none
+	CutOff         bool                   `protobuf:"varint,6,opt,name=cut_off,json=cutOff,proto3" json:"cut_off,omitempty"`                           // the replay reached its time limit
+	Scanned        uint64                 `protobuf:"varint,7,opt,name=scanned,proto3" json:"scanned,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *LocalImpactResponse) Reset() {
+	*x = LocalImpactResponse{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalImpactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalImpactResponse) ProtoMessage() {}
+
+func (x *LocalImpactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalImpactResponse.ProtoReflect.Descriptor instead.
+func (*LocalImpactResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *LocalImpactResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *LocalImpactResponse) GetTeams() []*ImpactCount {
+	if x != nil {
+		return x.Teams
+	}
+	return nil
+}
+
+func (x *LocalImpactResponse) GetMasked() uint64 {
+	if x != nil {
+		return x.Masked
+	}
+	return 0
+}
+
+func (x *LocalImpactResponse) GetUnrecorded() uint64 {
+	if x != nil {
+		return x.Unrecorded
+	}
+	return 0
+}
+
+func (x *LocalImpactResponse) GetOldestUnixNano() int64 {
+	if x != nil {
+		return x.OldestUnixNano
+	}
+	return 0
+}
+
+func (x *LocalImpactResponse) GetCutOff() bool {
+	if x != nil {
+		return x.CutOff
+	}
+	return false
+}
+
+func (x *LocalImpactResponse) GetScanned() uint64 {
+	if x != nil {
+		return x.Scanned
+	}
+	return 0
+}
+
+// ImpactCount is one org and team's replay: examples are decisionsv1.Record
+// as JSON, masked as stored.
+type ImpactCount struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	Org                 string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Team                string                 `protobuf:"bytes,2,opt,name=team,proto3" json:"team,omitempty"`
+	Evaluated           uint64                 `protobuf:"varint,3,opt,name=evaluated,proto3" json:"evaluated,omitempty"`
+	AllowToDeny         uint64                 `protobuf:"varint,4,opt,name=allow_to_deny,json=allowToDeny,proto3" json:"allow_to_deny,omitempty"`
+	DenyToAllow         uint64                 `protobuf:"varint,5,opt,name=deny_to_allow,json=denyToAllow,proto3" json:"deny_to_allow,omitempty"`
+	Unchanged           uint64                 `protobuf:"varint,6,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
+	Errors              uint64                 `protobuf:"varint,7,opt,name=errors,proto3" json:"errors,omitempty"`
+	AllowToDenyExamples [][]byte               `protobuf:"bytes,8,rep,name=allow_to_deny_examples,json=allowToDenyExamples,proto3" json:"allow_to_deny_examples,omitempty"`
+	DenyToAllowExamples [][]byte               `protobuf:"bytes,9,rep,name=deny_to_allow_examples,json=denyToAllowExamples,proto3" json:"deny_to_allow_examples,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ImpactCount) Reset() {
+	*x = ImpactCount{}
+	mi := &file_cluster_v1_cluster_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImpactCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImpactCount) ProtoMessage() {}
+
+func (x *ImpactCount) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_v1_cluster_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImpactCount.ProtoReflect.Descriptor instead.
+func (*ImpactCount) Descriptor() ([]byte, []int) {
+	return file_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ImpactCount) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *ImpactCount) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *ImpactCount) GetEvaluated() uint64 {
+	if x != nil {
+		return x.Evaluated
+	}
+	return 0
+}
+
+func (x *ImpactCount) GetAllowToDeny() uint64 {
+	if x != nil {
+		return x.AllowToDeny
+	}
+	return 0
+}
+
+func (x *ImpactCount) GetDenyToAllow() uint64 {
+	if x != nil {
+		return x.DenyToAllow
+	}
+	return 0
+}
+
+func (x *ImpactCount) GetUnchanged() uint64 {
+	if x != nil {
+		return x.Unchanged
+	}
+	return 0
+}
+
+func (x *ImpactCount) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *ImpactCount) GetAllowToDenyExamples() [][]byte {
+	if x != nil {
+		return x.AllowToDenyExamples
+	}
+	return nil
+}
+
+func (x *ImpactCount) GetDenyToAllowExamples() [][]byte {
+	if x != nil {
+		return x.DenyToAllowExamples
+	}
+	return nil
+}
+
 var File_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x18cluster/v1/cluster.proto\x12\x12policyd.cluster.v1\x1a\x18command/v1/command.proto\"E\n" +
+	"\x18cluster/v1/cluster.proto\x12\x12policyd.cluster.v1\x1a\x18command/v1/command.proto\x1a\x18command/v1/rollout.proto\"E\n" +
 	"\fApplyRequest\x125\n" +
 	"\acommand\x18\x01 \x01(\v2\x1b.policyd.command.v1.CommandR\acommand\"C\n" +
 	"\rApplyResponse\x122\n" +
@@ -866,14 +1374,60 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\vwould_allow\x18\x03 \x01(\x04R\n" +
 	"wouldAllow\x12\x1c\n" +
 	"\tevaluated\x18\x04 \x01(\x04R\tevaluated\x12\x16\n" +
-	"\x06policy\x18\x05 \x01(\tR\x06policy2\x90\x04\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy\"h\n" +
+	"\vDecisionKey\x12$\n" +
+	"\x0etime_unix_nano\x18\x01 \x01(\x03R\ftimeUnixNano\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bposition\x18\x03 \x01(\x04R\bposition\"\xa8\x02\n" +
+	"\x15LocalDecisionsRequest\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x02 \x01(\tR\x04team\x12\x1a\n" +
+	"\bemployee\x18\x03 \x01(\tR\bemployee\x12\x16\n" +
+	"\x06policy\x18\x04 \x01(\tR\x06policy\x12\x16\n" +
+	"\x06result\x18\x05 \x01(\tR\x06result\x12&\n" +
+	"\x0fsince_unix_nano\x18\x06 \x01(\x03R\rsinceUnixNano\x12&\n" +
+	"\x0funtil_unix_nano\x18\a \x01(\x03R\runtilUnixNano\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x127\n" +
+	"\x06before\x18\t \x01(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x06before\"\x80\x01\n" +
+	"\x16LocalDecisionsResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\arecords\x18\x02 \x03(\fR\arecords\x123\n" +
+	"\x04keys\x18\x03 \x03(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x04keys\"\xc2\x01\n" +
+	"\x12LocalImpactRequest\x12;\n" +
+	"\achanges\x18\x01 \x03(\v2!.policyd.command.v1.RolloutChangeR\achanges\x12&\n" +
+	"\x0fsince_unix_nano\x18\x02 \x01(\x03R\rsinceUnixNano\x12\x10\n" +
+	"\x03org\x18\x03 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x04 \x01(\tR\x04team\x12!\n" +
+	"\fmax_examples\x18\x05 \x01(\rR\vmaxExamples\"\xfa\x01\n" +
+	"\x13LocalImpactResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x125\n" +
+	"\x05teams\x18\x02 \x03(\v2\x1f.policyd.cluster.v1.ImpactCountR\x05teams\x12\x16\n" +
+	"\x06masked\x18\x03 \x01(\x04R\x06masked\x12\x1e\n" +
+	"\n" +
+	"unrecorded\x18\x04 \x01(\x04R\n" +
+	"unrecorded\x12(\n" +
+	"\x10oldest_unix_nano\x18\x05 \x01(\x03R\x0eoldestUnixNano\x12\x17\n" +
+	"\acut_off\x18\x06 \x01(\bR\x06cutOff\x12\x18\n" +
+	"\ascanned\x18\a \x01(\x04R\ascanned\"\xb9\x02\n" +
+	"\vImpactCount\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04team\x18\x02 \x01(\tR\x04team\x12\x1c\n" +
+	"\tevaluated\x18\x03 \x01(\x04R\tevaluated\x12\"\n" +
+	"\rallow_to_deny\x18\x04 \x01(\x04R\vallowToDeny\x12\"\n" +
+	"\rdeny_to_allow\x18\x05 \x01(\x04R\vdenyToAllow\x12\x1c\n" +
+	"\tunchanged\x18\x06 \x01(\x04R\tunchanged\x12\x16\n" +
+	"\x06errors\x18\a \x01(\x04R\x06errors\x123\n" +
+	"\x16allow_to_deny_examples\x18\b \x03(\fR\x13allowToDenyExamples\x123\n" +
+	"\x16deny_to_allow_examples\x18\t \x03(\fR\x13denyToAllowExamples2\xd9\x05\n" +
 	"\aCluster\x12L\n" +
 	"\x05Apply\x12 .policyd.cluster.v1.ApplyRequest\x1a!.policyd.cluster.v1.ApplyResponse\x12X\n" +
 	"\tReadIndex\x12$.policyd.cluster.v1.ReadIndexRequest\x1a%.policyd.cluster.v1.ReadIndexResponse\x12I\n" +
 	"\x04Join\x12\x1f.policyd.cluster.v1.JoinRequest\x1a .policyd.cluster.v1.JoinResponse\x12O\n" +
 	"\x06Remove\x12!.policyd.cluster.v1.RemoveRequest\x1a\".policyd.cluster.v1.RemoveResponse\x12a\n" +
 	"\fLocalClients\x12'.policyd.cluster.v1.LocalClientsRequest\x1a(.policyd.cluster.v1.LocalClientsResponse\x12^\n" +
-	"\vLocalShadow\x12&.policyd.cluster.v1.LocalShadowRequest\x1a'.policyd.cluster.v1.LocalShadowResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
+	"\vLocalShadow\x12&.policyd.cluster.v1.LocalShadowRequest\x1a'.policyd.cluster.v1.LocalShadowResponse\x12g\n" +
+	"\x0eLocalDecisions\x12).policyd.cluster.v1.LocalDecisionsRequest\x1a*.policyd.cluster.v1.LocalDecisionsResponse\x12^\n" +
+	"\vLocalImpact\x12&.policyd.cluster.v1.LocalImpactRequest\x1a'.policyd.cluster.v1.LocalImpactResponseB5Z3github.com/policyd/policyd/api/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_cluster_v1_cluster_proto_rawDescOnce sync.Once
@@ -887,47 +1441,62 @@ func file_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_cluster_v1_cluster_proto_goTypes = []any{
-	(*ApplyRequest)(nil),         // 0: policyd.cluster.v1.ApplyRequest
-	(*ApplyResponse)(nil),        // 1: policyd.cluster.v1.ApplyResponse
-	(*ReadIndexRequest)(nil),     // 2: policyd.cluster.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),    // 3: policyd.cluster.v1.ReadIndexResponse
-	(*JoinRequest)(nil),          // 4: policyd.cluster.v1.JoinRequest
-	(*JoinResponse)(nil),         // 5: policyd.cluster.v1.JoinResponse
-	(*RemoveRequest)(nil),        // 6: policyd.cluster.v1.RemoveRequest
-	(*RemoveResponse)(nil),       // 7: policyd.cluster.v1.RemoveResponse
-	(*LocalClientsRequest)(nil),  // 8: policyd.cluster.v1.LocalClientsRequest
-	(*LocalClientsResponse)(nil), // 9: policyd.cluster.v1.LocalClientsResponse
-	(*ClientInfo)(nil),           // 10: policyd.cluster.v1.ClientInfo
-	(*LocalShadowRequest)(nil),   // 11: policyd.cluster.v1.LocalShadowRequest
-	(*LocalShadowResponse)(nil),  // 12: policyd.cluster.v1.LocalShadowResponse
-	(*ShadowScopeCount)(nil),     // 13: policyd.cluster.v1.ShadowScopeCount
-	(*v1.Command)(nil),           // 14: policyd.command.v1.Command
-	(*v1.Result)(nil),            // 15: policyd.command.v1.Result
+	(*ApplyRequest)(nil),           // 0: policyd.cluster.v1.ApplyRequest
+	(*ApplyResponse)(nil),          // 1: policyd.cluster.v1.ApplyResponse
+	(*ReadIndexRequest)(nil),       // 2: policyd.cluster.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),      // 3: policyd.cluster.v1.ReadIndexResponse
+	(*JoinRequest)(nil),            // 4: policyd.cluster.v1.JoinRequest
+	(*JoinResponse)(nil),           // 5: policyd.cluster.v1.JoinResponse
+	(*RemoveRequest)(nil),          // 6: policyd.cluster.v1.RemoveRequest
+	(*RemoveResponse)(nil),         // 7: policyd.cluster.v1.RemoveResponse
+	(*LocalClientsRequest)(nil),    // 8: policyd.cluster.v1.LocalClientsRequest
+	(*LocalClientsResponse)(nil),   // 9: policyd.cluster.v1.LocalClientsResponse
+	(*ClientInfo)(nil),             // 10: policyd.cluster.v1.ClientInfo
+	(*LocalShadowRequest)(nil),     // 11: policyd.cluster.v1.LocalShadowRequest
+	(*LocalShadowResponse)(nil),    // 12: policyd.cluster.v1.LocalShadowResponse
+	(*ShadowScopeCount)(nil),       // 13: policyd.cluster.v1.ShadowScopeCount
+	(*DecisionKey)(nil),            // 14: policyd.cluster.v1.DecisionKey
+	(*LocalDecisionsRequest)(nil),  // 15: policyd.cluster.v1.LocalDecisionsRequest
+	(*LocalDecisionsResponse)(nil), // 16: policyd.cluster.v1.LocalDecisionsResponse
+	(*LocalImpactRequest)(nil),     // 17: policyd.cluster.v1.LocalImpactRequest
+	(*LocalImpactResponse)(nil),    // 18: policyd.cluster.v1.LocalImpactResponse
+	(*ImpactCount)(nil),            // 19: policyd.cluster.v1.ImpactCount
+	(*v1.Command)(nil),             // 20: policyd.command.v1.Command
+	(*v1.Result)(nil),              // 21: policyd.command.v1.Result
+	(*v1.RolloutChange)(nil),       // 22: policyd.command.v1.RolloutChange
 }
 var file_cluster_v1_cluster_proto_depIdxs = []int32{
-	14, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
-	15, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
+	20, // 0: policyd.cluster.v1.ApplyRequest.command:type_name -> policyd.command.v1.Command
+	21, // 1: policyd.cluster.v1.ApplyResponse.result:type_name -> policyd.command.v1.Result
 	10, // 2: policyd.cluster.v1.LocalClientsResponse.clients:type_name -> policyd.cluster.v1.ClientInfo
 	13, // 3: policyd.cluster.v1.LocalShadowResponse.scopes:type_name -> policyd.cluster.v1.ShadowScopeCount
-	0,  // 4: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
-	2,  // 5: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
-	4,  // 6: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
-	6,  // 7: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
-	8,  // 8: policyd.cluster.v1.Cluster.LocalClients:input_type -> policyd.cluster.v1.LocalClientsRequest
-	11, // 9: policyd.cluster.v1.Cluster.LocalShadow:input_type -> policyd.cluster.v1.LocalShadowRequest
-	1,  // 10: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
-	3,  // 11: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
-	5,  // 12: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
-	7,  // 13: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
-	9,  // 14: policyd.cluster.v1.Cluster.LocalClients:output_type -> policyd.cluster.v1.LocalClientsResponse
-	12, // 15: policyd.cluster.v1.Cluster.LocalShadow:output_type -> policyd.cluster.v1.LocalShadowResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	14, // 4: policyd.cluster.v1.LocalDecisionsRequest.before:type_name -> policyd.cluster.v1.DecisionKey
+	14, // 5: policyd.cluster.v1.LocalDecisionsResponse.keys:type_name -> policyd.cluster.v1.DecisionKey
+	22, // 6: policyd.cluster.v1.LocalImpactRequest.changes:type_name -> policyd.command.v1.RolloutChange
+	19, // 7: policyd.cluster.v1.LocalImpactResponse.teams:type_name -> policyd.cluster.v1.ImpactCount
+	0,  // 8: policyd.cluster.v1.Cluster.Apply:input_type -> policyd.cluster.v1.ApplyRequest
+	2,  // 9: policyd.cluster.v1.Cluster.ReadIndex:input_type -> policyd.cluster.v1.ReadIndexRequest
+	4,  // 10: policyd.cluster.v1.Cluster.Join:input_type -> policyd.cluster.v1.JoinRequest
+	6,  // 11: policyd.cluster.v1.Cluster.Remove:input_type -> policyd.cluster.v1.RemoveRequest
+	8,  // 12: policyd.cluster.v1.Cluster.LocalClients:input_type -> policyd.cluster.v1.LocalClientsRequest
+	11, // 13: policyd.cluster.v1.Cluster.LocalShadow:input_type -> policyd.cluster.v1.LocalShadowRequest
+	15, // 14: policyd.cluster.v1.Cluster.LocalDecisions:input_type -> policyd.cluster.v1.LocalDecisionsRequest
+	17, // 15: policyd.cluster.v1.Cluster.LocalImpact:input_type -> policyd.cluster.v1.LocalImpactRequest
+	1,  // 16: policyd.cluster.v1.Cluster.Apply:output_type -> policyd.cluster.v1.ApplyResponse
+	3,  // 17: policyd.cluster.v1.Cluster.ReadIndex:output_type -> policyd.cluster.v1.ReadIndexResponse
+	5,  // 18: policyd.cluster.v1.Cluster.Join:output_type -> policyd.cluster.v1.JoinResponse
+	7,  // 19: policyd.cluster.v1.Cluster.Remove:output_type -> policyd.cluster.v1.RemoveResponse
+	9,  // 20: policyd.cluster.v1.Cluster.LocalClients:output_type -> policyd.cluster.v1.LocalClientsResponse
+	12, // 21: policyd.cluster.v1.Cluster.LocalShadow:output_type -> policyd.cluster.v1.LocalShadowResponse
+	16, // 22: policyd.cluster.v1.Cluster.LocalDecisions:output_type -> policyd.cluster.v1.LocalDecisionsResponse
+	18, // 23: policyd.cluster.v1.Cluster.LocalImpact:output_type -> policyd.cluster.v1.LocalImpactResponse
+	16, // [16:24] is the sub-list for method output_type
+	8,  // [8:16] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_cluster_v1_cluster_proto_init() }
@@ -941,7 +1510,7 @@ func file_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_v1_cluster_proto_rawDesc), len(file_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,12 +23,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Apply_FullMethodName        = "/policyd.cluster.v1.Cluster/Apply"
-	Cluster_ReadIndex_FullMethodName    = "/policyd.cluster.v1.Cluster/ReadIndex"
-	Cluster_Join_FullMethodName         = "/policyd.cluster.v1.Cluster/Join"
-	Cluster_Remove_FullMethodName       = "/policyd.cluster.v1.Cluster/Remove"
-	Cluster_LocalClients_FullMethodName = "/policyd.cluster.v1.Cluster/LocalClients"
-	Cluster_LocalShadow_FullMethodName  = "/policyd.cluster.v1.Cluster/LocalShadow"
+	Cluster_Apply_FullMethodName          = "/policyd.cluster.v1.Cluster/Apply"
+	Cluster_ReadIndex_FullMethodName      = "/policyd.cluster.v1.Cluster/ReadIndex"
+	Cluster_Join_FullMethodName           = "/policyd.cluster.v1.Cluster/Join"
+	Cluster_Remove_FullMethodName         = "/policyd.cluster.v1.Cluster/Remove"
+	Cluster_LocalClients_FullMethodName   = "/policyd.cluster.v1.Cluster/LocalClients"
+	Cluster_LocalShadow_FullMethodName    = "/policyd.cluster.v1.Cluster/LocalShadow"
+	Cluster_LocalDecisions_FullMethodName = "/policyd.cluster.v1.Cluster/LocalDecisions"
+	Cluster_LocalImpact_FullMethodName    = "/policyd.cluster.v1.Cluster/LocalImpact"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -52,6 +54,12 @@ type ClusterClient interface {
 	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
 	// and GET /v1/rollouts/{id} sum every member's.
 	LocalShadow(ctx context.Context, in *LocalShadowRequest, opts ...grpc.CallOption) (*LocalShadowResponse, error)
+	// LocalDecisions returns the receiving node's own decision records that
+	// match, newest first; GET /v1/decisions asks every member and merges.
+	LocalDecisions(ctx context.Context, in *LocalDecisionsRequest, opts ...grpc.CallOption) (*LocalDecisionsResponse, error)
+	// LocalImpact replays the receiving node's own decision records against
+	// a change set; POST /v1/impact asks every member and sums.
+	LocalImpact(ctx context.Context, in *LocalImpactRequest, opts ...grpc.CallOption) (*LocalImpactResponse, error)
 }
 
 type clusterClient struct {
@@ -122,6 +130,26 @@ func (c *clusterClient) LocalShadow(ctx context.Context, in *LocalShadowRequest,
 	return out, nil
 }
 
+func (c *clusterClient) LocalDecisions(ctx context.Context, in *LocalDecisionsRequest, opts ...grpc.CallOption) (*LocalDecisionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LocalDecisionsResponse)
+	err := c.cc.Invoke(ctx, Cluster_LocalDecisions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *clusterClient) LocalImpact(ctx context.Context, in *LocalImpactRequest, opts ...grpc.CallOption) (*LocalImpactResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LocalImpactResponse)
+	err := c.cc.Invoke(ctx, Cluster_LocalImpact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -143,6 +171,12 @@ type ClusterServer interface {
 	// named policies, per policy and scope; GET /v1/policies/{name}/shadow
 	// and GET /v1/rollouts/{id} sum every member's.
 	LocalShadow(context.Context, *LocalShadowRequest) (*LocalShadowResponse, error)
+	// LocalDecisions returns the receiving node's own decision records that
+	// match, newest first; GET /v1/decisions asks every member and merges.
+	LocalDecisions(context.Context, *LocalDecisionsRequest) (*LocalDecisionsResponse, error)
+	// LocalImpact replays the receiving node's own decision records against
+	// a change set; POST /v1/impact asks every member and sums.
+	LocalImpact(context.Context, *LocalImpactRequest) (*LocalImpactResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -170,6 +204,12 @@ func (UnimplementedClusterServer) LocalClients(context.Context, *LocalClientsReq
 }
 func (UnimplementedClusterServer) LocalShadow(context.Context, *LocalShadowRequest) (*LocalShadowResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LocalShadow not implemented")
+}
+func (UnimplementedClusterServer) LocalDecisions(context.Context, *LocalDecisionsRequest) (*LocalDecisionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LocalDecisions not implemented")
+}
+func (UnimplementedClusterServer) LocalImpact(context.Context, *LocalImpactRequest) (*LocalImpactResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LocalImpact not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -300,6 +340,42 @@ func _Cluster_LocalShadow_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_LocalDecisions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LocalDecisionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).LocalDecisions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_LocalDecisions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).LocalDecisions(ctx, req.(*LocalDecisionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Cluster_LocalImpact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LocalImpactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).LocalImpact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_LocalImpact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).LocalImpact(ctx, req.(*LocalImpactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -330,6 +406,14 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "LocalShadow",
 			Handler:    _Cluster_LocalShadow_Handler,
+		},
+		{
+			MethodName: "LocalDecisions",
+			Handler:    _Cluster_LocalDecisions_Handler,
+		},
+		{
+			MethodName: "LocalImpact",
+			Handler:    _Cluster_LocalImpact_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

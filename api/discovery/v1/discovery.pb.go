@@ -637,6 +637,187 @@ func (*ShadowReportResponse) Descriptor() ([]byte, []int) {
 	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{9}
 }
 
+// DecisionBatch is a sidecar's decision records since its previous batch.
+type DecisionBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientAddress string                 `protobuf:"bytes,1,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
+	Records       [][]byte               `protobuf:"bytes,2,rep,name=records,proto3" json:"records,omitempty"` // each a JSON object, decisionsv1.Record
+	Dropped       *DecisionDrops         `protobuf:"bytes,3,opt,name=dropped,proto3" json:"dropped,omitempty"` // since the previous batch the node took
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionBatch) Reset() {
+	*x = DecisionBatch{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionBatch) ProtoMessage() {}
+
+func (x *DecisionBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionBatch.ProtoReflect.Descriptor instead.
+func (*DecisionBatch) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DecisionBatch) GetClientAddress() string {
+	if x != nil {
+		return x.ClientAddress
+	}
+	return ""
+}
+
+func (x *DecisionBatch) GetRecords() [][]byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *DecisionBatch) GetDropped() *DecisionDrops {
+	if x != nil {
+		return x.Dropped
+	}
+	return nil
+}
+
+type DecisionDrops struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SampledOut    uint64                 `protobuf:"varint,1,opt,name=sampled_out,json=sampledOut,proto3" json:"sampled_out,omitempty"`
+	BufferFull    uint64                 `protobuf:"varint,2,opt,name=buffer_full,json=bufferFull,proto3" json:"buffer_full,omitempty"`
+	RateLimited   uint64                 `protobuf:"varint,3,opt,name=rate_limited,json=rateLimited,proto3" json:"rate_limited,omitempty"`
+	MaskFailed    uint64                 `protobuf:"varint,4,opt,name=mask_failed,json=maskFailed,proto3" json:"mask_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionDrops) Reset() {
+	*x = DecisionDrops{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionDrops) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionDrops) ProtoMessage() {}
+
+func (x *DecisionDrops) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionDrops.ProtoReflect.Descriptor instead.
+func (*DecisionDrops) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DecisionDrops) GetSampledOut() uint64 {
+	if x != nil {
+		return x.SampledOut
+	}
+	return 0
+}
+
+func (x *DecisionDrops) GetBufferFull() uint64 {
+	if x != nil {
+		return x.BufferFull
+	}
+	return 0
+}
+
+func (x *DecisionDrops) GetRateLimited() uint64 {
+	if x != nil {
+		return x.RateLimited
+	}
+	return 0
+}
+
+func (x *DecisionDrops) GetMaskFailed() uint64 {
+	if x != nil {
+		return x.MaskFailed
+	}
+	return 0
+}
+
+type DecisionBatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Accepted      uint32                 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	Refused       uint32                 `protobuf:"varint,2,opt,name=refused,proto3" json:"refused,omitempty"` // not kept: invalid, or another identity's
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecisionBatchResponse) Reset() {
+	*x = DecisionBatchResponse{}
+	mi := &file_discovery_v1_discovery_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecisionBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecisionBatchResponse) ProtoMessage() {}
+
+func (x *DecisionBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_discovery_v1_discovery_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecisionBatchResponse.ProtoReflect.Descriptor instead.
+func (*DecisionBatchResponse) Descriptor() ([]byte, []int) {
+	return file_discovery_v1_discovery_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DecisionBatchResponse) GetAccepted() uint32 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
+func (x *DecisionBatchResponse) GetRefused() uint32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
 var File_discovery_v1_discovery_proto protoreflect.FileDescriptor
 
 const file_discovery_v1_discovery_proto_rawDesc = "" +
@@ -686,11 +867,27 @@ const file_discovery_v1_discovery_proto_rawDesc = "" +
 	"\vwould_allow\x18\x03 \x01(\x04R\n" +
 	"wouldAllow\x12\x1c\n" +
 	"\tevaluated\x18\x04 \x01(\x04R\tevaluated\"\x16\n" +
-	"\x14ShadowReportResponse2\xcf\x02\n" +
+	"\x14ShadowReportResponse\"\x8f\x01\n" +
+	"\rDecisionBatch\x12%\n" +
+	"\x0eclient_address\x18\x01 \x01(\tR\rclientAddress\x12\x18\n" +
+	"\arecords\x18\x02 \x03(\fR\arecords\x12=\n" +
+	"\adropped\x18\x03 \x01(\v2#.policyd.discovery.v1.DecisionDropsR\adropped\"\x95\x01\n" +
+	"\rDecisionDrops\x12\x1f\n" +
+	"\vsampled_out\x18\x01 \x01(\x04R\n" +
+	"sampledOut\x12\x1f\n" +
+	"\vbuffer_full\x18\x02 \x01(\x04R\n" +
+	"bufferFull\x12!\n" +
+	"\frate_limited\x18\x03 \x01(\x04R\vrateLimited\x12\x1f\n" +
+	"\vmask_failed\x18\x04 \x01(\x04R\n" +
+	"maskFailed\"M\n" +
+	"\x15DecisionBatchResponse\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\rR\baccepted\x12\x18\n" +
+	"\arefused\x18\x02 \x01(\rR\arefused2\xb4\x03\n" +
 	"\x16PolicyDiscoveryService\x12q\n" +
 	"\x0eStreamPolicies\x12,.policyd.discovery.v1.PolicyDiscoveryRequest\x1a-.policyd.discovery.v1.PolicyDiscoveryResponse(\x010\x01\x12b\n" +
 	"\vHealthCheck\x12(.policyd.discovery.v1.HealthCheckRequest\x1a).policyd.discovery.v1.HealthCheckResponse\x12^\n" +
-	"\fReportShadow\x12\".policyd.discovery.v1.ShadowReport\x1a*.policyd.discovery.v1.ShadowReportResponseB9Z7github.com/policyd/policyd/api/discovery/v1;discoveryv1b\x06proto3"
+	"\fReportShadow\x12\".policyd.discovery.v1.ShadowReport\x1a*.policyd.discovery.v1.ShadowReportResponse\x12c\n" +
+	"\x0fReportDecisions\x12#.policyd.discovery.v1.DecisionBatch\x1a+.policyd.discovery.v1.DecisionBatchResponseB9Z7github.com/policyd/policyd/api/discovery/v1;discoveryv1b\x06proto3"
 
 var (
 	file_discovery_v1_discovery_proto_rawDescOnce sync.Once
@@ -704,7 +901,7 @@ func file_discovery_v1_discovery_proto_rawDescGZIP() []byte {
 	return file_discovery_v1_discovery_proto_rawDescData
 }
 
-var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_discovery_v1_discovery_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*Scope)(nil),                   // 0: policyd.discovery.v1.Scope
 	(*ErrorDetail)(nil),             // 1: policyd.discovery.v1.ErrorDetail
@@ -716,26 +913,32 @@ var file_discovery_v1_discovery_proto_goTypes = []any{
 	(*ShadowReport)(nil),            // 7: policyd.discovery.v1.ShadowReport
 	(*ShadowCount)(nil),             // 8: policyd.discovery.v1.ShadowCount
 	(*ShadowReportResponse)(nil),    // 9: policyd.discovery.v1.ShadowReportResponse
-	nil,                             // 10: policyd.discovery.v1.Policy.LabelsEntry
+	(*DecisionBatch)(nil),           // 10: policyd.discovery.v1.DecisionBatch
+	(*DecisionDrops)(nil),           // 11: policyd.discovery.v1.DecisionDrops
+	(*DecisionBatchResponse)(nil),   // 12: policyd.discovery.v1.DecisionBatchResponse
+	nil,                             // 13: policyd.discovery.v1.Policy.LabelsEntry
 }
 var file_discovery_v1_discovery_proto_depIdxs = []int32{
 	1,  // 0: policyd.discovery.v1.PolicyDiscoveryRequest.error_detail:type_name -> policyd.discovery.v1.ErrorDetail
 	0,  // 1: policyd.discovery.v1.PolicyDiscoveryRequest.scope:type_name -> policyd.discovery.v1.Scope
 	0,  // 2: policyd.discovery.v1.Policy.scope:type_name -> policyd.discovery.v1.Scope
-	10, // 3: policyd.discovery.v1.Policy.labels:type_name -> policyd.discovery.v1.Policy.LabelsEntry
+	13, // 3: policyd.discovery.v1.Policy.labels:type_name -> policyd.discovery.v1.Policy.LabelsEntry
 	3,  // 4: policyd.discovery.v1.PolicyDiscoveryResponse.policies:type_name -> policyd.discovery.v1.Policy
 	8,  // 5: policyd.discovery.v1.ShadowReport.counts:type_name -> policyd.discovery.v1.ShadowCount
-	2,  // 6: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:input_type -> policyd.discovery.v1.PolicyDiscoveryRequest
-	5,  // 7: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:input_type -> policyd.discovery.v1.HealthCheckRequest
-	7,  // 8: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:input_type -> policyd.discovery.v1.ShadowReport
-	4,  // 9: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:output_type -> policyd.discovery.v1.PolicyDiscoveryResponse
-	6,  // 10: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:output_type -> policyd.discovery.v1.HealthCheckResponse
-	9,  // 11: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:output_type -> policyd.discovery.v1.ShadowReportResponse
-	9,  // [9:12] is the sub-list for method output_type
-	6,  // [6:9] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	11, // 6: policyd.discovery.v1.DecisionBatch.dropped:type_name -> policyd.discovery.v1.DecisionDrops
+	2,  // 7: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:input_type -> policyd.discovery.v1.PolicyDiscoveryRequest
+	5,  // 8: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:input_type -> policyd.discovery.v1.HealthCheckRequest
+	7,  // 9: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:input_type -> policyd.discovery.v1.ShadowReport
+	10, // 10: policyd.discovery.v1.PolicyDiscoveryService.ReportDecisions:input_type -> policyd.discovery.v1.DecisionBatch
+	4,  // 11: policyd.discovery.v1.PolicyDiscoveryService.StreamPolicies:output_type -> policyd.discovery.v1.PolicyDiscoveryResponse
+	6,  // 12: policyd.discovery.v1.PolicyDiscoveryService.HealthCheck:output_type -> policyd.discovery.v1.HealthCheckResponse
+	9,  // 13: policyd.discovery.v1.PolicyDiscoveryService.ReportShadow:output_type -> policyd.discovery.v1.ShadowReportResponse
+	12, // 14: policyd.discovery.v1.PolicyDiscoveryService.ReportDecisions:output_type -> policyd.discovery.v1.DecisionBatchResponse
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_discovery_v1_discovery_proto_init() }
@@ -749,7 +952,7 @@ func file_discovery_v1_discovery_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_discovery_v1_discovery_proto_rawDesc), len(file_discovery_v1_discovery_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

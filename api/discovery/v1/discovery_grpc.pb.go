@@ -24,9 +24,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PolicyDiscoveryService_StreamPolicies_FullMethodName = "/policyd.discovery.v1.PolicyDiscoveryService/StreamPolicies"
-	PolicyDiscoveryService_HealthCheck_FullMethodName    = "/policyd.discovery.v1.PolicyDiscoveryService/HealthCheck"
-	PolicyDiscoveryService_ReportShadow_FullMethodName   = "/policyd.discovery.v1.PolicyDiscoveryService/ReportShadow"
+	PolicyDiscoveryService_StreamPolicies_FullMethodName  = "/policyd.discovery.v1.PolicyDiscoveryService/StreamPolicies"
+	PolicyDiscoveryService_HealthCheck_FullMethodName     = "/policyd.discovery.v1.PolicyDiscoveryService/HealthCheck"
+	PolicyDiscoveryService_ReportShadow_FullMethodName    = "/policyd.discovery.v1.PolicyDiscoveryService/ReportShadow"
+	PolicyDiscoveryService_ReportDecisions_FullMethodName = "/policyd.discovery.v1.PolicyDiscoveryService/ReportDecisions"
 )
 
 // PolicyDiscoveryServiceClient is the client API for PolicyDiscoveryService service.
@@ -38,6 +39,13 @@ type PolicyDiscoveryServiceClient interface {
 	// ReportShadow takes a client's shadow-policy counts since its last
 	// report (docs/rollouts.md). Same authentication as StreamPolicies.
 	ReportShadow(ctx context.Context, in *ShadowReport, opts ...grpc.CallOption) (*ShadowReportResponse, error)
+	// ReportDecisions ships a batch of the sidecar's decision records to the
+	// node its stream is on (docs/decisions.md). InvalidArgument: the batch
+	// is over its caps (refused whole); FailedPrecondition: no stream of the
+	// client here; ResourceExhausted: over the sidecar's rate, send it again
+	// later. Records of another identity than the stream's are refused one
+	// by one and counted in the response.
+	ReportDecisions(ctx context.Context, in *DecisionBatch, opts ...grpc.CallOption) (*DecisionBatchResponse, error)
 }
 
 type policyDiscoveryServiceClient struct {
@@ -81,6 +89,16 @@ func (c *policyDiscoveryServiceClient) ReportShadow(ctx context.Context, in *Sha
 	return out, nil
 }
 
+func (c *policyDiscoveryServiceClient) ReportDecisions(ctx context.Context, in *DecisionBatch, opts ...grpc.CallOption) (*DecisionBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DecisionBatchResponse)
+	err := c.cc.Invoke(ctx, PolicyDiscoveryService_ReportDecisions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PolicyDiscoveryServiceServer is the server API for PolicyDiscoveryService service.
 // All implementations must embed UnimplementedPolicyDiscoveryServiceServer
 // for forward compatibility.
@@ -90,6 +108,13 @@ type PolicyDiscoveryServiceServer interface {
 	// ReportShadow takes a client's shadow-policy counts since its last
 	// report (docs/rollouts.md). Same authentication as StreamPolicies.
 	ReportShadow(context.Context, *ShadowReport) (*ShadowReportResponse, error)
+	// ReportDecisions ships a batch of the sidecar's decision records to the
+	// node its stream is on (docs/decisions.md). InvalidArgument: the batch
+	// is over its caps (refused whole); FailedPrecondition: no stream of the
+	// client here; ResourceExhausted: over the sidecar's rate, send it again
+	// later. Records of another identity than the stream's are refused one
+	// by one and counted in the response.
+	ReportDecisions(context.Context, *DecisionBatch) (*DecisionBatchResponse, error)
 	mustEmbedUnimplementedPolicyDiscoveryServiceServer()
 }
 
@@ -108,6 +133,9 @@ func (UnimplementedPolicyDiscoveryServiceServer) HealthCheck(context.Context, *H
 }
 func (UnimplementedPolicyDiscoveryServiceServer) ReportShadow(context.Context, *ShadowReport) (*ShadowReportResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportShadow not implemented")
+}
+func (UnimplementedPolicyDiscoveryServiceServer) ReportDecisions(context.Context, *DecisionBatch) (*DecisionBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportDecisions not implemented")
 }
 func (UnimplementedPolicyDiscoveryServiceServer) mustEmbedUnimplementedPolicyDiscoveryServiceServer() {
 }
@@ -174,6 +202,24 @@ func _PolicyDiscoveryService_ReportShadow_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PolicyDiscoveryService_ReportDecisions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DecisionBatch)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PolicyDiscoveryServiceServer).ReportDecisions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PolicyDiscoveryService_ReportDecisions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PolicyDiscoveryServiceServer).ReportDecisions(ctx, req.(*DecisionBatch))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PolicyDiscoveryService_ServiceDesc is the grpc.ServiceDesc for PolicyDiscoveryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -188,6 +234,10 @@ var PolicyDiscoveryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportShadow",
 			Handler:    _PolicyDiscoveryService_ReportShadow_Handler,
+		},
+		{
+			MethodName: "ReportDecisions",
+			Handler:    _PolicyDiscoveryService_ReportDecisions_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -57,6 +57,10 @@ const (
 	// CapabilityShadow: the client evaluates shadow policies without
 	// enforcing them.
 	CapabilityShadow = "shadow"
+	// CapabilityDecisionLog: the client records decisions and would ship
+	// them as decision_log messages (decisionsv1.Batch) to a server whose
+	// init says it takes them (Init.DecisionLog).
+	CapabilityDecisionLog = "decision_log"
 )
 
 // Close codes beyond RFC 6455's. Of RFC 6455's, a client also sees 1001
@@ -120,6 +124,9 @@ type Init struct {
 	// Digest is the scoped policy-set version, the same
 	// value the discovery stream calls version_info.
 	Digest string `json:"digest"`
+	// DecisionLog is true when the server takes decision_log messages; set
+	// only for a client that declared CapabilityDecisionLog.
+	DecisionLog bool `json:"decision_log,omitempty"`
 }
 
 // Upsert says a policy now applies to the connection, new or changed.
@@ -165,4 +172,6 @@ type Message struct {
 	Version    uint64   `json:"version,omitempty"`
 	Digest     string   `json:"digest,omitempty"`
 	Reason     string   `json:"reason,omitempty"`
+	// DecisionLog is Init's.
+	DecisionLog bool `json:"decision_log,omitempty"`
 }
