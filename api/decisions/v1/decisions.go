@@ -72,7 +72,7 @@ const TypeDecisionLog = "decision_log"
 
 // Batch is the feed's decision_log message: the records as JSON objects.
 type Batch struct {
-	Type    string `json:"type"` // TypeDecisionLog
+	Type    string            `json:"type"` // TypeDecisionLog
 	Records []json.RawMessage `json:"records"`
 	Dropped Drops             `json:"dropped"`
 }
