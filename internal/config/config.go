@@ -38,6 +38,7 @@ type Config struct {
 	Reload     Reload     `mapstructure:"reload"`
 	Drift      Drift      `mapstructure:"drift"`
 	Sources    Sources    `mapstructure:"sources"`
+	Decisions  Decisions  `mapstructure:"decisions"`
 }
 
 // TLS is one listener's (or the Raft transport's) certificate set. Empty
@@ -329,6 +330,8 @@ func Default() Config {
 			AnnotationPrefix: "policyd.io",
 		},
 		Sources: Sources{Debounce: 100 * time.Millisecond, MaxPruneRatio: 0.5},
+		Decisions: Decisions{Enabled: true, Retention: 24 * time.Hour, MaxBytes: 1 << 30,
+			ExportMaxBytes: 100 << 20, MaxRecordsPerSecond: 2000},
 		Drift: Drift{
 			MaxConnections:   1024,
 			AnnotationPrefix: "policyd.io",

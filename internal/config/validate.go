@@ -72,6 +72,7 @@ func (c *Config) Validate() error {
 	c.validateTLS(&p)
 	c.validateReload(&p)
 	c.validateSources(&p)
+	c.validateDecisions(&p)
 	c.validateDrift(&p)
 
 	seenKinds := map[string]int{}

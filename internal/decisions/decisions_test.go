@@ -82,6 +82,9 @@ func open(t testing.TB, dir string, cfg Config, l *logs) *Store {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	// Records are stamped from base: a wall clock would age them past
+	// Retention and rotation would prune them.
+	s.now = func() time.Time { return base }
 	t.Cleanup(func() { s.Close() })
 	return s
 }
