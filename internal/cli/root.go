@@ -79,6 +79,7 @@ func rootCommand() *cobra.Command {
 		eventsCommand(cl),
 		clusterCommand(cl),
 		clientsCommand(cl),
+		decisionsCommand(cl),
 		proxyStatusCommand(cl),
 		rolloutCommand(cl),
 		reloadCommand(cl),

@@ -21,6 +21,10 @@ type Cursor struct {
 	off int64
 }
 
+// Position orders the records of one store: a record written later has a
+// greater position, so a query can break ties between equal times.
+func (c Cursor) Position() uint64 { return c.seg<<40 | uint64(c.off) }
+
 // cursorVersion opens an encoded cursor, so the encoding can change.
 const cursorVersion = 1
 

@@ -37,6 +37,7 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/reload"
 	"github.com/policyd/policyd/internal/server/adminapi"
+	"github.com/policyd/policyd/internal/server/decisionlog"
 	"github.com/policyd/policyd/internal/server/discovery"
 	"github.com/policyd/policyd/internal/server/feed"
 	"github.com/policyd/policyd/internal/server/limits"
@@ -103,6 +104,10 @@ type Node struct {
 
 	// shadow aggregates this node's sidecars' shadow reports.
 	shadow *shadow.Aggregator
+	// decisions keeps this node's sidecars' decision records; nil when
+	// decisions.enabled is false. masker hides identities from read tokens.
+	decisions *decisionlog.Log
+	masker    *decisionlog.Masker
 	// settings are what SIGHUP may change at run time (settings.go).
 	settings settings
 
@@ -200,14 +205,18 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	if n.shadow, err = shadow.New(shadow.Config{}, logger.With("component", "shadow"), id, reg); err != nil {
 		return nil, err
 	}
+	if err = n.setupDecisions(); err != nil {
+		return nil, err
+	}
 	if err = n.Setup(raftnode.Deps{
 		Validator: n.validator, Keys: n.keys, TLS: n.tls.raft, Conns: raftConns,
 		Addrs: func() (string, string) {
 			return advertised(cfg.HTTP.Advertise, n.httpLn), advertised(cfg.GRPC.Advertise, n.grpcLn)
 		},
-		LocalClients: proxystatus.Local{NodeID: id, Clients: n.localClients}.LocalClients,
-		LocalShadow:  n.shadow.LocalShadow,
-		DropSidecars: func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
+		LocalClients:   proxystatus.Local{NodeID: id, Clients: n.localClients}.LocalClients,
+		LocalShadow:    n.shadow.LocalShadow,
+		LocalDecisions: n.localDecisions,
+		DropSidecars:   func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
 		ServerOptions: []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxGRPCMessage),
 			grpc.StaticStreamWindowSize(grpcStreamWindow),
@@ -224,13 +233,13 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 	caughtUp := n.NewReadGate()
 	if n.discovery, err = discovery.New(cfg.Discovery, logger.With("component", "discovery"), discovery.Deps{
 		NodeID: id, LeaderID: n.LeaderID, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg,
-		CaughtUp: caughtUp, Shadow: n.shadow, Refusal: n.refusal,
+		CaughtUp: caughtUp, Shadow: n.shadow, Decisions: n.decisions, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
 	if n.feed, err = feed.New(cfg.Feed, logger.With("component", "feed"), feed.Deps{
 		NodeID: id, Store: n.store, Policies: n.policies, Verifier: n.verifier, Registry: reg, CaughtUp: caughtUp,
-		OwnWrites: n.ReadOwnWrites, Shadow: n.shadow, Refusal: n.refusal,
+		OwnWrites: n.ReadOwnWrites, Shadow: n.shadow, Decisions: n.decisions, Refusal: n.refusal,
 	}); err != nil {
 		return nil, err
 	}
@@ -377,6 +386,11 @@ func (n *Node) release(closeRaft func() error) error {
 	}
 	if n.changes != nil {
 		n.changes.Close()
+	}
+	if n.decisions != nil {
+		if err := n.decisions.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("decision log: %w", err))
+		}
 	}
 	if n.verifier != nil {
 		if err := n.verifier.Close(); err != nil {

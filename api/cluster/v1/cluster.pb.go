@@ -981,10 +981,13 @@ func (x *LocalDecisionsRequest) GetBefore() *DecisionKey {
 }
 
 type LocalDecisionsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Records       [][]byte               `protobuf:"bytes,2,rep,name=records,proto3" json:"records,omitempty"` // decisionsv1.Record as JSON, newest first
-	Keys          []*DecisionKey         `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`       // keys[i] is records[i]'s
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Records [][]byte               `protobuf:"bytes,2,rep,name=records,proto3" json:"records,omitempty"` // decisionsv1.Record as JSON, newest first
+	Keys    []*DecisionKey         `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty"`       // keys[i] is records[i]'s
+	// more: the node holds matching records older than the last key (the
+	// limit or the answer's byte budget cut it short).
+	More          bool `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1038,6 +1041,13 @@ func (x *LocalDecisionsResponse) GetKeys() []*DecisionKey {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *LocalDecisionsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 type LocalImpactRequest struct {
@@ -1388,11 +1398,12 @@ const file_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0fsince_unix_nano\x18\x06 \x01(\x03R\rsinceUnixNano\x12&\n" +
 	"\x0funtil_unix_nano\x18\a \x01(\x03R\runtilUnixNano\x12\x14\n" +
 	"\x05limit\x18\b \x01(\rR\x05limit\x127\n" +
-	"\x06before\x18\t \x01(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x06before\"\x80\x01\n" +
+	"\x06before\x18\t \x01(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x06before\"\x94\x01\n" +
 	"\x16LocalDecisionsResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\arecords\x18\x02 \x03(\fR\arecords\x123\n" +
-	"\x04keys\x18\x03 \x03(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x04keys\"\xc2\x01\n" +
+	"\x04keys\x18\x03 \x03(\v2\x1f.policyd.cluster.v1.DecisionKeyR\x04keys\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xc2\x01\n" +
 	"\x12LocalImpactRequest\x12;\n" +
 	"\achanges\x18\x01 \x03(\v2!.policyd.command.v1.RolloutChangeR\achanges\x12&\n" +
 	"\x0fsince_unix_nano\x18\x02 \x01(\x03R\rsinceUnixNano\x12\x10\n" +

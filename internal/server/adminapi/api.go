@@ -65,6 +65,7 @@ type Backend interface {
 	reloadStatuser
 	shadowCounter
 	sourcer
+	decisionReader
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -173,6 +174,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("GET /v1/policies/{name}/revisions/{rev}", auth.RoleRead, policies.revisionHandler(a))
 	a.route("POST /v1/policies/{name}/revert", auth.RoleAdmin, policies.revertHandler(a))
 	a.routeShadow()
+	a.routeDecisions()
 
 	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
 	a.route("GET /v1/employees/{id}", auth.RoleRead, employees.getHandler(a))
@@ -252,22 +254,24 @@ func (a *API) route(pattern string, need auth.Role, h handlerFunc) {
 			return
 		}
 		var tokenName string
+		role := auth.RoleAdmin // auth off: everything is open
 		if tok, ok := auth.TokenFrom(r.Context()); ok && need >= 0 {
 			// The console authenticated its session in process.
 			if err := tok.Allows(need); err != nil {
 				a.writeError(sw, r, err)
 				return
 			}
-			tokenName = tok.Name
+			tokenName, role = tok.Name, tok.Role
 		} else if tokens := a.tokens.Load(); need >= 0 && tokens != nil {
 			tok, err := tokens.Authorize(r.Header.Get("Authorization"), need)
 			if err != nil {
 				a.writeError(sw, r, err)
 				return
 			}
-			tokenName = tok.Name
+			tokenName, role = tok.Name, tok.Role
 		}
-		r = r.WithContext(context.WithValue(r.Context(), ctxActor, actorOf(r, tokenName)))
+		ctx := context.WithValue(r.Context(), ctxActor, actorOf(r, tokenName))
+		r = r.WithContext(context.WithValue(ctx, ctxRole, role))
 		if err := checkText(r, params); err != nil {
 			a.writeError(sw, r, err)
 			return

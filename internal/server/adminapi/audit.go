@@ -19,6 +19,7 @@ type ctxKey int
 const (
 	ctxRequestID ctxKey = iota
 	ctxActor
+	ctxRole // the caller's auth.Role; admin when auth is off
 )
 
 // withRequestID sets the request's id on the response and in its context.

@@ -19,6 +19,7 @@ import (
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/raftfsm"
 	"github.com/policyd/policyd/internal/reload"
@@ -55,8 +56,11 @@ type fakeBackend struct {
 	clients     []*clusterv1.ClientInfo
 	unreachable []string
 	shadow      []*clusterv1.ShadowScopeCount
-	reload      reload.Status
-	leader      string
+	// decisionReqs records each Decisions call and whether it was masked.
+	decisionReqs []decisionCall
+	masked       bool
+	reload       reload.Status
+	leader       string
 }
 
 // newFake returns a fake over an empty store, closed when the test (or
@@ -225,6 +229,23 @@ func (f *fakeBackend) ShadowCounts(_ context.Context, names []string) ([]*cluste
 	}
 	return out, f.unreachable, nil
 }
+
+type decisionCall struct {
+	req  *clusterv1.LocalDecisionsRequest
+	mask bool
+}
+
+func (f *fakeBackend) Decisions(_ context.Context, req *clusterv1.LocalDecisionsRequest, mask bool) (*decisionsv1.Page, error) {
+	if err := f.call("Decisions"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.decisionReqs = append(f.decisionReqs, decisionCall{req, mask})
+	f.mu.Unlock()
+	return &decisionsv1.Page{Records: []decisionsv1.Record{}, Unavailable: f.unreachable}, nil
+}
+
+func (f *fakeBackend) DecisionsMasked() bool { return f.masked }
 
 // TransferLeadership is the optional leaderTransferer: it hands the lead
 // to id, or to "n2" when id is "".

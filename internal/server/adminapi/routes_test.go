@@ -183,6 +183,18 @@ var routeTests = map[string]routeTest{
 		{name: "no counts", target: "/v1/policies/p1/shadow", verify: bodyHas(`"evaluated":0`)},
 	}},
 
+	"GET /v1/decisions": {ok: check{target: "/v1/decisions?org=acme&result=deny&since=1h&limit=10", verify: bodyHas(`"records":[]`)}, via: "Decisions", checks: []check{
+		{name: "unknown result", target: "/v1/decisions?result=maybe", status: 400, code: "invalid", mention: "result"},
+		{name: "since neither time nor duration", target: "/v1/decisions?since=yesterday", status: 400, code: "invalid", mention: "since"},
+		{name: "negative duration", target: "/v1/decisions?since=-1h", status: 400, code: "invalid", mention: "since"},
+		{name: "until before since", target: "/v1/decisions?since=2026-12-04T10:00:00Z&until=2026-12-04T09:00:00Z", status: 400, code: "invalid", mention: "until"},
+		{name: "limit over the cap", target: "/v1/decisions?limit=1001", status: 400, code: "invalid", mention: "limit"},
+		{name: "limit zero", target: "/v1/decisions?limit=0", status: 400, code: "invalid", mention: "limit"},
+		{name: "cursor not ours", target: "/v1/decisions?cursor=%3Cscript%3E", status: 400, code: "invalid", mention: "cursor"},
+		{name: "employee twice", target: "/v1/decisions?employee=a&employee=b", status: 400, code: "invalid", mention: "employee"},
+		{name: "unreachable named", setup: func(_ *testing.T, f *fakeBackend) { f.unreachable = []string{"n3"} }, target: "/v1/decisions", verify: bodyHas(`"unavailable":["n3"]`)},
+	}},
+
 	"GET /v1/employees": {ok: check{target: "/v1/employees?org=acme", verify: bodyHas(`"id":"alice"`)}, local: true},
 	"GET /v1/employees/{id}": {ok: check{target: "/v1/employees/alice", verify: etag(2)}, local: true, checks: []check{
 		{name: "bad id", target: "/v1/employees/-alice", status: 400, code: "invalid", mention: "id"},

@@ -30,6 +30,7 @@ import (
 	"github.com/policyd/policyd/internal/auth"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
+	"github.com/policyd/policyd/internal/server/decisionlog"
 	"github.com/policyd/policyd/internal/server/grpccodec"
 	"github.com/policyd/policyd/internal/server/policyset"
 	"github.com/policyd/policyd/internal/server/shadow"
@@ -58,6 +59,9 @@ type Deps struct {
 	// Shadow takes the sidecars' shadow reports (ReportShadow); nil:
 	// refused as Unimplemented.
 	Shadow *shadow.Aggregator
+	// Decisions takes the sidecars' decision records (ReportDecisions);
+	// nil: the node keeps none and says Unimplemented.
+	Decisions *decisionlog.Log
 	// Refusal is why the node sends sidecars elsewhere now ("" when it
 	// serves them). It is checked as a stream registers, under the lock
 	// DropAll takes, so that a stream set up while the node stops serving

@@ -27,15 +27,7 @@ func (s *Service) ReportShadow(ctx context.Context, req *discoveryv1.ShadowRepor
 		return nil, statusOf(err)
 	}
 	addr := req.GetClientAddress()
-	s.mu.Lock()
-	var st *stream
-	for cand := range s.byAddr[addr] {
-		if cand.employee == who.employee {
-			st = cand
-			break
-		}
-	}
-	s.mu.Unlock()
+	st := s.streamOf(addr, who.employee)
 	if st == nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "no discovery stream of client %.128q on this node", addr)
 	}
@@ -70,4 +62,17 @@ func (s *Service) ReportShadow(ctx context.Context, req *discoveryv1.ShadowRepor
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	return &discoveryv1.ShadowReportResponse{}, nil
+}
+
+// streamOf is the stream client addr holds on this node as employee, or
+// nil: a report is taken only from a sidecar this node serves.
+func (s *Service) streamOf(addr, employee string) *stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for cand := range s.byAddr[addr] {
+		if cand.employee == employee {
+			return cand
+		}
+	}
+	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/policyset"
@@ -89,6 +90,9 @@ func newConn(h *Hub, ws *websocket.Conn, w *wire, peer string, ident policy.Iden
 	limit := h.cfg.MaxMessageBytes
 	if caps.Shadow {
 		limit = max(limit, maxShadowReportBytes)
+	}
+	if caps.DecisionLog && h.deps.Decisions != nil {
+		limit = max(limit, maxDecisionLogBytes)
 	}
 	ws.SetReadLimit(limit)
 	return c
@@ -348,16 +352,17 @@ func (c *conn) readable() {
 	go c.readTask()
 }
 
-// clientMessage is what a client may send: {"type":"pong"}, or a
-// shadow_report (feedv1.ShadowReport).
+// clientMessage is what a client may send: {"type":"pong"}, a
+// shadow_report (feedv1.ShadowReport) or, when invited, a decision_log
+// (decisionsv1.Batch).
 type clientMessage struct {
 	Type string `json:"type"`
 }
 
 // readTask reads the client's messages: while polled, until the client is
 // between messages and the socket holds nothing more; otherwise until the
-// connection ends. Only pong and shadow_report are accepted; anything else
-// closes the connection.
+// connection ends. Only pong, shadow_report and an invited decision_log
+// are accepted; anything else closes the connection.
 func (c *conn) readTask() {
 	rearm := false
 	for {
@@ -370,14 +375,17 @@ func (c *conn) readTask() {
 			c.readFailed(err)
 			break
 		}
-		report, code, reason, ok := classifyFrame(typ, data)
+		fr, code, reason, ok := classifyFrame(typ, data, c.h.takesDecisions(c))
 		if !ok {
 			c.closeWith(code, reason, nil)
 			break
 		}
 		c.lastPong.Store(time.Now().UnixNano())
-		if report != nil {
-			c.h.shadowReport(c, report)
+		switch {
+		case fr.shadow != nil:
+			c.h.shadowReport(c, fr.shadow)
+		case fr.decisions != nil:
+			c.h.decisionLog(c, fr.decisions)
 		}
 	}
 	c.mu.Lock()
@@ -398,42 +406,62 @@ func (c *conn) readTask() {
 	}
 }
 
-// classifyFrame decides what a frame the client sent means: ok for a pong
-// or a shadow_report (report set), otherwise the close code and reason to
-// end the connection with. It is pure (no connection, no clock) so that the
+// readFrame is a frame classifyFrame accepted: a pong (both nil), a
+// shadow report or a decision batch.
+type readFrame struct {
+	shadow    *feedv1.ShadowReport
+	decisions *decisionsv1.Batch
+}
+
+// classifyFrame decides what a frame the client sent means: ok for a pong,
+// a shadow_report or, when decisions is true (the connection was invited),
+// a decision_log; otherwise the close code and reason to end the
+// connection with. It is pure (no connection, no clock) so that the
 // decoding of untrusted frames can be fuzzed apart from the socket;
 // readTask is its only caller. The reason already fits a close frame. A
-// well-formed report's counts are checked by the node's aggregate (shadow),
-// which ignores and counts bad ones without closing.
-func classifyFrame(typ websocket.MessageType, data []byte) (report *feedv1.ShadowReport, code websocket.StatusCode, reason string, ok bool) {
+// well-formed report's counts and a batch's records are checked by the
+// node's aggregate and decision log, which ignore and count bad ones
+// without closing.
+func classifyFrame(typ websocket.MessageType, data []byte, decisions bool) (fr readFrame, code websocket.StatusCode, reason string, ok bool) {
 	if typ != websocket.MessageText {
-		return nil, websocket.StatusUnsupportedData, "binary frames are not accepted", false
+		return fr, websocket.StatusUnsupportedData, "binary frames are not accepted", false
 	}
 	// A text frame must be UTF-8 (RFC 6455), and encoding/json would take
 	// invalid bytes and lone surrogate escapes for U+FFFD.
 	if err := utf8field.JSON(data); err != nil {
-		return nil, feedv1.CloseInvalidMessage, truncateReason(err.Error()), false
+		return fr, feedv1.CloseInvalidMessage, truncateReason(err.Error()), false
 	}
 	if !utf8.Valid(data) {
-		return nil, feedv1.CloseInvalidMessage, "message is not valid UTF-8", false
+		return fr, feedv1.CloseInvalidMessage, "message is not valid UTF-8", false
 	}
 	var m clientMessage
 	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, feedv1.CloseInvalidMessage, "invalid JSON message", false
+		return fr, feedv1.CloseInvalidMessage, "invalid JSON message", false
 	}
 	switch m.Type {
 	case feedv1.TypePong:
-		return nil, 0, "", true
+		return fr, 0, "", true
 	case feedv1.TypeShadowReport:
 		var r feedv1.ShadowReport
 		if err := json.Unmarshal(data, &r); err != nil {
-			return nil, feedv1.CloseInvalidMessage, "invalid shadow_report message", false
+			return fr, feedv1.CloseInvalidMessage, "invalid shadow_report message", false
 		}
-		return &r, 0, "", true
+		fr.shadow = &r
+		return fr, 0, "", true
+	case decisionsv1.TypeDecisionLog:
+		if !decisions {
+			break
+		}
+		var b decisionsv1.Batch
+		if err := json.Unmarshal(data, &b); err != nil {
+			return fr, feedv1.CloseInvalidMessage, "invalid decision_log message", false
+		}
+		fr.decisions = &b
+		return fr, 0, "", true
 	}
 	// The type is the client's text, of any length: cut here too, not
 	// only in closeWith, so the result stands on its own.
-	return nil, feedv1.CloseInvalidMessage, truncateReason(fmt.Sprintf("unexpected message type %q", m.Type)), false
+	return fr, feedv1.CloseInvalidMessage, truncateReason(fmt.Sprintf("unexpected message type %q", m.Type)), false
 }
 
 // readFailed turns the error that ended a read into the close.

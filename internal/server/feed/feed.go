@@ -22,6 +22,7 @@ import (
 	"github.com/policyd/policyd/internal/auth"
 	"github.com/policyd/policyd/internal/config"
 	"github.com/policyd/policyd/internal/policy"
+	"github.com/policyd/policyd/internal/server/decisionlog"
 	"github.com/policyd/policyd/internal/server/policyset"
 	"github.com/policyd/policyd/internal/server/shadow"
 	"github.com/policyd/policyd/internal/store"
@@ -77,6 +78,10 @@ type Deps struct {
 	// Shadow takes the connections' shadow reports; nil: they are read
 	// and dropped.
 	Shadow *shadow.Aggregator
+	// Decisions takes the decision_log messages of connections that
+	// declared the capability; nil: init does not invite them, and one
+	// sent anyway closes the connection.
+	Decisions *decisionlog.Log
 	// Refusal is why the node sends sidecars elsewhere now ("" when it
 	// serves them). It is checked as a connection attaches, under the
 	// lock DropAll takes, so that a connection upgraded while the node
@@ -118,7 +123,7 @@ type Hub struct {
 	byOrg      map[string]connSet
 	byTeam     map[teamKey]connSet
 	byEmployee map[string]connSet
-	initCache  map[*policyset.Set][]byte
+	initCache  map[initKey][]byte
 
 	// poll watches the sockets of idle connections; created with the
 	// first connection, closed by CloseAll. pollFailed: it could not be
@@ -164,7 +169,7 @@ func New(cfg config.Feed, logger *slog.Logger, deps Deps) (*Hub, error) {
 		byOrg:      map[string]connSet{},
 		byTeam:     map[teamKey]connSet{},
 		byEmployee: map[string]connSet{},
-		initCache:  map[*policyset.Set][]byte{},
+		initCache:  map[initKey][]byte{},
 		closedDone: make(chan struct{}),
 	}, nil
 }
@@ -619,7 +624,7 @@ func (h *Hub) enqueueLocked(c *conn, m outMsg) bool {
 // sendInitLocked queues a fresh init of the set c is to be served.
 func (h *Hub) sendInitLocked(c *conn, at time.Time) {
 	set := h.setLocked(c)
-	m, err := h.initLocked(set, at)
+	m, err := h.initLocked(set, h.takesDecisions(c), at)
 	if err != nil {
 		h.failLocked(c, err)
 		return
@@ -630,18 +635,26 @@ func (h *Hub) sendInitLocked(c *conn, at time.Time) {
 	}
 }
 
+// initKey is what an init message is made of: the set, and whether it
+// invites decision_log messages.
+type initKey struct {
+	set       *policyset.Set
+	decisions bool
+}
+
 // initLocked builds the init message of set.
-func (h *Hub) initLocked(set *policyset.Set, at time.Time) (outMsg, error) {
-	data, ok := h.initCache[set]
+func (h *Hub) initLocked(set *policyset.Set, decisions bool, at time.Time) (outMsg, error) {
+	key := initKey{set, decisions}
+	data, ok := h.initCache[key]
 	if !ok {
 		var err error
-		if data, err = encodeInit(set); err != nil {
+		if data, err = encodeInit(set, decisions); err != nil {
 			return outMsg{}, err
 		}
 		if len(h.initCache) >= initCacheSize {
 			clear(h.initCache)
 		}
-		h.initCache[set] = data
+		h.initCache[key] = data
 	}
 	return outMsg{data: data, digest: set.Version, at: at, policy: true}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/google/go-cmp/cmp"
 
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 	"github.com/policyd/policyd/internal/server/apierror"
 	"github.com/policyd/policyd/internal/utf8field"
@@ -25,9 +26,9 @@ import (
 //	go test ./internal/server/feed/ -run '^$' -fuzz '^FuzzHandshake$' -fuzztime 60s
 
 // FuzzClientFrame feeds arbitrary frames to classifyFrame, the decoder of
-// everything a client sends: it never panics, accepts exactly a pong or a
-// well-formed shadow_report whose text is valid UTF-8 (handing back the
-// report encoding/json reads), and any other frame gets the documented
+// everything a client sends: it never panics, accepts exactly a pong, a
+// well-formed shadow_report or an invited decision_log whose text is valid
+// UTF-8 (handing back what encoding/json reads), and any other frame gets the documented
 // close code (1003 for binary, 4400 otherwise) with a reason that fits a
 // close frame.
 func FuzzClientFrame(f *testing.F) {
@@ -68,6 +69,10 @@ func FuzzClientFrame(f *testing.F) {
 		`{"type":"shadow_report","counts":[{"policy":1}]}`,
 		`{"type":"shadow_report","counts":[null,{"POLICY":"p","Evaluated":2}]}`,
 		`{"type":"shadow_report","counts":"x"}`,
+		`{"type":"decision_log","records":[{"time":"2026-12-04T10:00:00Z","allowed":true}],"dropped":{"buffer_full":2}}`,
+		`{"type":"decision_log","records":[]}`,
+		`{"type":"decision_log","records":"x"}`,
+		`{"type":"decision_log","dropped":{"sampled_out":-1}}`,
 		`{"type":"Shadow_Report","counts":[]}`,
 	} {
 		f.Add(false, []byte(text))
@@ -79,41 +84,54 @@ func FuzzClientFrame(f *testing.F) {
 		if binary {
 			typ = websocket.MessageBinary
 		}
-		report, code, reason, ok := classifyFrame(typ, data)
-		// utf8field.JSON is fuzzed against an oracle of its own.
-		msgType := messageType(data)
-		var wantReport feedv1.ShadowReport
-		isReport := msgType == feedv1.TypeShadowReport && json.Unmarshal(data, &wantReport) == nil
-		if want := !binary && (msgType == feedv1.TypePong || isReport) && utf8field.JSON(data) == nil; ok != want {
-			t.Fatalf("classifyFrame(%v, %q) ok = %v, want %v (close %d %q)", typ, data, ok, want, code, reason)
-		}
-		if ok {
-			if code != 0 || reason != "" {
-				t.Fatalf("accepted %q with close %d %q", data, code, reason)
-			}
-			switch {
-			case isReport && report == nil:
-				t.Fatalf("shadow_report %q accepted without its report", data)
-			case isReport:
-				if diff := cmp.Diff(&wantReport, report); diff != "" {
-					t.Fatalf("shadow_report %q decoded (-encoding/json +classifyFrame):\n%s", data, diff)
-				}
-			case report != nil:
-				t.Fatalf("pong %q came with a report %v", data, report)
-			}
-			return
-		}
-		wantCode := websocket.StatusCode(feedv1.CloseInvalidMessage)
-		if binary {
-			wantCode = websocket.StatusUnsupportedData
-		}
-		if code != wantCode {
-			t.Fatalf("classifyFrame(%v, %q) close code %d, want %d", typ, data, code, wantCode)
-		}
-		if reason == "" || len(reason) > maxReasonBytes || !utf8.ValidString(reason) {
-			t.Fatalf("close reason %q (%d bytes) does not fit a close frame", reason, len(reason))
+		for _, invited := range []bool{false, true} {
+			checkFrame(t, typ, data, invited)
 		}
 	})
+}
+
+// checkFrame is FuzzClientFrame's oracle for one frame, with and without a
+// decision_log invitation.
+func checkFrame(t *testing.T, typ websocket.MessageType, data []byte, invited bool) {
+	binary := typ == websocket.MessageBinary
+	fr, code, reason, ok := classifyFrame(typ, data, invited)
+	// utf8field.JSON is fuzzed against an oracle of its own.
+	msgType := messageType(data)
+	var wantReport feedv1.ShadowReport
+	isReport := msgType == feedv1.TypeShadowReport && json.Unmarshal(data, &wantReport) == nil
+	var wantBatch decisionsv1.Batch
+	isBatch := invited && msgType == decisionsv1.TypeDecisionLog && json.Unmarshal(data, &wantBatch) == nil
+	if want := !binary && (msgType == feedv1.TypePong || isReport || isBatch) && utf8field.JSON(data) == nil; ok != want {
+		t.Fatalf("classifyFrame(%v, %q, %v) ok = %v, want %v (close %d %q)", typ, data, invited, ok, want, code, reason)
+	}
+	if ok {
+		if code != 0 || reason != "" {
+			t.Fatalf("accepted %q with close %d %q", data, code, reason)
+		}
+		switch {
+		case isReport:
+			if diff := cmp.Diff(&wantReport, fr.shadow); diff != "" {
+				t.Fatalf("shadow_report %q decoded (-encoding/json +classifyFrame):\n%s", data, diff)
+			}
+		case isBatch:
+			if diff := cmp.Diff(&wantBatch, fr.decisions); diff != "" {
+				t.Fatalf("decision_log %q decoded (-encoding/json +classifyFrame):\n%s", data, diff)
+			}
+		case fr != (readFrame{}):
+			t.Fatalf("pong %q came with %+v", data, fr)
+		}
+		return
+	}
+	wantCode := websocket.StatusCode(feedv1.CloseInvalidMessage)
+	if binary {
+		wantCode = websocket.StatusUnsupportedData
+	}
+	if code != wantCode {
+		t.Fatalf("classifyFrame(%v, %q) close code %d, want %d", typ, data, code, wantCode)
+	}
+	if reason == "" || len(reason) > maxReasonBytes || !utf8.ValidString(reason) {
+		t.Fatalf("close reason %q (%d bytes) does not fit a close frame", reason, len(reason))
+	}
 }
 
 // messageType is the fuzz oracle for a message's type, written apart from

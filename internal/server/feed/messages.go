@@ -94,13 +94,15 @@ func wireScope(s feedv1.Scope) policy.Scope {
 	return policy.Scope{Org: s.Org, Team: s.Team, Employee: s.Employee}
 }
 
-// encodeInit encodes the init message of a set.
-func encodeInit(set *policyset.Set) ([]byte, error) {
+// encodeInit encodes the init message of a set; decisions invites
+// decision_log messages.
+func encodeInit(set *policyset.Set, decisions bool) ([]byte, error) {
 	m := feedv1.Init{
-		Type:     feedv1.TypeInit,
-		Policies: make([]feedv1.Policy, 0, len(set.Policies)),
-		Version:  set.Index,
-		Digest:   set.Version,
+		Type:        feedv1.TypeInit,
+		Policies:    make([]feedv1.Policy, 0, len(set.Policies)),
+		Version:     set.Index,
+		Digest:      set.Version,
+		DecisionLog: decisions,
 	}
 	for _, rp := range set.Policies {
 		m.Policies = append(m.Policies, *wirePolicy(rp.Policy))

@@ -19,8 +19,9 @@ import (
 // Capabilities a client may declare, on the discovery stream
 // (PolicyDiscoveryRequest.capabilities) and the feed (?capabilities=).
 const (
-	CapRollouts = feedv1.CapabilityRollouts
-	CapShadow   = feedv1.CapabilityShadow
+	CapRollouts    = feedv1.CapabilityRollouts
+	CapShadow      = feedv1.CapabilityShadow
+	CapDecisionLog = feedv1.CapabilityDecisionLog
 )
 
 // maxEnded bounds how many ended rollouts the index remembers for ChangedSince.
@@ -32,6 +33,9 @@ type Caps struct {
 	Rollouts bool
 	// Shadow: the client evaluates shadow policies without enforcing them.
 	Shadow bool
+	// DecisionLog: the client records decisions and ships them on the
+	// feed (gRPC clients call ReportDecisions and need not declare it).
+	DecisionLog bool
 }
 
 // ParseCaps reads declared capabilities; unknown values are ignored, so that
@@ -44,6 +48,8 @@ func ParseCaps(values []string) Caps {
 			c.Rollouts = true
 		case CapShadow:
 			c.Shadow = true
+		case CapDecisionLog:
+			c.DecisionLog = true
 		}
 	}
 	return c
@@ -57,6 +63,9 @@ func (c Caps) List() []string {
 	}
 	if c.Shadow {
 		out = append(out, CapShadow)
+	}
+	if c.DecisionLog {
+		out = append(out, CapDecisionLog)
 	}
 	return out
 }

@@ -350,6 +350,16 @@ func (s *clusterService) LocalClients(ctx context.Context, req *clusterv1.LocalC
 // peerQueryTimeout bounds how long a cluster-wide view waits for one member.
 const peerQueryTimeout = 2 * time.Second
 
+// peerQueryContext bounds one member's call: by ctx's own deadline when the
+// caller set one (an impact replay is given its time limit), else by
+// peerQueryTimeout.
+func peerQueryContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, peerQueryTimeout)
+}
+
 // newPeerServer is the node-to-node API's gRPC server, on the peer plane
 // only (docs/security.md).
 func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Server {
@@ -360,9 +370,9 @@ func newPeerServer(s clusterv1.ClusterServer, opts []grpc.ServerOption) *grpc.Se
 
 // AskMembers asks every other member of the Raft configuration over the
 // peer API, for a cluster-wide view: ask runs once per member, in parallel
-// and each within peerQueryTimeout, and AskMembers returns once every call
-// has. The members whose call failed (what names the question in the log)
-// come back sorted.
+// and each within peerQueryContext's bound, and AskMembers returns once
+// every call has. The members whose call failed (what names the question
+// in the log) come back sorted.
 func (n *Node) AskMembers(ctx context.Context, what string, ask func(ctx context.Context, c clusterv1.ClusterClient) error) ([]string, error) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
@@ -383,7 +393,7 @@ func (n *Node) AskMembers(ctx context.Context, what string, ask func(ctx context
 	answers := make(chan answer, len(asks))
 	for _, id := range asks {
 		go func() {
-			ctx, cancel := context.WithTimeout(ctx, peerQueryTimeout)
+			ctx, cancel := peerQueryContext(ctx)
 			defer cancel()
 			c, err := n.peers.client(addrs[id])
 			if err != nil {

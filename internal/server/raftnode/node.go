@@ -62,6 +62,11 @@ type Deps struct {
 	// the packages that own the views implement them (proxystatus, shadow).
 	LocalClients func(context.Context, *clusterv1.LocalClientsRequest) (*clusterv1.LocalClientsResponse, error)
 	LocalShadow  func(context.Context, *clusterv1.LocalShadowRequest) (*clusterv1.LocalShadowResponse, error)
+	// LocalDecisions and LocalImpact answer a member's query of this
+	// node's decision log and its part of an impact replay (decisionlog);
+	// nil: the node keeps no decisions and answers with none.
+	LocalDecisions func(context.Context, *clusterv1.LocalDecisionsRequest) (*clusterv1.LocalDecisionsResponse, error)
+	LocalImpact    func(context.Context, *clusterv1.LocalImpactRequest) (*clusterv1.LocalImpactResponse, error)
 	// DropSidecars closes every sidecar stream with reason, once this node
 	// is removed from the cluster or finds its data dir belongs to another
 	// cluster, and says how many it closed.
