@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +43,15 @@ func celPolicy(name, expr string) client.Policy {
 // Team a/broken gets a candidate that does not compile, team a/cel one
 // whose expression fails on a tool call without input.path.
 var (
-	baseline  = []client.Policy{toolPolicy("no-rm", `rm -rf`)}
-	candidate = []client.Policy{toolPolicy("no-sudo", `^sudo`)}
+	baseline = []client.Policy{
+		toolPolicy("no-rm", `rm -rf`),
+		celPolicy("no-delete", `!has(request.method) || request.method != "DELETE"`),
+	}
+	candidate = []client.Policy{
+		toolPolicy("no-sudo", `^sudo`),
+		celPolicy("no-delete", `!has(request.method) || request.method != "DELETE"`),
+		celPolicy("no-halt", `!has(input.command) || input.command != "halt"`),
+	}
 )
 
 // testSets is the SetsFunc of the test sets; calls counts its calls.
@@ -60,7 +68,7 @@ func (s *testSets) sets(org, team, employee string) (base, cand []client.Policy,
 		return baseline, []client.Policy{celPolicy("path", `input.path.startsWith("/tmp")`)}, true
 	case team == "labels":
 		// Changed, but not in what decides: the same compiled set.
-		relabelled := []client.Policy{baseline[0]}
+		relabelled := slices.Clone(baseline)
 		relabelled[0].Labels = map[string]string{"x": "y"}
 		return baseline, relabelled, true
 	}
