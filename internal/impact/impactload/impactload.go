@@ -24,7 +24,8 @@ const (
 	Teams        = 10 // per org
 	Employees    = 100
 	AffectedOrgs = 8 // org-0 … org-7
-	// DropEvery is how often an entry is an Unrecorded one, not a decision.
+	// DropEvery is how often an entry is an Unrecorded one (drop counts),
+	// not a decision.
 	DropEvery = 1000
 )
 
@@ -53,7 +54,7 @@ func Record(i int, start time.Time) []byte {
 		Transport:     "grpc",
 		LatencyUS:     int64(20 + i%50),
 	}
-	if i%DropEvery == DropEvery-1 {
+	if i%DropEvery == (i/DropEvery)%Orgs { // one per DropEvery, each org in turn
 		r.Unrecorded = &decisionsv1.Drops{SampledOut: 90, BufferFull: uint64(i % 3)}
 		return mustJSON(r)
 	}
