@@ -32,6 +32,9 @@ const (
 	// MaxExamplesLimit caps what a request may ask: records are up to
 	// 64 KiB each and held until the answer is sent.
 	MaxExamplesLimit = 100
+	// DefaultMaxExampleBytes bounds the examples of one answer, whatever
+	// the number of teams, well under the peer plane's 4 MiB messages.
+	DefaultMaxExampleBytes = 1 << 20
 )
 
 // maxIdentities and maxSets bound the caches; past them a cache starts
@@ -53,6 +56,9 @@ type Options struct {
 	// and per direction; 0: DefaultMaxExamples, negative: none. At most
 	// MaxExamplesLimit.
 	MaxExamples int
+	// MaxExampleBytes bounds the examples' bytes over all teams; past it
+	// no more are kept (the counts go on). 0: DefaultMaxExampleBytes.
+	MaxExampleBytes int
 	// Deadline, when set, ends the replay (as ctx's end does) with the
 	// counts so far and cut_off set.
 	Deadline time.Time
@@ -98,6 +104,9 @@ func Replay(ctx context.Context, opts Options, scan ScanFunc, sets SetsFunc) (*c
 		opts.MaxExamples = 0
 	}
 	opts.MaxExamples = min(opts.MaxExamples, MaxExamplesLimit)
+	if opts.MaxExampleBytes <= 0 {
+		opts.MaxExampleBytes = DefaultMaxExampleBytes
+	}
 	r := &replay{
 		ctx:   ctx,
 		opts:  opts,
@@ -146,6 +155,8 @@ type replay struct {
 	ids   map[identity]*identitySets
 	evals map[[sha256.Size]byte]*compiled
 	teams map[teamKey]*clusterv1.ImpactCount
+	// exampleBytes is what the examples kept so far hold.
+	exampleBytes int
 }
 
 // errBadRecord is the error of a record that decodes but is not one.
@@ -327,10 +338,11 @@ func (r *replay) evaluate(rec *decisionsv1.Record, data []byte, ids *identitySet
 	return true
 }
 
-// example appends a copy of data to list if it has room.
+// example appends a copy of data to list if it and the answer have room.
 func (r *replay) example(list [][]byte, data []byte) [][]byte {
-	if len(list) >= r.opts.MaxExamples {
+	if len(list) >= r.opts.MaxExamples || r.exampleBytes+len(data) > r.opts.MaxExampleBytes {
 		return list
 	}
+	r.exampleBytes += len(data)
 	return append(list, bytes.Clone(data))
 }

@@ -182,6 +182,16 @@ func TestReplay(t *testing.T) {
 			}},
 		},
 		{
+			name: "example bytes capped over all teams",
+			opts: Options{MaxExampleBytes: len(rmA) + len(rmU)},
+			// rmA and rmU fill the budget: sudoA is counted, not kept.
+			records: [][]byte{rmA, rmU, sudoA},
+			want: &clusterv1.LocalImpactResponse{NodeId: "n1", Scanned: 3, Masked: 1, OldestUnixNano: oldest, Teams: []*clusterv1.ImpactCount{
+				count("a", "t", &clusterv1.ImpactCount{Evaluated: 2, AllowToDeny: 1, DenyToAllow: 1, DenyToAllowExamples: [][]byte{rmA}}),
+				count("a", "u", &clusterv1.ImpactCount{Evaluated: 1, DenyToAllow: 1, DenyToAllowExamples: [][]byte{rmU}}),
+			}},
+		},
+		{
 			name:    "no examples",
 			opts:    Options{MaxExamples: -1},
 			records: [][]byte{rmA},
