@@ -67,6 +67,7 @@ func scenarios() []scenario {
 		authzScenario(),
 		sourcesScenario(),
 		consoleScenario(),
+		impactScenario(),
 		suiteScenario(),
 	}
 }

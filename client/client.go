@@ -259,7 +259,7 @@ func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, bl
 	if v.block != "" {
 		return v.block, true
 	}
-	r := c.toolDeny(v.rules, tool, input)
+	r := toolDeny(c.logger, v.rules, tool, input)
 	if v.shadow != nil {
 		shadowTools(v.shadow, tool, input, r == nil, nil)
 	}
@@ -271,7 +271,7 @@ func (c *Client) IsBlocked(tool string, input map[string]any) (reason string, bl
 
 // toolDeny returns the first deny rule of rs matching the call, or nil after
 // logging the audit rules that match it.
-func (c *Client) toolDeny(rs *ruleSet, tool string, input map[string]any) *rule {
+func toolDeny(logger *slog.Logger, rs *ruleSet, tool string, input map[string]any) *rule {
 	tr := rs.rulesFor(tool)
 	if len(tr.deny) == 0 && len(tr.audit) == 0 {
 		return nil
@@ -282,12 +282,12 @@ func (c *Client) toolDeny(rs *ruleSet, tool string, input map[string]any) *rule 
 			return r
 		}
 	}
-	if len(tr.audit) == 0 || !c.logger.Enabled(context.Background(), slog.LevelInfo) {
+	if len(tr.audit) == 0 || !logger.Enabled(context.Background(), slog.LevelInfo) {
 		return nil
 	}
 	for _, r := range tr.audit {
 		if r.matches(&in) {
-			c.logger.Info("audit: tool call matched policy", "policy", r.name, "tool", tool, "reason", r.reason)
+			logger.Info("audit: tool call matched policy", "policy", r.name, "tool", tool, "reason", r.reason)
 		}
 	}
 	return nil
@@ -467,11 +467,7 @@ func (c *Client) install(set []Policy, version string, index uint64, full bool, 
 	prev, prevValidators, prevShadow := c.rules, c.validators, c.shadow
 	c.mu.Unlock()
 	enforced, shadowSet := splitShadow(set)
-	rules, err := compileRules(enforced, prev)
-	var validators []*validator
-	if err == nil {
-		validators, err = c.cel.compileValidators(enforced, prevValidators)
-	}
+	rules, validators, err := c.cel.compileEnforced(enforced, prev, prevValidators)
 	var shadow []*shadowPolicy
 	if err == nil && len(shadowSet) > 0 {
 		shadow, err = c.compileShadow(shadowSet, prevShadow)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/cel-go/cel"
@@ -63,6 +65,21 @@ func newCELCompiler(costLimit uint64, extra ...cel.EnvOption) (*celCompiler, err
 		return nil, err
 	}
 	return &celCompiler{env: env, costLimit: costLimit}, nil
+}
+
+// compileEnforced compiles the enforced policies of a set (sorted by name),
+// reusing from prevRules and prevValidators what has not changed: what a
+// Client installs and an Evaluator holds.
+func (cc *celCompiler) compileEnforced(enforced []Policy, prevRules *ruleSet, prevValidators []*validator) (*ruleSet, []*validator, error) {
+	rules, err := compileRules(enforced, prevRules)
+	if err != nil {
+		return nil, nil, err
+	}
+	validators, err := cc.compileValidators(enforced, prevValidators)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rules, validators, nil
 }
 
 // compileValidators compiles the ValidatingPolicies of set (sorted by name),
@@ -193,7 +210,7 @@ func (c *Client) Evaluate(ctx context.Context, req Request) Decision {
 	}
 	v := c.view.Load()
 	in := &celInput{req: &req}
-	d := c.evaluate(ctx, v, in)
+	d := evaluate(ctx, v, in, c.logger, &c.evalErrors)
 	if v.shadow != nil && v.block == "" {
 		c.shadowEvaluate(ctx, v.shadow, in, d.Allowed, nil)
 	}
@@ -206,7 +223,7 @@ func (c *Client) evaluateRecorded(ctx context.Context, req *Request) Decision {
 	start := time.Now()
 	v := c.view.Load()
 	in := &celInput{req: req}
-	d := c.evaluate(ctx, v, in)
+	d := evaluate(ctx, v, in, c.logger, &c.evalErrors)
 	keep := c.dlog.keep(d.Allowed)
 	var now time.Time
 	if keep {
@@ -254,14 +271,16 @@ func (in *celInput) activation() (interpreter.Activation, error) {
 	return in.vars, in.err
 }
 
-// evaluate is Evaluate's decision with the enforced policies of v.
-func (c *Client) evaluate(ctx context.Context, v *view, in *celInput) Decision {
+// evaluate is the decision of the enforced policies of v, for Client.Evaluate
+// and Evaluator alike: logger gets the audit rules that match, errs counts
+// the evaluation errors that deny.
+func evaluate(ctx context.Context, v *view, in *celInput, logger *slog.Logger, errs *atomic.Uint64) Decision {
 	if v.block != "" {
 		return Decision{Message: v.block}
 	}
 	req := in.req
 	if req.Tool != "" {
-		if r := c.toolDeny(v.rules, req.Tool, req.Input); r != nil {
+		if r := toolDeny(logger, v.rules, req.Tool, req.Input); r != nil {
 			return Decision{Policy: r.name, Message: r.denial()}
 		}
 	}
@@ -270,17 +289,17 @@ func (c *Client) evaluate(ctx context.Context, v *view, in *celInput) Decision {
 	}
 	vars, err := in.activation()
 	if err != nil {
-		c.evalErrors.Add(1)
+		errs.Add(1)
 		return Decision{Message: "evaluation failed", Err: fmt.Errorf("CEL activation: %w", err)}
 	}
 	for _, val := range v.validators {
 		if err := ctx.Err(); err != nil {
-			c.evalErrors.Add(1)
+			errs.Add(1)
 			return Decision{Message: "evaluation cancelled", Err: err}
 		}
 		if _, d := val.decide(in.size, vars); d != nil {
 			if d.Err != nil {
-				c.evalErrors.Add(1)
+				errs.Add(1)
 			}
 			return *d
 		}

@@ -445,7 +445,18 @@ func (x *Index) candidateLocked(id policy.Identity, in []*rolloutEntry) *Set {
 	if s, ok := x.candCache[key]; ok {
 		return s
 	}
-	s := &Set{Identity: key.id, Index: x.index}
+	s := x.composeLocked(key.id, in)
+	if len(x.candCache) >= maxCached {
+		clear(x.candCache)
+	}
+	x.candCache[key] = s
+	return s
+}
+
+// composeLocked is id's stable set with the changes of the rollouts in
+// (the earlier wins where two change one policy), computed afresh.
+func (x *Index) composeLocked(id policy.Identity, in []*rolloutEntry) *Set {
+	s := &Set{Identity: id, Index: x.index}
 	over := map[string]*store.RawPolicy{} // nil: deleted
 	names := slices.Clone(x.names)
 	for _, e := range in {
@@ -474,17 +485,13 @@ func (x *Index) candidateLocked(id policy.Identity, in []*rolloutEntry) *Set {
 			stable := x.byName[n]
 			rp = &stable
 		}
-		if rp == nil || !rp.Policy.Scope.AppliesTo(key.id) {
+		if rp == nil || !rp.Policy.Scope.AppliesTo(id) {
 			continue
 		}
 		h.Add(n, rp.Stored)
 		s.Policies = append(s.Policies, *rp)
 	}
 	s.Version = h.Sum()
-	if len(x.candCache) >= maxCached {
-		clear(x.candCache)
-	}
-	x.candCache[key] = s
 	return s
 }
 
