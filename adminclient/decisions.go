@@ -2,6 +2,8 @@ package adminclient
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -46,4 +48,30 @@ func (c *Client) Decisions(ctx context.Context, f DecisionFilter) (*DecisionPage
 	}
 	var out DecisionPage
 	return &out, c.Do(ctx, http.MethodGet, withQuery("/v1/decisions", q), nil, nil, &out)
+}
+
+// ImpactReport is POST /v1/impact's answer (docs/decisions.md).
+type ImpactReport = decisionsv1.ImpactReport
+
+// ImpactRequest is the body of POST /v1/impact: a change set in the form
+// StartRollout takes, and which logged decisions to replay. Since is an
+// RFC 3339 time or a duration back from now ("24h", the default).
+type ImpactRequest struct {
+	Changes     []StartChange `json:"changes"`
+	Since       string        `json:"since,omitempty"`
+	Org         string        `json:"org,omitempty"`
+	Team        string        `json:"team,omitempty"`
+	MaxExamples int           `json:"max_examples,omitempty"`
+	Timeout     string        `json:"timeout,omitempty"`
+}
+
+// Impact replays the logged decisions of the identities req's changes
+// affect, with and without them, on every node.
+func (c *Client) Impact(ctx context.Context, req ImpactRequest) (*ImpactReport, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode impact request: %w", err)
+	}
+	var out ImpactReport
+	return &out, c.Do(ctx, http.MethodPost, "/v1/impact", nil, body, &out)
 }

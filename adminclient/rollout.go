@@ -78,6 +78,12 @@ type StartRollout struct {
 	MinAckCoverage *float64 `json:"min_ack_coverage,omitempty"`
 	// OnHalt: "rollback" (the default) or "stay".
 	OnHalt string `json:"on_halt,omitempty"`
+	// MaxImpactRatio, when set, makes the server replay the changes over
+	// the decisions logged since ImpactSince (default 24h) first and
+	// refuse with 409 and the report when more than this share of them
+	// flips from allow to deny.
+	MaxImpactRatio *float64 `json:"max_impact_ratio,omitempty"`
+	ImpactSince    string   `json:"impact_since,omitempty"`
 }
 
 // Staged rollout actions (POST /v1/rollouts/{id}/ACTION).

@@ -12,7 +12,7 @@ import (
 )
 
 // policyCommand is `policyd policy`: the shared resource commands, the
-// revision history and the shadow counts.
+// revision history, the shadow counts and impact analysis.
 func policyCommand(c *adminClient) *cobra.Command {
 	r := resource{
 		noun: "policy", plural: "policies", key: "name",
@@ -43,7 +43,7 @@ func policyCommand(c *adminClient) *cobra.Command {
 	}
 	cmd := resourceCommand(c, r)
 	cmd.AddCommand(historyCommands(c, r)...)
-	cmd.AddCommand(shadowCommand(c))
+	cmd.AddCommand(shadowCommand(c), impactCommand(c))
 	return cmd
 }
 

@@ -56,6 +56,8 @@ func rolloutStartCommand(c *adminClient) *cobra.Command {
 		file, stages, onHalt string
 		bake                 time.Duration
 		maxNack, minCov      float64
+		maxImpact            float64
+		impactSince          string
 	)
 	cmd := &cobra.Command{
 		Use:   "start -f CHANGES --stages 5%,25%,100% --bake 2m",
@@ -69,7 +71,11 @@ rollout (--on-halt rollback: the cohort gets the stable set back; stay:
 it keeps the candidate until resumed or aborted). The last stage (100%)
 makes the changes ordinary policy revisions.
 
-A stage may set its own bake time: --stages 5%:10m,50%,100%:1h.`,
+A stage may set its own bake time: --stages 5%:10m,50%,100%:1h.
+
+--max-impact R replays the decisions logged since --impact-since under the
+changes first (policy impact) and refuses to start, with 409 and the counts,
+when more than R of them would flip from allow to deny.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
@@ -86,6 +92,9 @@ A stage may set its own bake time: --stages 5%:10m,50%,100%:1h.`,
 			req := adminclient.StartRollout{Changes: changes, Stages: st, MaxNackRatio: maxNack, OnHalt: onHalt}
 			if cmd.Flags().Changed("min-ack-coverage") {
 				req.MinAckCoverage = &minCov
+			}
+			if cmd.Flags().Changed("max-impact") {
+				req.MaxImpactRatio, req.ImpactSince = &maxImpact, impactSince
 			}
 			api, err := c.client()
 			if err != nil {
@@ -105,6 +114,8 @@ A stage may set its own bake time: --stages 5%:10m,50%,100%:1h.`,
 	f.Float64Var(&maxNack, "max-nack-ratio", 0, "halt when NACKs exceed this share of a stage's cohort (0..1)")
 	f.Float64Var(&minCov, "min-ack-coverage", 1, "a stage passes only when this share of its cohort has ACKed (0..1)")
 	f.StringVar(&onHalt, "on-halt", "rollback", "on a halt: rollback, or stay (keep the candidate until resumed or aborted)")
+	f.Float64Var(&maxImpact, "max-impact", 0, "first replay the logged decisions, and refuse to start when more than this share flips from allow to deny (0..1; see policy impact)")
+	f.StringVar(&impactSince, "impact-since", "24h", "with --max-impact: replay the decisions logged since")
 	return cmd
 }
 

@@ -49,52 +49,9 @@ func IsRolloutType(t Type) bool { return t == TypeRolloutStart || t == TypeRollo
 // The policies' own rules (kind, spec) are the validator's, checked where
 // the write was taken.
 func CheckRollout(r *commandv1.Rollout) error {
-	var errs policy.ValidationError
+	errs := checkChanges(r.GetChanges())
 	add := func(field, format string, args ...any) {
 		errs = append(errs, policy.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
-	}
-	switch n := len(r.GetChanges()); {
-	case n == 0:
-		add("changes", "at least one change is required")
-	case n > MaxRolloutChanges:
-		add("changes", "%d changes, more than %d", n, MaxRolloutChanges)
-	}
-	seen := map[string]int{}
-	for i, c := range r.GetChanges() {
-		field := fmt.Sprintf("changes[%d]", i)
-		var name string
-		switch c.GetOp() {
-		case store.OpPut:
-			if c.GetPolicy() == nil {
-				add(field+".policy", "required for op put")
-				continue
-			}
-			if c.GetName() != "" {
-				add(field+".name", "only for op delete; a put names its policy")
-			}
-			name = c.GetPolicy().GetName()
-			if err := CheckKeys("policy", "name", name, "org", c.GetPolicy().GetScope().GetOrg()); err != nil {
-				add(field+".policy", "%v", err)
-				continue
-			}
-		case store.OpDelete:
-			if c.GetPolicy() != nil {
-				add(field+".policy", "only for op put; a delete names its policy")
-			}
-			name = c.GetName()
-			if err := policy.ValidPolicyName(name); err != nil {
-				add(field+".name", "%v", err)
-				continue
-			}
-		default:
-			add(field+".op", "%q is not put or delete", c.GetOp())
-			continue
-		}
-		if j, dup := seen[name]; dup {
-			add(field, "policy %q is also changed by changes[%d]; one change per policy", name, j)
-			continue
-		}
-		seen[name] = i
 	}
 	switch n := len(r.GetStages()); {
 	case n == 0:
@@ -133,6 +90,67 @@ func CheckRollout(r *commandv1.Rollout) error {
 	// By field, so that the same input gives the same message (the ratio
 	// checks walk a map).
 	slices.SortStableFunc(errs, func(a, b policy.FieldError) int { return strings.Compare(a.Field, b.Field) })
+	return errs
+}
+
+// CheckChanges checks a change set alone, as CheckRollout does (an impact
+// replay's changes, which have no stages).
+func CheckChanges(changes []*commandv1.RolloutChange) error {
+	if errs := checkChanges(changes); len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+// checkChanges is CheckRollout's part for the changes.
+func checkChanges(changes []*commandv1.RolloutChange) policy.ValidationError {
+	var errs policy.ValidationError
+	add := func(field, format string, args ...any) {
+		errs = append(errs, policy.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)})
+	}
+	switch n := len(changes); {
+	case n == 0:
+		add("changes", "at least one change is required")
+	case n > MaxRolloutChanges:
+		add("changes", "%d changes, more than %d", n, MaxRolloutChanges)
+	}
+	seen := map[string]int{}
+	for i, c := range changes {
+		field := fmt.Sprintf("changes[%d]", i)
+		var name string
+		switch c.GetOp() {
+		case store.OpPut:
+			if c.GetPolicy() == nil {
+				add(field+".policy", "required for op put")
+				continue
+			}
+			if c.GetName() != "" {
+				add(field+".name", "only for op delete; a put names its policy")
+			}
+			name = c.GetPolicy().GetName()
+			if err := CheckKeys("policy", "name", name, "org", c.GetPolicy().GetScope().GetOrg()); err != nil {
+				add(field+".policy", "%v", err)
+				continue
+			}
+		case store.OpDelete:
+			if c.GetPolicy() != nil {
+				add(field+".policy", "only for op put; a delete names its policy")
+			}
+			name = c.GetName()
+			if err := policy.ValidPolicyName(name); err != nil {
+				add(field+".name", "%v", err)
+				continue
+			}
+		default:
+			add(field+".op", "%q is not put or delete", c.GetOp())
+			continue
+		}
+		if j, dup := seen[name]; dup {
+			add(field, "policy %q is also changed by changes[%d]; one change per policy", name, j)
+			continue
+		}
+		seen[name] = i
+	}
 	return errs
 }
 

@@ -216,6 +216,7 @@ func New(cfg config.Config, logger *slog.Logger, reg *prometheus.Registry) (_ *N
 		LocalClients:   proxystatus.Local{NodeID: id, Clients: n.localClients}.LocalClients,
 		LocalShadow:    n.shadow.LocalShadow,
 		LocalDecisions: n.localDecisions,
+		LocalImpact:    n.localImpact,
 		DropSidecars:   func(reason string) (int, int) { return n.discovery.DropAll(reason), n.feed.DropAll(reason) },
 		ServerOptions: []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxGRPCMessage),

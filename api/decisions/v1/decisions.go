@@ -99,3 +99,50 @@ type Page struct {
 	// lacks their records.
 	Unavailable []string `json:"unavailable,omitempty"`
 }
+
+// ImpactReport is the answer of POST /v1/impact: the logged decisions of
+// the identities a change set affects, decided again under their current
+// set and under the set with the changes, summed over every node.
+type ImpactReport struct {
+	// Since is the oldest decision time replayed; AppliedIndex the policy
+	// state the sets were read at.
+	Since        time.Time    `json:"since"`
+	AppliedIndex uint64       `json:"applied_index"`
+	Totals       ImpactCounts `json:"totals"`
+	// AllowToDenyRatio is Totals.AllowToDeny / Totals.Evaluated (0 when
+	// nothing was evaluated): what a rollout's max_impact_ratio compares.
+	AllowToDenyRatio float64      `json:"allow_to_deny_ratio"`
+	Teams            []ImpactTeam `json:"teams"`
+	// Scanned counts the records read, Masked those evaluated with masked
+	// fields, Unrecorded the decisions the logs leave out (sampled out or
+	// dropped by the sidecars).
+	Scanned    uint64 `json:"scanned"`
+	Masked     uint64 `json:"masked"`
+	Unrecorded uint64 `json:"unrecorded"`
+	// Oldest is the oldest record any node still holds in the window:
+	// later than Since when retention has dropped the rest.
+	Oldest *time.Time `json:"oldest,omitempty"`
+	// CutOff names the nodes whose replay ran out of time: their counts
+	// are partial. Unavailable names those that did not answer.
+	CutOff      []string `json:"cut_off,omitempty"`
+	Unavailable []string `json:"unavailable,omitempty"`
+}
+
+// ImpactCounts are a replay's counts; Evaluated is the sum of the others.
+type ImpactCounts struct {
+	Evaluated   uint64 `json:"evaluated"`
+	AllowToDeny uint64 `json:"allow_to_deny"`
+	DenyToAllow uint64 `json:"deny_to_allow"`
+	Unchanged   uint64 `json:"unchanged"`
+	Errors      uint64 `json:"errors"`
+}
+
+// ImpactTeam is one org and team's counts with up to 20 example records
+// of each flip, masked as they were logged.
+type ImpactTeam struct {
+	Org  string `json:"org"`
+	Team string `json:"team"`
+	ImpactCounts
+	AllowToDenyExamples []Record `json:"allow_to_deny_examples,omitempty"`
+	DenyToAllowExamples []Record `json:"deny_to_allow_examples,omitempty"`
+}

@@ -66,6 +66,7 @@ type Backend interface {
 	shadowCounter
 	sourcer
 	decisionReader
+	impactRunner
 }
 
 // ClusterStatus is GET /v1/cluster.
@@ -129,6 +130,8 @@ type API struct {
 	routes   []Route
 	// rolloutAlias logs GET /v1/rollout's deprecation once.
 	rolloutAlias sync.Once
+	// impactSlot holds the one impact replay this node runs at a time.
+	impactSlot chan struct{}
 }
 
 // Route is one registered endpoint: its ServeMux pattern ("GET /v1/x") and
@@ -147,7 +150,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	a := &API{cfg: cfg, logger: logger, b: b, mux: http.NewServeMux()}
+	a := &API{cfg: cfg, logger: logger, b: b, mux: http.NewServeMux(), impactSlot: make(chan struct{}, 1)}
 	a.tokens.Store(cfg.Tokens)
 	a.streams, a.stop = context.WithCancel(context.Background())
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -175,6 +178,7 @@ func New(cfg Config, logger *slog.Logger, b Backend) *API {
 	a.route("POST /v1/policies/{name}/revert", auth.RoleAdmin, policies.revertHandler(a))
 	a.routeShadow()
 	a.routeDecisions()
+	a.routeImpact()
 
 	a.route("GET /v1/employees", auth.RoleRead, a.listEmployees)
 	a.route("GET /v1/employees/{id}", auth.RoleRead, employees.getHandler(a))

@@ -59,6 +59,8 @@ type fakeBackend struct {
 	// decisionReqs records each Decisions call and whether it was masked.
 	decisionReqs []decisionCall
 	masked       bool
+	impactReqs   []*clusterv1.LocalImpactRequest
+	impact       *decisionsv1.ImpactReport // nil: an empty report
 	reload       reload.Status
 	leader       string
 }
@@ -246,6 +248,19 @@ func (f *fakeBackend) Decisions(_ context.Context, req *clusterv1.LocalDecisions
 }
 
 func (f *fakeBackend) DecisionsMasked() bool { return f.masked }
+
+func (f *fakeBackend) Impact(_ context.Context, req *clusterv1.LocalImpactRequest, _ time.Time, mask bool) (*decisionsv1.ImpactReport, error) {
+	if err := f.call("Impact"); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.impactReqs = append(f.impactReqs, req)
+	f.mu.Unlock()
+	if f.impact != nil {
+		return f.impact, nil
+	}
+	return &decisionsv1.ImpactReport{Teams: []decisionsv1.ImpactTeam{}, Unavailable: f.unreachable}, nil
+}
 
 // TransferLeadership is the optional leaderTransferer: it hands the lead
 // to id, or to "n2" when id is "".

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -30,6 +31,12 @@ type RolloutRequest struct {
 	MinAckCoverage *float64 `json:"min_ack_coverage"`
 	// OnHalt defaults to rollback.
 	OnHalt string `json:"on_halt"`
+	// MaxImpactRatio, when set, runs an impact replay of the changes over
+	// the decisions logged since ImpactSince (default 24h) first, and
+	// refuses the rollout with 409 and the report when its allow-to-deny
+	// ratio is above it (docs/decisions.md#gating-a-rollout).
+	MaxImpactRatio *float64 `json:"max_impact_ratio,omitempty"`
+	ImpactSince    string   `json:"impact_since,omitempty"`
 }
 
 // RolloutChangeRequest is a put (op "put", policy the whole policy as for
@@ -57,23 +64,9 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 	if err := policy.DecodeStrict(body, &req); err != nil {
 		return nil, err
 	}
-	var errs policy.ValidationError
-	add := func(field string, err error) {
-		var ve policy.ValidationError
-		if errors.As(err, &ve) {
-			for _, fe := range ve {
-				f := field
-				if fe.Field != "" {
-					f += "." + fe.Field
-				}
-				errs = append(errs, policy.FieldError{Field: f, Reason: fe.Reason})
-			}
-			return
-		}
-		errs = append(errs, policy.FieldError{Field: field, Reason: err.Error()})
-	}
+	changes, errs := decodeChanges(req.Changes, v)
 	r := &commandv1.Rollout{
-		MaxNackRatio: req.MaxNackRatio, MinAckCoverage: 1, OnHalt: req.OnHalt,
+		Changes: changes, MaxNackRatio: req.MaxNackRatio, MinAckCoverage: 1, OnHalt: req.OnHalt,
 	}
 	if req.MinAckCoverage != nil {
 		r.MinAckCoverage = *req.MinAckCoverage
@@ -81,36 +74,12 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 	if r.OnHalt == "" {
 		r.OnHalt = store.OnHaltRollback
 	}
-	for i, c := range req.Changes {
-		field := fmt.Sprintf("changes[%d]", i)
-		rc := &commandv1.RolloutChange{Op: c.Op, Name: c.Name}
-		r.Changes = append(r.Changes, rc)
-		if c.Op == store.OpPut && len(c.Policy) > 0 {
-			// A policy in error stands in as a unique name, so that the
-			// rollout's own checks still see the change.
-			rc.Policy = &commandv1.Policy{Name: fmt.Sprintf("\x00invalid %d", i)}
-			p, err := policy.DecodePolicy(c.Policy)
-			if err != nil {
-				add(field+".policy", err)
-				continue
-			}
-			if p.Name == "" {
-				errs = append(errs, policy.FieldError{Field: field + ".policy.name", Reason: "required"})
-				continue
-			}
-			if err := v.Policy(p); err != nil {
-				add(field+".policy", err)
-				continue
-			}
-			pb, err := command.PolicyMessage(p)
-			if err != nil {
-				add(field+".policy", err)
-				continue
-			}
-			rc.Policy = pb
-		} else if len(c.Policy) > 0 {
-			// CheckRollout names the misplaced field; any policy will do.
-			rc.Policy = &commandv1.Policy{}
+	if m := req.MaxImpactRatio; m != nil && (math.IsNaN(*m) || *m < 0 || *m > 1) {
+		errs = append(errs, policy.FieldError{Field: "max_impact_ratio", Reason: fmt.Sprintf("%v is not within 0..1", *m)})
+	}
+	if req.ImpactSince != "" {
+		if _, err := parseWhen(req.ImpactSince, time.Now()); err != nil {
+			errs = append(errs, policy.FieldError{Field: "impact_since", Reason: err.Error()})
 		}
 	}
 	for i, s := range req.Stages {
@@ -153,6 +122,60 @@ func DecodeRolloutRequest(body []byte, v *policy.Validator) (*commandv1.Rollout,
 		return nil, errs
 	}
 	return r, nil
+}
+
+// decodeChanges decodes and validates a change set's puts as PUT
+// /v1/policies does, each problem with its field path under changes[i].
+// A put in error stands in as a policy of a unique name, so that the
+// shape checks that follow (command.CheckChanges) still see the change.
+func decodeChanges(req []RolloutChangeRequest, v *policy.Validator) ([]*commandv1.RolloutChange, policy.ValidationError) {
+	var errs policy.ValidationError
+	add := func(field string, err error) {
+		var ve policy.ValidationError
+		if errors.As(err, &ve) {
+			for _, fe := range ve {
+				f := field
+				if fe.Field != "" {
+					f += "." + fe.Field
+				}
+				errs = append(errs, policy.FieldError{Field: f, Reason: fe.Reason})
+			}
+			return
+		}
+		errs = append(errs, policy.FieldError{Field: field, Reason: err.Error()})
+	}
+	var out []*commandv1.RolloutChange
+	for i, c := range req {
+		field := fmt.Sprintf("changes[%d]", i)
+		rc := &commandv1.RolloutChange{Op: c.Op, Name: c.Name}
+		out = append(out, rc)
+		if c.Op == store.OpPut && len(c.Policy) > 0 {
+			rc.Policy = &commandv1.Policy{Name: fmt.Sprintf("\x00invalid %d", i)}
+			p, err := policy.DecodePolicy(c.Policy)
+			if err != nil {
+				add(field+".policy", err)
+				continue
+			}
+			if p.Name == "" {
+				errs = append(errs, policy.FieldError{Field: field + ".policy.name", Reason: "required"})
+				continue
+			}
+			if err := v.Policy(p); err != nil {
+				add(field+".policy", err)
+				continue
+			}
+			pb, err := command.PolicyMessage(p)
+			if err != nil {
+				add(field+".policy", err)
+				continue
+			}
+			rc.Policy = pb
+		} else if len(c.Policy) > 0 {
+			// CheckChanges names the misplaced field; any policy will do.
+			rc.Policy = &commandv1.Policy{}
+		}
+	}
+	return out, errs
 }
 
 // RolloutList is GET /v1/rollouts.
@@ -204,6 +227,9 @@ func (a *API) startRollout(w http.ResponseWriter, r *http.Request) error {
 	}
 	ro, err := DecodeRolloutRequest(body, a.b.Validator())
 	if err != nil {
+		return err
+	}
+	if refused, err := a.gateOnImpact(w, r, body, ro.GetChanges()); refused || err != nil {
 		return err
 	}
 	// A delete of a policy that does not exist is a 400 here, read after a

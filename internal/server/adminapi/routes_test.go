@@ -14,6 +14,7 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/apierror"
@@ -25,6 +26,7 @@ import (
 const (
 	policyBody   = `{"kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Bash","action":"deny"}}`
 	employeeBody = `{"org":"acme","team":"platform","status":"active"}`
+	impactBody   = `{"changes":[{"op":"delete","name":"p1"}],"since":"24h"}`
 	rolloutBody  = `{"changes":[{"op":"put","policy":{"name":"p3","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Bash","action":"audit"}}}],"stages":[{"percent":100,"bake":"1h"}]}`
 )
 
@@ -260,6 +262,22 @@ var routeTests = map[string]routeTest{
 		{name: "delete of a missing policy", body: `{"changes":[{"op":"delete","name":"nope"}],"stages":[{"percent":100,"bake":"1h"}]}`, status: 400, code: "invalid", mention: "changes[0].name"},
 		{name: "overlaps r3", body: strings.ReplaceAll(rolloutBody, `"p3"`, `"p2"`), status: 409, code: "conflict", mention: "r3"},
 		{name: "consistent read fails", setup: failWith("ConsistentRead", unavailable{}), body: `{"changes":[{"op":"delete","name":"p1"}],"stages":[{"percent":100,"bake":"1h"}]}`, status: 503, code: "unavailable"},
+		{name: "impact ratio out of range", body: strings.Replace(rolloutBody, `"stages"`, `"max_impact_ratio":1.5,"stages"`, 1), status: 400, code: "invalid", mention: "max_impact_ratio"},
+		{name: "impact since unreadable", body: strings.Replace(rolloutBody, `"stages"`, `"max_impact_ratio":0.1,"impact_since":"soon","stages"`, 1), status: 400, code: "invalid", mention: "impact_since"},
+		{name: "impact over the limit", setup: impactOf(3, 100), body: strings.Replace(rolloutBody, `"stages"`, `"max_impact_ratio":0.01,"stages"`, 1), status: 409, verify: bodyHas(`"code":"conflict","message":"the changes turn 3 of 100 logged allowed decisions into denials (0.0300), over max_impact_ratio 0.01","reason":"impact"},"impact":{`)},
+		{name: "impact within the limit", setup: impactOf(1, 100), body: strings.Replace(rolloutBody, `"stages"`, `"max_impact_ratio":0.01,"stages"`, 1), status: 201, verify: bodyHas(`"id":"r4"`)},
+		{name: "impact replay fails", setup: failWith("Impact", unavailable{}), body: strings.Replace(rolloutBody, `"stages"`, `"max_impact_ratio":0.01,"stages"`, 1), status: 503, code: "unavailable"},
+	}},
+	"POST /v1/impact": {ok: check{body: impactBody, verify: bodyHas(`"teams":[]`)}, via: "Impact", body: true, checks: []check{
+		{name: "no changes", body: `{"changes":[]}`, status: 400, code: "invalid", mention: "changes"},
+		{name: "invalid policy", body: `{"changes":[{"op":"put","policy":{"name":"acme.x","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"Bash","action":"maybe"}}}]}`, status: 400, code: "invalid", mention: "changes[0].policy"},
+		{name: "unknown op", body: `{"changes":[{"op":"patch","name":"p1"}]}`, status: 400, code: "invalid", mention: "changes[0].op"},
+		{name: "bad since", body: `{"changes":[{"op":"delete","name":"p1"}],"since":"last week"}`, status: 400, code: "invalid", mention: "since"},
+		{name: "team without org", body: `{"changes":[{"op":"delete","name":"p1"}],"team":"red"}`, status: 400, code: "invalid", mention: "team"},
+		{name: "timeout too long", body: `{"changes":[{"op":"delete","name":"p1"}],"timeout":"1h"}`, status: 400, code: "invalid", mention: "timeout"},
+		{name: "too many examples", body: `{"changes":[{"op":"delete","name":"p1"}],"max_examples":1000}`, status: 400, code: "invalid", mention: "max_examples"},
+		{name: "unknown field", body: `{"changes":[{"op":"delete","name":"p1"}],"dry":true}`, status: 400, code: "invalid", mention: "dry"},
+		{name: "replay fails", setup: failWith("Impact", unavailable{}), status: 503, code: "unavailable"},
 	}},
 	"GET /v1/rollouts": {ok: check{target: "/v1/rollouts?state=all", verify: bodyHas(`"id":"r3"`)}, local: true, checks: []check{
 		{name: "active", target: "/v1/rollouts?state=active", verify: bodyHas(`"id":"r3"`)},
@@ -627,4 +645,16 @@ func TestTransferLeaderUnsupported(t *testing.T) {
 		t.Fatalf("status %d, want 501: %s", w.Code, w.Body)
 	}
 	checkEnvelope(t, w, "internal", "cannot transfer")
+}
+
+// impactOf makes the backend's impact replay find flips allow-to-deny
+// flips among evaluated decisions.
+func impactOf(flips, evaluated uint64) func(*testing.T, *fakeBackend) {
+	return func(_ *testing.T, f *fakeBackend) {
+		f.impact = &decisionsv1.ImpactReport{
+			Totals:           decisionsv1.ImpactCounts{Evaluated: evaluated, AllowToDeny: flips, Unchanged: evaluated - flips},
+			AllowToDenyRatio: float64(flips) / float64(evaluated),
+			Teams:            []decisionsv1.ImpactTeam{},
+		}
+	}
 }
