@@ -14,8 +14,8 @@ import (
 	"github.com/policyd/policyd/internal/command"
 
 	clusterv1 "github.com/policyd/policyd/api/cluster/v1"
-	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	commandv1 "github.com/policyd/policyd/api/command/v1"
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/server/apierror"
 	"github.com/policyd/policyd/internal/server/proxystatus"
