@@ -59,6 +59,24 @@ type DecisionLog struct {
 	// node (and sooner once a full batch is buffered). 0:
 	// DefaultDecisionFlushInterval (1s); at least MinDecisionFlushInterval.
 	FlushInterval time.Duration
+	// Source, when set, is where Run ships records from instead of the
+	// buffer: a program that first moves records elsewhere (a disk spool
+	// it fills with TakeDecisions) ships them from there, in its order.
+	Source DecisionSource
+}
+
+// DecisionSource holds records for the shipper (DecisionLog.Source). Its
+// methods are called from one goroutine at a time.
+type DecisionSource interface {
+	// Peek returns the oldest records not yet shipped, in order, without
+	// removing them: at most maxRecords, of maxBytes together, each one a
+	// JSON object of at most decisionsv1.MaxRecordBytes. Nil: none.
+	Peek(maxRecords, maxBytes int) ([][]byte, error)
+	// Shipped says that the first n records the last Peek returned are
+	// done with (a node took or refused them for good): the next Peek
+	// begins after them. Records not delivered are not reported, and the
+	// next Peek returns them again.
+	Shipped(n int) error
 }
 
 // DecisionRecord is one recorded decision, as TakeDecisions' records
@@ -118,6 +136,7 @@ type decisionLog struct {
 	mask      *masker
 	clock     Clock
 	flush     time.Duration
+	source    DecisionSource
 
 	// kick wakes the shipper when a full batch is buffered (capacity 1).
 	kick chan struct{}
@@ -150,7 +169,7 @@ func newDecisionLog(dl DecisionLog, clock Clock) (*decisionLog, error) {
 	var errs []error
 	d := &decisionLog{allowRate: DefaultAllowSampleRate, maxBytes: dl.MaxBufferBytes,
 		rate: dl.RatePerSecond, burst: float64(dl.Burst), clock: clock,
-		flush: dl.FlushInterval, kick: make(chan struct{}, 1)}
+		flush: dl.FlushInterval, source: dl.Source, kick: make(chan struct{}, 1)}
 	if r := dl.AllowSampleRate; r != nil {
 		if !(*r >= 0 && *r <= 1) {
 			errs = append(errs, fmt.Errorf("allow sample rate: %v is not in [0, 1]", *r))

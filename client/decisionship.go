@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
@@ -63,13 +64,29 @@ func (d *decisionLog) takeBatch() (batch [][]byte, drops decisionsv1.Drops, more
 	}
 	d.bytes -= n
 	d.taken += uint64(len(batch))
-	drops = decisionsv1.Drops{
+	return batch, d.dropsLocked(), more
+}
+
+// dropsLocked is the drop counts grown since the last report (d.mu held).
+func (d *decisionLog) dropsLocked() decisionsv1.Drops {
+	return decisionsv1.Drops{
 		SampledOut:  d.sampledOut.Load() - d.reported.SampledOut,
 		BufferFull:  d.bufferFull - d.reported.BufferFull,
 		RateLimited: d.rateLimited.Load() - d.reported.RateLimited,
 		MaskFailed:  d.maskFailed.Load() - d.reported.MaskFailed,
 	}
-	return batch, drops, more
+}
+
+// peekSource is takeBatch for a DecisionLog.Source: the source's oldest
+// records, which stay there until shipped.
+func (d *decisionLog) peekSource() (batch [][]byte, drops decisionsv1.Drops, err error) {
+	batch, err = d.source.Peek(decisionsv1.MaxBatchRecords, shipBatchBytes)
+	if err != nil {
+		return nil, decisionsv1.Drops{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return batch, d.dropsLocked(), nil
 }
 
 // dropsReported records that a node took drops.
@@ -124,7 +141,18 @@ func (c *Client) shipLoop(ctx context.Context, ready func() bool, send shipFunc)
 func (c *Client) flushDecisions(ctx context.Context, send shipFunc) error {
 	d := c.dlog
 	for ctx.Err() == nil {
-		batch, drops, more := d.takeBatch()
+		var batch [][]byte
+		var drops decisionsv1.Drops
+		more := true
+		if d.source != nil {
+			var err error
+			if batch, drops, err = d.peekSource(); err != nil {
+				return fmt.Errorf("decision source: %w", err)
+			}
+			more = len(batch) > 0
+		} else {
+			batch, drops, more = d.takeBatch()
+		}
 		if len(batch) == 0 && drops == (decisionsv1.Drops{}) {
 			return nil
 		}
@@ -134,18 +162,35 @@ func (c *Client) flushDecisions(ctx context.Context, send shipFunc) error {
 		switch {
 		case errors.Is(err, errShipInvalid):
 			d.refused.Add(uint64(len(batch)))
-			return err
+			return errors.Join(err, d.sourceShipped(len(batch)))
 		case err != nil:
-			c.ReturnDecisions(batch)
+			if d.source == nil {
+				c.ReturnDecisions(batch)
+			}
 			d.shipFailures.Add(1)
 			return err
 		}
 		d.shipped.Add(res.accepted)
 		d.refused.Add(res.refused)
 		d.dropsReported(drops)
+		if err := d.sourceShipped(len(batch)); err != nil {
+			return err
+		}
 		if !more {
 			return nil
 		}
 	}
 	return ctx.Err()
+}
+
+// sourceShipped tells the source, if there is one, that n records are
+// done with.
+func (d *decisionLog) sourceShipped(n int) error {
+	if d.source == nil || n == 0 {
+		return nil
+	}
+	if err := d.source.Shipped(n); err != nil {
+		return fmt.Errorf("decision source: %w", err)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -510,4 +511,89 @@ func BenchmarkDecisionFlood(b *testing.B) {
 	b.ReportMetric(float64(int64(after.HeapInuse)-int64(before.HeapInuse)), "heap-inuse-delta-B")
 	b.ReportMetric(float64(s.BufferedBytes), "buffered-B")
 	b.ReportMetric(math.Round(float64(s.Dropped.RateLimited)/float64(max(1, s.Recorded))*100), "rate-limited-%")
+}
+
+// memSource is a DecisionSource in memory: what the client's buffer gave
+// it, in order, until shipped.
+type memSource struct {
+	mu      sync.Mutex
+	records [][]byte
+	peeked  int
+}
+
+func (m *memSource) add(records [][]byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.records = append(m.records, records...)
+}
+
+func (m *memSource) Peek(maxRecords, maxBytes int) ([][]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, size := 0, 0
+	for n < len(m.records) && n < maxRecords && size+len(m.records[n]) <= maxBytes {
+		size += len(m.records[n])
+		n++
+	}
+	m.peeked = n
+	return slices.Clone(m.records[:n]), nil
+}
+
+func (m *memSource) Shipped(n int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n > m.peeked {
+		return fmt.Errorf("shipped %d of a peek of %d", n, m.peeked)
+	}
+	m.records, m.peeked = m.records[n:], 0
+	return nil
+}
+
+func (m *memSource) held() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.records)
+}
+
+// TestShipFromSource: with a DecisionLog.Source, records ship from it, in
+// its order; while the node refuses they stay in the source, and the
+// client's own buffer is left to the program.
+func TestShipFromSource(t *testing.T) {
+	f := newFakeDiscovery("v1", denyT())
+	f.refuseDecisions(codes.ResourceExhausted)
+	n := serveDiscovery(t, f, "")
+	src := &memSource{}
+	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1",
+		DecisionLog: &DecisionLog{RatePerSecond: unlimited, AllowSampleRate: new(0.0), FlushInterval: testFlush, Source: src}})
+	c.waitState(t, StateReady)
+	evaluateN(c.Client, 0, decisionsv1.MaxBatchRecords+5)
+	c.Evaluate(context.Background(), Request{Tool: "allowed"})
+	src.add(c.TakeDecisions(math.MaxInt))
+	evaluateN(c.Client, decisionsv1.MaxBatchRecords+5, decisionsv1.MaxBatchRecords+8) // left in the buffer
+	poll.Eventually(t, "a refused batch", func() error {
+		if _, calls := f.decisionState(); calls < 1 {
+			return fmt.Errorf("%d calls", calls)
+		}
+		return nil
+	})
+	if got := src.held(); got != decisionsv1.MaxBatchRecords+5 {
+		t.Errorf("source holds %d records after a refusal", got)
+	}
+	f.refuseDecisions(codes.OK)
+	records, batches := grpcRecords(t, f, decisionsv1.MaxBatchRecords+5)
+	if diff := cmp.Diff(numbered(0, decisionsv1.MaxBatchRecords+5), tools(t, records)); diff != "" {
+		t.Fatalf("records (-want +got):\n%s", diff)
+	}
+	if got := sumDrops(batches); got != (decisionsv1.Drops{SampledOut: 1}) {
+		t.Errorf("drops %+v", got)
+	}
+	poll.Eventually(t, "the source emptied", func() error {
+		if got := src.held(); got != 0 {
+			return fmt.Errorf("%d held", got)
+		}
+		return nil
+	})
+	if s := total(t, c.Client); s.BufferedRecords != 3 || s.Shipped != decisionsv1.MaxBatchRecords+5 {
+		t.Errorf("stats %+v", s)
+	}
 }
