@@ -47,6 +47,8 @@ those denials until SIGINT/SIGTERM. A non-loopback listen address needs
 --serve-cert-file, --serve-key-file and --serve-client-ca-file (mutual TLS).
 --probe-addr serves /healthz and /readyz alone, without TLS, on any address:
 they tell only whether the process runs and whether it is synced.
+--decision-log records decisions and ships them to the node; with
+--decision-log-dir they go through a disk ring fsynced every second.
 See docs/authz.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
