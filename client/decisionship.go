@@ -109,22 +109,29 @@ func (c *Client) shipLoop(ctx context.Context, ready func() bool, send shipFunc)
 	d := c.dlog
 	t := time.NewTicker(d.flush)
 	defer t.Stop()
-	failing := false
+	// kick is nil while a wake-up would be wasted (the last flush failed,
+	// the connection does not take batches yet, or records ship from a
+	// Source), so that a full buffer does not wake the loop per record.
+	var kick <-chan struct{}
+	if d.source == nil {
+		kick = d.kick
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-d.kick:
-			if failing {
-				continue
-			}
+		case <-kick:
 		}
 		if ready != nil && !ready() {
+			kick = nil
 			continue
 		}
 		err := c.flushDecisions(ctx, send)
-		failing = err != nil
+		kick = nil
+		if err == nil && d.source == nil {
+			kick = d.kick
+		}
 		switch {
 		case errors.Is(err, errShipUnsupported):
 			c.logger.Warn("the node does not take decision logs: records stay buffered, within the cap, until a connection to a node that does", "err", err)

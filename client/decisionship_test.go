@@ -597,3 +597,22 @@ func TestShipFromSource(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+// TestShipFullBatchAtOnce: a full batch buffered ships without waiting for
+// the flush interval.
+func TestShipFullBatchAtOnce(t *testing.T) {
+	f := newFakeDiscovery("v1", denyT())
+	n := serveDiscovery(t, f, "")
+	c := runClient(t, Config{Servers: []string{n.addr}, ClientAddress: "sidecar-1",
+		DecisionLog: &DecisionLog{RatePerSecond: unlimited, FlushInterval: time.Hour}})
+	c.waitState(t, StateReady)
+	evaluateN(c.Client, 0, decisionsv1.MaxBatchRecords-1)
+	if batches, _ := f.decisionState(); len(batches) != 0 {
+		t.Fatalf("%d batches before a full one was buffered", len(batches))
+	}
+	evaluateN(c.Client, decisionsv1.MaxBatchRecords-1, decisionsv1.MaxBatchRecords)
+	records, _ := grpcRecords(t, f, decisionsv1.MaxBatchRecords)
+	if diff := cmp.Diff(numbered(0, decisionsv1.MaxBatchRecords), tools(t, records)); diff != "" {
+		t.Fatalf("records (-want +got):\n%s", diff)
+	}
+}
