@@ -576,7 +576,13 @@ func backoff(n int, lo, hi time.Duration) time.Duration {
 // (docs/rollouts.md): "rollouts", so that it may be put in a staged
 // rollout's cohort, whose candidate set it applies, ACKs and NACKs like any
 // other; "shadow", since IsBlocked and Evaluate decide with the enforced
-// policies only and evaluate shadow policies apart (shadow.go).
-func capabilities() []string {
+// policies only and evaluate shadow policies apart (shadow.go); and
+// "decision_log" when Config.DecisionLog records decisions, so that a
+// server says whether it takes them (the feed's init; over gRPC an older
+// node answers ReportDecisions with Unimplemented).
+func (c *Client) capabilities() []string {
+	if c.dlog != nil {
+		return []string{feedv1.CapabilityRollouts, feedv1.CapabilityShadow, feedv1.CapabilityDecisionLog}
+	}
 	return []string{feedv1.CapabilityRollouts, feedv1.CapabilityShadow}
 }

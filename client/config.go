@@ -165,8 +165,9 @@ type Config struct {
 	// held.
 	OnUpdate func(Update)
 	// DecisionLog, when set, records Evaluate's decisions: every denial and
-	// a share of allows, masked, in a bounded buffer (TakeDecisions,
-	// DecisionLogStats). Nil: off. See docs/sidecars.md.
+	// a share of allows, masked, in a bounded buffer that Run ships to the
+	// connected node (TakeDecisions, DecisionLogStats). Nil: off. See
+	// docs/sidecars.md.
 	DecisionLog *DecisionLog
 	// Clock drives the grace timer and timestamps. Default: the real clock.
 	// Backoff and health checks always use real time.

@@ -24,12 +24,19 @@ const (
 	// DefaultDecisionRate is how many records per second are kept at most,
 	// with a burst of as many.
 	DefaultDecisionRate = 1000
+	// DefaultDecisionFlushInterval is how often buffered records are
+	// shipped to the connected node; MinDecisionFlushInterval the least
+	// accepted, which keeps a fleet from flooding its nodes with batches.
+	DefaultDecisionFlushInterval = time.Second
+	MinDecisionFlushInterval     = 100 * time.Millisecond
 )
 
 // DecisionLog turns on the recording of Evaluate's decisions
 // (Config.DecisionLog; nil: off). Records are masked, then kept in a
-// bounded buffer in memory for a shipper to take (TakeDecisions).
-// Shipping them to a node is not implemented yet.
+// bounded buffer in memory, which Run ships to the connected node every
+// FlushInterval (ReportDecisions over gRPC, decision_log frames over the
+// feed); records a node refuses stay buffered for the next try. A program
+// may also take them itself (TakeDecisions). See docs/sidecars.md.
 type DecisionLog struct {
 	// AllowSampleRate is the share of allowed decisions recorded, in
 	// [0, 1]; every denial is recorded. Nil: DefaultAllowSampleRate (0.1);
@@ -48,6 +55,28 @@ type DecisionLog struct {
 	Burst         int
 	// Mask says what is left out of a recorded request; see DecisionMask.
 	Mask DecisionMask
+	// FlushInterval is how often Run sends the buffered records to the
+	// node (and sooner once a full batch is buffered). 0:
+	// DefaultDecisionFlushInterval (1s); at least MinDecisionFlushInterval.
+	FlushInterval time.Duration
+	// Source, when set, is where Run ships records from instead of the
+	// buffer: a program that first moves records elsewhere (a disk spool
+	// it fills with TakeDecisions) ships them from there, in its order.
+	Source DecisionSource
+}
+
+// DecisionSource holds records for the shipper (DecisionLog.Source). Its
+// methods are called from one goroutine at a time.
+type DecisionSource interface {
+	// Peek returns the oldest records not yet shipped, in order, without
+	// removing them: at most maxRecords, of maxBytes together, each one a
+	// JSON object of at most decisionsv1.MaxRecordBytes. Nil: none.
+	Peek(maxRecords, maxBytes int) ([][]byte, error)
+	// Shipped says that the first n records the last Peek returned are
+	// done with (a node took or refused them for good): the next Peek
+	// begins after them. Records not delivered are not reported, and the
+	// next Peek returns them again.
+	Shipped(n int) error
 }
 
 // DecisionRecord is one recorded decision, as TakeDecisions' records
@@ -73,12 +102,23 @@ type DecisionLogStats struct {
 	// BufferedBytes and BufferedRecords are what the buffer holds now.
 	BufferedBytes   int `json:"buffered_bytes"`
 	BufferedRecords int `json:"buffered_records"`
+	// Shipped counts the taken records a node accepted; Refused those it
+	// refused for good (invalid, another identity's), which are not sent
+	// again. Over the feed, which has no answer, a record written counts
+	// as shipped.
+	Shipped uint64 `json:"shipped"`
+	Refused uint64 `json:"refused"`
+	// ShipFailures counts batches that could not be delivered (a refusal
+	// such as ResourceExhausted, a lost connection); their records went
+	// back to the buffer.
+	ShipFailures uint64 `json:"ship_failures"`
 }
 
 // DecisionLogDrops counts recorded decisions dropped, by reason.
 type DecisionLogDrops struct {
 	// BufferFull: dropped as the oldest when the buffer was full, or
-	// larger than the whole buffer.
+	// larger than the whole buffer, or, when shipping, larger than a node
+	// takes (decisionsv1.MaxRecordBytes).
 	BufferFull uint64 `json:"buffer_full"`
 	// RateLimited: over the rate cap.
 	RateLimited uint64 `json:"rate_limited"`
@@ -95,6 +135,13 @@ type decisionLog struct {
 	burst     float64
 	mask      *masker
 	clock     Clock
+	flush     time.Duration
+	source    DecisionSource
+
+	// kick wakes the shipper when a full batch is buffered (capacity 1).
+	kick chan struct{}
+
+	shipped, refused, shipFailures atomic.Uint64
 
 	// identity is the record's org, team and employee.
 	identity atomic.Pointer[decisionIdentity]
@@ -109,6 +156,9 @@ type decisionLog struct {
 	bytes      int
 	bufferFull uint64
 	taken      uint64
+	// reported is the drop counts a node has taken, cumulative: a batch
+	// carries what grew since.
+	reported decisionsv1.Drops
 }
 
 // decisionIdentity names who a client decides for.
@@ -118,7 +168,8 @@ type decisionIdentity struct{ org, team, employee string }
 func newDecisionLog(dl DecisionLog, clock Clock) (*decisionLog, error) {
 	var errs []error
 	d := &decisionLog{allowRate: DefaultAllowSampleRate, maxBytes: dl.MaxBufferBytes,
-		rate: dl.RatePerSecond, burst: float64(dl.Burst), clock: clock}
+		rate: dl.RatePerSecond, burst: float64(dl.Burst), clock: clock,
+		flush: dl.FlushInterval, source: dl.Source, kick: make(chan struct{}, 1)}
 	if r := dl.AllowSampleRate; r != nil {
 		if !(*r >= 0 && *r <= 1) {
 			errs = append(errs, fmt.Errorf("allow sample rate: %v is not in [0, 1]", *r))
@@ -142,6 +193,14 @@ func newDecisionLog(dl DecisionLog, clock Clock) (*decisionLog, error) {
 	}
 	if d.burst <= 0 {
 		d.burst = max(1, math.Floor(d.rate))
+	}
+	switch {
+	case d.flush < 0:
+		errs = append(errs, fmt.Errorf("flush interval: %v is negative", d.flush))
+	case d.flush == 0:
+		d.flush = DefaultDecisionFlushInterval
+	case d.flush < MinDecisionFlushInterval:
+		errs = append(errs, fmt.Errorf("flush interval: %v is below %v", d.flush, MinDecisionFlushInterval))
 	}
 	mk, err := newMasker(dl.Mask)
 	if err != nil {
@@ -238,6 +297,12 @@ func (d *decisionLog) push(b []byte) {
 	}
 	d.buf = append(d.buf, b)
 	d.bytes += len(b)
+	if len(d.buf)-d.head >= decisionsv1.MaxBatchRecords || d.bytes >= decisionsv1.MaxBatchBytes {
+		select {
+		case d.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // setIdentity records who the client decides for: the token's claims
@@ -298,6 +363,9 @@ func (c *Client) DecisionLogStats() DecisionLogStats {
 		},
 		BufferedBytes:   d.bytes,
 		BufferedRecords: len(d.buf) - d.head,
+		Shipped:         d.shipped.Load(),
+		Refused:         d.refused.Load(),
+		ShipFailures:    d.shipFailures.Load(),
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	discoveryv1 "github.com/policyd/policyd/api/discovery/v1"
 )
 
@@ -71,7 +72,7 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 	// The server keeps the first request's capabilities for the stream;
 	// one that predates them skips the unknown field.
 	first := &discoveryv1.PolicyDiscoveryRequest{ClientAddress: c.cfg.ClientAddress, VersionInfo: version, Scope: scope,
-		Capabilities: capabilities()}
+		Capabilities: c.capabilities()}
 	if err := stream.Send(first); err != nil {
 		return false, classifyGRPC(sctx, sendErr(stream, err))
 	}
@@ -95,6 +96,15 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 			return err
 		})
 	}()
+	if c.dlog != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.shipLoop(sctx, nil, func(ctx context.Context, records [][]byte, drops decisionsv1.Drops) (shipResult, error) {
+				return reportDecisions(ctx, api, c.cfg.ClientAddress, records, drops)
+			})
+		}()
+	}
 
 	var raw rawResponse
 	for {
@@ -116,6 +126,26 @@ func (g *grpcTransport) session(ctx context.Context, server string) (synced bool
 			c.synced()
 		}
 	}
+}
+
+// reportDecisions sends one batch on the stream's connection and maps the
+// node's refusals to what the shipper does with them.
+func reportDecisions(ctx context.Context, api discoveryv1.PolicyDiscoveryServiceClient, address string, records [][]byte, drops decisionsv1.Drops) (shipResult, error) {
+	resp, err := api.ReportDecisions(ctx, &discoveryv1.DecisionBatch{
+		ClientAddress: address,
+		Records:       records,
+		Dropped: &discoveryv1.DecisionDrops{SampledOut: drops.SampledOut, BufferFull: drops.BufferFull,
+			RateLimited: drops.RateLimited, MaskFailed: drops.MaskFailed},
+	})
+	switch status.Code(err) {
+	case codes.OK:
+		return shipResult{accepted: uint64(resp.GetAccepted()), refused: uint64(resp.GetRefused())}, nil
+	case codes.Unimplemented:
+		return shipResult{}, fmt.Errorf("%w: %w", errShipUnsupported, err)
+	case codes.InvalidArgument:
+		return shipResult{}, fmt.Errorf("%w: %w", errShipInvalid, err)
+	}
+	return shipResult{}, err
 }
 
 // conn returns the connection to server: Config.GRPCConn when set (the

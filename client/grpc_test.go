@@ -52,6 +52,14 @@ type fakeDiscovery struct {
 	refuseReason string
 	// healthCode, when set, fails every health check with this code.
 	healthCode codes.Code
+	// batches are the decision batches taken, in order; decisionCalls
+	// counts every ReportDecisions, taken or not, and decisionAuth their
+	// authorization metadata. decisionsCode, when set, refuses them
+	// with this code.
+	batches       []*discoveryv1.DecisionBatch
+	decisionCalls int
+	decisionAuth  []string
+	decisionsCode codes.Code
 }
 
 type fakeStream struct {
@@ -211,13 +219,41 @@ func (f *fakeDiscovery) HealthCheck(ctx context.Context, req *discoveryv1.Health
 	return &discoveryv1.HealthCheckResponse{NodeId: "fake"}, nil
 }
 
+// ReportDecisions takes every batch, unless decisionsCode refuses it.
+func (f *fakeDiscovery) ReportDecisions(ctx context.Context, b *discoveryv1.DecisionBatch) (*discoveryv1.DecisionBatchResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.decisionCalls++
+	f.decisionAuth = append(f.decisionAuth, strings.Join(md.Get("authorization"), ","))
+	if f.decisionsCode != codes.OK {
+		return nil, status.Error(f.decisionsCode, "not now")
+	}
+	f.batches = append(f.batches, b)
+	return &discoveryv1.DecisionBatchResponse{Accepted: uint32(len(b.GetRecords()))}, nil
+}
+
+// decisionState is what ReportDecisions saw so far.
+func (f *fakeDiscovery) decisionState() (batches []*discoveryv1.DecisionBatch, calls int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*discoveryv1.DecisionBatch(nil), f.batches...), f.decisionCalls
+}
+
+// refuseDecisions makes ReportDecisions answer code (codes.OK: take them).
+func (f *fakeDiscovery) refuseDecisions(code codes.Code) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.decisionsCode = code
+}
+
 // grpcNode serves a fakeDiscovery on a loopback port.
 type grpcNode struct {
 	addr string
 	srv  *grpc.Server
 }
 
-func serveDiscovery(t *testing.T, f *fakeDiscovery, addr string) *grpcNode {
+func serveDiscovery(t testing.TB, f *fakeDiscovery, addr string) *grpcNode {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -230,7 +266,7 @@ func serveDiscovery(t *testing.T, f *fakeDiscovery, addr string) *grpcNode {
 }
 
 // serveDiscoveryOn serves f on ln until the test ends.
-func serveDiscoveryOn(t *testing.T, f *fakeDiscovery, ln net.Listener) *grpcNode {
+func serveDiscoveryOn(t testing.TB, f *fakeDiscovery, ln net.Listener) *grpcNode {
 	t.Helper()
 	s := grpc.NewServer()
 	discoveryv1.RegisterPolicyDiscoveryServiceServer(s, f)

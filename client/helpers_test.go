@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	t.Helper()
 	level := slog.LevelInfo
 	if os.Getenv("POLICYD_TEST_DEBUG") != "" {
@@ -30,7 +30,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -77,7 +77,7 @@ type running struct {
 }
 
 // newClient builds a client with the recorder hooked in, without running it.
-func newClient(t *testing.T, cfg Config) (*Client, *recorder) {
+func newClient(t testing.TB, cfg Config) (*Client, *recorder) {
 	t.Helper()
 	rec := &recorder{}
 	cfg.OnStateChange = rec.onState
@@ -96,7 +96,7 @@ func newClient(t *testing.T, cfg Config) (*Client, *recorder) {
 }
 
 // start runs c until the test ends.
-func start(t *testing.T, c *Client, rec *recorder) *running {
+func start(t testing.TB, c *Client, rec *recorder) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Client: c, rec: rec, cancel: cancel, done: make(chan error, 1)}
@@ -115,7 +115,7 @@ func start(t *testing.T, c *Client, rec *recorder) *running {
 	return r
 }
 
-func runClient(t *testing.T, cfg Config) *running {
+func runClient(t testing.TB, cfg Config) *running {
 	t.Helper()
 	c, rec := newClient(t, cfg)
 	return start(t, c, rec)
@@ -134,7 +134,7 @@ func (r *running) wait(t *testing.T) error {
 	}
 }
 
-func (r *running) waitState(t *testing.T, want State) {
+func (r *running) waitState(t testing.TB, want State) {
 	t.Helper()
 	poll.Eventually(t, "state "+string(want), func() error {
 		if got := r.State(); got != want {

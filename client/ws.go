@@ -12,10 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 
+	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	feedv1 "github.com/policyd/policyd/api/feed/v1"
 )
 
@@ -27,11 +29,15 @@ type wsTransport struct {
 	c  *Client
 	tr *http.Transport
 	hc *http.Client
+	// takesDecisions is, by server, whether its last init said it takes
+	// decision_log frames: a resume that is answered with a replay, not an
+	// init, goes by it. Only Run's goroutine uses it.
+	takesDecisions map[string]bool
 }
 
 func newWSTransport(c *Client) *wsTransport {
 	tr := &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: c.cfg.TLS.Clone()}
-	return &wsTransport{c: c, tr: tr, hc: &http.Client{Transport: tr}}
+	return &wsTransport{c: c, tr: tr, hc: &http.Client{Transport: tr}, takesDecisions: map[string]bool{}}
 }
 
 // close releases idle HTTP connections (left by refused handshakes).
@@ -56,7 +62,7 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 		q.Set(feedv1.QueryEmployee, c.cfg.Employee)
 	}
 	// A server that predates the parameter ignores it (see capabilities).
-	q.Set(feedv1.QueryCapabilities, strings.Join(capabilities(), ","))
+	q.Set(feedv1.QueryCapabilities, strings.Join(c.capabilities(), ","))
 	resume := has && since > 0
 	if resume {
 		q.Set(feedv1.QuerySince, strconv.FormatUint(since, 10))
@@ -106,6 +112,34 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 		})
 	}()
 
+	// takes says whether this connection's server takes decision_log
+	// frames; an init says, and sets it.
+	var takes atomic.Bool
+	takes.Store(resume && w.takesDecisions[server])
+	if c.dlog != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A batch written is taken as delivered, as a shadow report is.
+			// The library serializes it with the pongs and reports written
+			// on the same connection.
+			c.shipLoop(sctx, takes.Load, func(ctx context.Context, records [][]byte, drops decisionsv1.Drops) (shipResult, error) {
+				raw := make([]json.RawMessage, len(records))
+				for i, r := range records {
+					raw[i] = r
+				}
+				b, err := json.Marshal(decisionsv1.Batch{Type: decisionsv1.TypeDecisionLog, Records: raw, Dropped: drops})
+				if err != nil {
+					return shipResult{}, err
+				}
+				if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+					return shipResult{}, err
+				}
+				return shipResult{accepted: uint64(len(records))}, nil
+			})
+		}()
+	}
+
 	if resume {
 		// The server replays what was missed, or sends init: the cached
 		// set is current enough to be in force.
@@ -142,6 +176,10 @@ func (w *wsTransport) session(ctx context.Context, server string) (synced bool, 
 			// A message we cannot read may be a change we would miss:
 			// reconnect, and the replay brings it again.
 			return synced, err
+		}
+		if m.Type == feedv1.TypeInit {
+			takes.Store(m.DecisionLog)
+			w.takesDecisions[server] = m.DecisionLog
 		}
 		done, err := w.handle(sctx, conn, &m, server)
 		if err != nil {

@@ -29,6 +29,7 @@ func authzCommand() *cobra.Command {
 		cfg                        authz.Config
 		maxConns                   int
 		costLimit                  uint64
+		dlf                        decisionLogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "authz",
@@ -46,6 +47,8 @@ those denials until SIGINT/SIGTERM. A non-loopback listen address needs
 --serve-cert-file, --serve-key-file and --serve-client-ca-file (mutual TLS).
 --probe-addr serves /healthz and /readyz alone, without TLS, on any address:
 they tell only whether the process runs and whether it is synced.
+--decision-log records decisions and ships them to the node; with
+--decision-log-dir they go through a disk ring fsynced every second.
 See docs/authz.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -59,6 +62,17 @@ See docs/authz.md.`,
 				return err
 			}
 			logger := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			var spool *decisionSpool
+			if ccfg.DecisionLog, spool, err = dlf.config(cmd.Flags(), logger); err != nil {
+				return err
+			}
+			if spool != nil {
+				defer func() {
+					if err := spool.close(); err != nil {
+						logger.Warn("decision log: closing the disk ring", "err", err)
+					}
+				}()
+			}
 			var srv *authz.Server
 			ccfg.OnStateChange = func(from, to client.State) {
 				logger.Info("state", "from", from, "to", to)
@@ -96,9 +110,19 @@ See docs/authz.md.`,
 			defer cancel()
 			runErr := make(chan error, 1)
 			go func() { runErr <- c.Run(ctx) }()
+			spilled := make(chan struct{})
+			if spool != nil {
+				go func() {
+					defer close(spilled)
+					spool.spillLoop(ctx, c)
+				}()
+			} else {
+				close(spilled)
+			}
 			serveErr := srv.Serve(ctx, ls, reg)
 			cancel()
 			err = <-runErr
+			<-spilled
 			if errors.Is(err, client.ErrRevoked) || errors.Is(err, context.Canceled) {
 				err = nil // revocation was served as denials until the signal
 			}
@@ -118,6 +142,7 @@ See docs/authz.md.`,
 	f.IntVar(&cfg.MaxInFlight, "max-in-flight", authz.DefaultMaxInFlight, "evaluations run at once; the rest wait until their deadline (then a 503 deny)")
 	f.IntVar(&maxConns, "max-conns", 256, "connections each listener accepts at once")
 	f.Uint64Var(&costLimit, "cel-cost-limit", client.DefaultCELCostLimit, "CEL cost budget of one expression; over it is a deny")
+	dlf.register(f)
 	return cmd
 }
 

@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/decisions"
+	"github.com/policyd/policyd/internal/loopback"
+	"github.com/policyd/policyd/internal/poll"
+	"github.com/policyd/policyd/internal/server/servertest"
+)
+
+// TestAuthzDecisionLogKill: `policyd authz --decision-log-dir` killed
+// with SIGKILL loses at most the decisions of its last spill interval
+// (one second): every decision answered before that is in the disk ring,
+// once, in order.
+func TestAuthzDecisionLogKill(t *testing.T) {
+	dir := t.TempDir()
+	ports, err := loopback.FreePorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := "http://" + loopback.Addr(ports[0])
+	startDaemonEnv(t, dir, []string{
+		"POLICYD_HTTP_ADDR=" + loopback.Addr(ports[0]), "POLICYD_GRPC_ADDR=" + loopback.Addr(ports[1]),
+		"POLICYD_RAFT_ADDR=" + loopback.Addr(ports[2]), "POLICYD_DATA_DIR=state", "POLICYD_NODE_ID=dlnode",
+	})
+	waitReady(t, admin)
+
+	spool := filepath.Join(dir, "spool")
+	httpAddr := loopback.Addr(ports[4])
+	cmd := exec.Command(policydBinary(t), "authz", "--servers", loopback.Addr(ports[1]), "--org", "acme",
+		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr,
+		"--decision-log", "--decision-log-allow-rate", "1", "--decision-log-dir", spool)
+	cmd.Env = servertest.CleanEnv()
+	logs := &servertest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if err := <-done; t.Failed() {
+			t.Logf("authz exited with %v, output:\n%s", err, logs)
+		}
+	})
+
+	hc := &http.Client{Timeout: 5 * time.Second}
+	base := "http://" + httpAddr
+	if poll.Until(context.Background(), 20*time.Second, poll.Holds(func() bool {
+		resp, err := hc.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})) != nil {
+		t.Fatal("authz /readyz never answered 200")
+	}
+
+	// Checks at about 250/s, within the SDK's rate cap (1,000/s), so that
+	// a record missing is one the kill lost, for three spill intervals.
+	const run, interval, slack = 3 * time.Second, time.Second, 500 * time.Millisecond
+	tick := time.NewTicker(4 * time.Millisecond)
+	defer tick.Stop()
+	var answered []time.Time // by check
+	for start := time.Now(); time.Since(start) < run; {
+		<-tick.C
+		body := fmt.Sprintf(`{"tool":"t%d","input":{"command":"ls"}}`, len(answered))
+		resp, err := hc.Post(base+"/v1/check", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"allowed":true`) {
+			t.Fatalf("check %d: %d %s", len(answered), resp.StatusCode, b)
+		}
+		answered = append(answered, time.Now())
+	}
+	killed := time.Now()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("a killed authz exited cleanly")
+	}
+	done <- nil // for the cleanup
+
+	st, err := decisions.Open(filepath.Join(spool, "ring"), decisions.Config{FlushInterval: -1}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var got []string
+	if err := st.Scan(time.Time{}, time.Time{}, func(r decisions.Record) bool {
+		var rec client.DecisionRecord
+		if err := json.Unmarshal(r.Data, &rec); err != nil {
+			t.Errorf("record %q: %v", r.Data, err)
+			return false
+		}
+		got = append(got, rec.Request.Tool)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The ring holds a prefix of the checks, in order.
+	for i, tool := range got {
+		if want := fmt.Sprintf("t%d", i); tool != want {
+			t.Fatalf("record %d is %s, want %s: the ring is not the checks in order", i, tool, want)
+		}
+	}
+	lost := answered[len(got):]
+	t.Logf("%d checks, %d records on disk, %d lost to the kill", len(answered), len(got), len(lost))
+	if len(lost) > 0 && killed.Sub(lost[0]) > interval+slack {
+		t.Errorf("check %d, answered %v before the kill, is lost: more than the last interval (%v)", len(got), killed.Sub(lost[0]), interval)
+	}
+	if len(got) == 0 {
+		t.Error("nothing on disk")
+	}
+}
