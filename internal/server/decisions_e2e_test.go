@@ -145,16 +145,17 @@ func TestDecisionLogE2E(t *testing.T) {
 	}
 	// Paging with the cursor sees each record once.
 	var paged []decisionsv1.Record
-	cursor := ""
+	query := "limit=64"
 	for range 20 {
-		p, err := get("limit=64&cursor=" + cursor)
+		p, err := get(query)
 		if err != nil {
 			t.Fatal(err)
 		}
 		paged = append(paged, p.Records...)
-		if cursor = p.Cursor; cursor == "" {
+		if p.Cursor == "" {
 			break
 		}
+		query = "limit=64&cursor=" + p.Cursor
 	}
 	if diff := cmp.Diff(page.Records, paged, cmpopts.EquateApproxTime(0)); diff != "" {
 		t.Errorf("paged by 64 (-one page +paged):\n%s", diff)
