@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,9 @@ import (
 // TestAuthzDecisionLogKill: `policyd authz --decision-log-dir` killed
 // with SIGKILL loses at most the decisions of its last spill interval
 // (one second): every decision answered before that is in the disk ring,
-// once, in order.
+// once, in order. Started again, it ships the rest of the ring; and the
+// node, killed with SIGKILL and its newest segment torn, still serves
+// every record after a restart.
 func TestAuthzDecisionLogKill(t *testing.T) {
 	dir := t.TempDir()
 	ports, err := loopback.FreePorts(5)
@@ -32,10 +36,11 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := "http://" + loopback.Addr(ports[0])
-	startDaemonEnv(t, dir, []string{
+	env := []string{
 		"POLICYD_HTTP_ADDR=" + loopback.Addr(ports[0]), "POLICYD_GRPC_ADDR=" + loopback.Addr(ports[1]),
 		"POLICYD_RAFT_ADDR=" + loopback.Addr(ports[2]), "POLICYD_DATA_DIR=state", "POLICYD_NODE_ID=dlnode",
-	})
+	}
+	node := startDaemonEnv(t, dir, env)
 	waitReady(t, admin)
 
 	spool := filepath.Join(dir, "spool")
@@ -147,7 +152,7 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = again.Process.Kill(); _ = again.Wait() })
 	var held map[string]int
-	err = poll.Until(context.Background(), 30*time.Second, func() error {
+	holdsRing := func() error {
 		resp, err := hc.Get(admin + "/v1/decisions?limit=1000")
 		if err != nil {
 			return err
@@ -167,8 +172,8 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 			}
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	if err := poll.Until(context.Background(), 30*time.Second, holdsRing); err != nil {
 		t.Fatalf("after the restart: %v", err)
 	}
 	dups := 0
@@ -176,4 +181,30 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 		dups += n - 1
 	}
 	t.Logf("the node holds every record of the ring; %d sent twice", dups)
+
+	// The node killed with SIGKILL, and its newest segment torn (half a
+	// record written at the end, as a crash mid-write leaves it): it starts
+	// again, cuts the torn tail off and still holds every record.
+	if err := again.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	node.kill(t)
+	segs, err := filepath.Glob(filepath.Join(dir, "state", "decisions", "*"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no decision segments under the node's data dir (%v)", err)
+	}
+	slices.Sort(segs)
+	f, err := os.OpenFile(segs[len(segs)-1], os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte{0, 0, 1, 0, 0xde, 0xad, 0xbe, 0xef, '{', '"'}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	startDaemonEnv(t, dir, env)
+	waitReady(t, admin)
+	if err := holdsRing(); err != nil {
+		t.Fatalf("after the node's kill -9 and a torn tail: %v", err)
+	}
 }
