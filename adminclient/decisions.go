@@ -15,6 +15,15 @@ import (
 // DecisionRecord is one logged decision (docs/decisions.md).
 type DecisionRecord = decisionsv1.Record
 
+// DecisionRequest is a logged request (DecisionRecord.Request).
+type DecisionRequest = decisionsv1.Request
+
+// ImpactCounts and ImpactTeam are an ImpactReport's parts.
+type (
+	ImpactCounts = decisionsv1.ImpactCounts
+	ImpactTeam   = decisionsv1.ImpactTeam
+)
+
 // DecisionPage is GET /v1/decisions: records newest first, the cursor of
 // the next (older) page, and the members whose records are missing.
 type DecisionPage = decisionsv1.Page

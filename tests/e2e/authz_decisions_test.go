@@ -207,4 +207,22 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 	if err := holdsRing(); err != nil {
 		t.Fatalf("after the node's kill -9 and a torn tail: %v", err)
 	}
+
+	// The CLI reads them, and replays a draft denying tool t0 over them.
+	out := cli(t, dir, "--server", admin, "decisions", "list", "--org", "acme", "--limit", "3")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) < 4 || !strings.Contains(lines[0], "RESULT") {
+		t.Errorf("decisions list:\n%s", out)
+	}
+	draft := `{"name":"acme.deny-t0","kind":"ToolPolicy","scope":{"org":"acme"},"spec":{"tool_name":"t0","action":"deny"}}`
+	out, err = cliInput(t, dir, draft, "--server", admin, "-o", "json", "policy", "impact", "-f", "-", "--since", "1h")
+	if err != nil {
+		t.Fatalf("policy impact: %v\n%s", err, out)
+	}
+	var rep decisionsv1.ImpactReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("policy impact -o json: %v\n%s", err, out)
+	}
+	if rep.Totals.AllowToDeny != uint64(held["t0"]) || rep.Totals.Evaluated < uint64(len(got)) {
+		t.Errorf("impact of denying t0: %+v, want %d allow→deny among at least %d", rep.Totals, held["t0"], len(got))
+	}
 }
