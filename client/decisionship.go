@@ -150,7 +150,7 @@ func (c *Client) flushDecisions(ctx context.Context, send shipFunc) error {
 	for ctx.Err() == nil {
 		var batch [][]byte
 		var drops decisionsv1.Drops
-		more := true
+		var more bool
 		if d.source != nil {
 			var err error
 			if batch, drops, err = d.peekSource(); err != nil {

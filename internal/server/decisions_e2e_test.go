@@ -119,7 +119,7 @@ func TestDecisionLogE2E(t *testing.T) {
 	}
 	want := map[from]int{
 		{c.nodes[1].ID(), "grpc", "acme", "blue", ""}: 100,
-		{c.nodes[2].ID(), "ws", "acme", "red", "e1"}:   100,
+		{c.nodes[2].ID(), "ws", "acme", "red", "e1"}:  100,
 	}
 	if diff := cmp.Diff(want, count); diff != "" {
 		t.Errorf("records by node, transport and identity (-want +got):\n%s", diff)
@@ -173,7 +173,7 @@ func TestDecisionLogE2E(t *testing.T) {
 			t.Fatal(err)
 		}
 		stored := 0
-		filepath.WalkDir(c.cfgs[i].DataDir, func(path string, d fs.DirEntry, err error) error {
+		err := filepath.WalkDir(c.cfgs[i].DataDir, func(path string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
 				return err
 			}
@@ -189,6 +189,9 @@ func TestDecisionLogE2E(t *testing.T) {
 			}
 			return nil
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if i > 0 && stored == 0 {
 			t.Errorf("%s stored no decision bytes", n.ID())
 		}

@@ -3,6 +3,7 @@ package adminapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -132,8 +133,8 @@ func decodeImpactRequest(body []byte, v *policy.Validator, now time.Time) (*clus
 // appendUnreported adds a validation error's fields that errs does not
 // already name.
 func appendUnreported(errs policy.ValidationError, err error) policy.ValidationError {
-	ve, ok := err.(policy.ValidationError)
-	if !ok {
+	var ve policy.ValidationError
+	if !errors.As(err, &ve) {
 		return append(errs, policy.FieldError{Field: "changes", Reason: err.Error()})
 	}
 	reported := map[string]bool{}

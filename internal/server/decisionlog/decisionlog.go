@@ -101,7 +101,7 @@ func New(cfg Config, logger *slog.Logger, nodeID string, reg prometheus.Register
 		}
 	}
 	if err := l.metrics(nodeID, reg); err != nil {
-		l.closeFiles()
+		_ = l.closeFiles() // the registration's error is the one to report
 		return nil, err
 	}
 	go l.pruneLoop()

@@ -251,7 +251,9 @@ func TestIngestKeepsHostileInputInert(t *testing.T) {
 		t.Fatalf("Ingest = %+v, %v", res, err)
 	}
 	var raw []byte
-	l.Scan(context.Background(), time.Time{}, func(d []byte) bool { raw = bytes.Clone(d); return true })
+	if err := l.Scan(context.Background(), time.Time{}, func(d []byte) bool { raw = bytes.Clone(d); return true }); err != nil {
+		t.Fatal(err)
+	}
 	if !json.Valid(raw) || !strings.Contains(string(raw), "12345678901234567890123") {
 		t.Errorf("stored %s: want valid JSON keeping the number as written", raw)
 	}
@@ -314,7 +316,9 @@ func TestLocalDecisionsFiltersAndPages(t *testing.T) {
 		}
 		for i, d := range resp.GetRecords() {
 			var r decisionsv1.Record
-			json.Unmarshal(d, &r)
+			if err := json.Unmarshal(d, &r); err != nil {
+				t.Fatal(err)
+			}
 			seen = append(seen, fmt.Sprint(r.Request.Input["i"]))
 			before = resp.GetKeys()[i]
 		}

@@ -22,7 +22,7 @@ func FuzzIngest(f *testing.F) {
 		if _, err := l.Ingest(batch(data)); err != nil {
 			return
 		}
-		l.Scan(context.Background(), time.Time{}, func(d []byte) bool {
+		_ = l.Scan(context.Background(), time.Time{}, func(d []byte) bool {
 			var r struct {
 				Employee   string    `json:"employee"`
 				Unrecorded *struct{} `json:"unrecorded"`

@@ -14,7 +14,8 @@ import (
 	"github.com/policyd/policyd/internal/policy"
 )
 
-// ErrInvalid: drop counts no sidecar could have, refused whole.
+// ErrInvalid is a batch with drop counts no sidecar could have, refused
+// whole.
 var ErrInvalid = errors.New("invalid decision batch")
 
 // maxDropCount bounds one batch's drop counts: a sidecar reports a
