@@ -14,14 +14,7 @@ import (
 // request reaches nothing behind the API. The admin token's name is the
 // actor its writes record.
 func TestAdminTokensGuardEveryRoute(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("read reader-token-0123456789 ci\nadmin admin-token-0123456789 ops\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.LoadAdminTokens(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := testTokens(t)
 	const (
 		reader = "Bearer reader-token-0123456789"
 		admin  = "Bearer admin-token-0123456789"
@@ -86,4 +79,19 @@ func TestAdminTokensGuardEveryRoute(t *testing.T) {
 	if w := serve(a, newRequest("DELETE", "/v1/policies/p4", "", nil)); w.Code != http.StatusOK {
 		t.Fatalf("a write after SetTokens(nil): %d %s", w.Code, w.Body)
 	}
+}
+
+// testTokens is a tokens file of a read token (reader-token-0123456789,
+// named ci) and an admin token (admin-token-0123456789, named ops).
+func testTokens(t *testing.T) *auth.AdminTokens {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("read reader-token-0123456789 ci\nadmin admin-token-0123456789 ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := auth.LoadAdminTokens(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokens
 }

@@ -2,24 +2,13 @@ package adminapi
 
 import (
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
-
-	"github.com/policyd/policyd/internal/auth"
 )
 
 // TestDecisionsMaskReadTokens: under decisions.mask_identities a read
 // token's page is masked and an admin token's is not; without it neither is.
 func TestDecisionsMaskReadTokens(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("read reader-token-0123456789 ci\nadmin admin-token-0123456789 ops\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := auth.LoadAdminTokens(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := testTokens(t)
 	for _, tc := range []struct {
 		name     string
 		token    string

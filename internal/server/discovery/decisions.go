@@ -24,14 +24,10 @@ func (s *Service) ReportDecisions(ctx context.Context, req *discoveryv1.Decision
 	if s.deps.Decisions == nil {
 		return nil, status.Error(codes.Unimplemented, "decision logs are not taken by this node (decisions.enabled is false)")
 	}
-	who, err := s.authenticate(ctx)
-	if err != nil {
-		return nil, statusOf(err)
-	}
 	addr := req.GetClientAddress()
-	st := s.streamOf(addr, who.employee)
-	if st == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "no discovery stream of client %.128q on this node", addr)
+	st, err := s.reporter(ctx, addr)
+	if err != nil {
+		return nil, err
 	}
 	d := req.GetDropped()
 	res, err := s.deps.Decisions.Ingest(decisionlog.Batch{

@@ -22,14 +22,10 @@ func (s *Service) ReportShadow(ctx context.Context, req *discoveryv1.ShadowRepor
 	if s.deps.Shadow == nil {
 		return nil, status.Error(codes.Unimplemented, "shadow reports are not taken by this node")
 	}
-	who, err := s.authenticate(ctx)
-	if err != nil {
-		return nil, statusOf(err)
-	}
 	addr := req.GetClientAddress()
-	st := s.streamOf(addr, who.employee)
-	if st == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "no discovery stream of client %.128q on this node", addr)
+	st, err := s.reporter(ctx, addr)
+	if err != nil {
+		return nil, err
 	}
 	id := st.currentScope()
 	set := s.setFor(st, id)
@@ -64,15 +60,20 @@ func (s *Service) ReportShadow(ctx context.Context, req *discoveryv1.ShadowRepor
 	return &discoveryv1.ShadowReportResponse{}, nil
 }
 
-// streamOf is the stream client addr holds on this node as employee, or
-// nil: a report is taken only from a sidecar this node serves.
-func (s *Service) streamOf(addr, employee string) *stream {
+// reporter authenticates a report's caller and finds the stream client
+// addr holds on this node as that employee: a report is taken only from a
+// sidecar this node serves (FailedPrecondition otherwise).
+func (s *Service) reporter(ctx context.Context, addr string) (*stream, error) {
+	who, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, statusOf(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for cand := range s.byAddr[addr] {
-		if cand.employee == employee {
-			return cand
+		if cand.employee == who.employee {
+			return cand, nil
 		}
 	}
-	return nil
+	return nil, status.Errorf(codes.FailedPrecondition, "no discovery stream of client %.128q on this node", addr)
 }
