@@ -65,6 +65,7 @@ func scenarios() []scenario {
 		rolloutScenario(),
 		shadowScenario(),
 		authzScenario(),
+		decisionsScenario(),
 		sourcesScenario(),
 		consoleScenario(),
 		impactScenario(),
