@@ -19,6 +19,8 @@ import (
 
 	decisionsv1 "github.com/policyd/policyd/api/decisions/v1"
 	"github.com/policyd/policyd/client"
+	"github.com/policyd/policyd/internal/authz"
+	"github.com/policyd/policyd/internal/policy"
 	"github.com/policyd/policyd/internal/poll"
 	"github.com/policyd/policyd/internal/server/servertest"
 )
@@ -255,5 +257,71 @@ func TestDecisionLogE2E(t *testing.T) {
 	}
 	if !slices.Equal(p.Unavailable, []string{c.cfgs[2].NodeID}) || nodes[c.nodes[1].ID()] != 100 {
 		t.Errorf("with %s down: unavailable %v, records by node %v; want it named and node 1's 100", c.cfgs[2].NodeID, p.Unavailable, nodes)
+	}
+}
+
+// TestAuthzDecisionLogJWT: a `policyd authz` sidecar (wired as the CLI
+// wires it) with the decision log on, in auth.mode jwt on a 3-node
+// cluster, answering real ext_authz CheckRequests: every decision reaches
+// GET /v1/decisions on another node under the identity the node took from
+// the sidecar's JWT, its verdict as Envoy got it, and no Authorization
+// header in what was kept.
+func TestAuthzDecisionLogJWT(t *testing.T) {
+	c := newCluster(t, 3, jwtMode(t))
+	a := apiFor(t, c.nodes[2])
+	a.put("/v1/employees/alice", []byte(`{"id":"alice","org":"acme","team":"red","status":"active"}`))
+	a.put("/v1/policies/acme.red.reads", validatingPolicy("acme.red.reads", policy.Scope{Org: "acme", Team: "red"},
+		validation{Expression: `request.method in ["GET", "HEAD"]`, Message: "reads only", Reason: "ReadOnly"}))
+	c.waitConverged()
+
+	all := 1.0
+	alice := startAuthz(t, client.Config{
+		Servers: []string{c.nodes[0].GRPCAddr()}, Token: signJWT(t, "alice", "acme", "red", time.Hour), ClientAddress: "authz-alice",
+		DecisionLog: &client.DecisionLog{AllowSampleRate: &all, FlushInterval: 100 * time.Millisecond},
+	}, authz.Config{}, nil)
+	auth := map[string]string{"authorization": "Bearer " + decisionSecret}
+	for i := range 20 {
+		req := envoyCheck("GET", fmt.Sprintf("/orders/%d", i), frontendID, auth)
+		want := allowed
+		if i%4 == 0 {
+			req = envoyCheck("POST", "/orders", frontendID, auth)
+			want = policyDenial("acme.red.reads", "reads only", "ReadOnly")
+		}
+		if got := alice.check(t, req); !cmp.Equal(want, got) {
+			t.Fatalf("check %d: %+v, want %+v", i, got, want)
+		}
+	}
+
+	a1 := apiFor(t, c.nodes[1])
+	var page decisionsv1.Page
+	poll.Eventually(t, "alice's 20 decisions, asked of another node", func() error {
+		r := a1.do(http.MethodGet, "/v1/decisions?employee=alice", nil, nil)
+		if r.status != http.StatusOK {
+			return fmt.Errorf("%d %s", r.status, r.body)
+		}
+		page = decisionsv1.Page{}
+		r.decode(t, &page)
+		if len(page.Records) != 20 {
+			return fmt.Errorf("%d records", len(page.Records))
+		}
+		return nil
+	}, poll.Within(20*time.Second))
+	denied := 0
+	for _, r := range page.Records {
+		if r.Org != "acme" || r.Team != "red" || r.Node != c.nodes[0].ID() || r.Transport != "grpc" || r.ClientAddress != "authz-alice" {
+			t.Errorf("record %+v: want alice's (acme/red) from node %s over grpc", r, c.nodes[0].ID())
+		}
+		if !r.Allowed {
+			denied++
+			if r.Policy != "acme.red.reads" || r.Request.HTTP["method"] != "POST" {
+				t.Errorf("denial %+v: want acme.red.reads on a POST", r)
+			}
+		}
+		if b, _ := json.Marshal(r); bytes.Contains(b, []byte(decisionSecret)) {
+			t.Errorf("record keeps the Authorization header: %s", b)
+		}
+	}
+	if denied != 5 {
+		t.Errorf("%d denials logged, want 5", denied)
 	}
 }
