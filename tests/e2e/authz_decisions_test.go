@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"github.com/policyd/policyd/internal/decisions"
 	"github.com/policyd/policyd/internal/loopback"
 	"github.com/policyd/policyd/internal/poll"
-	"github.com/policyd/policyd/internal/server/servertest"
 )
 
 // TestAuthzDecisionLogKill: `policyd authz --decision-log-dir` killed
@@ -45,23 +43,10 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 
 	spool := filepath.Join(dir, "spool")
 	httpAddr := loopback.Addr(ports[4])
-	cmd := exec.Command(policydBinary(t), "authz", "--servers", loopback.Addr(ports[1]), "--org", "acme",
+	authzArgs := []string{"--servers", loopback.Addr(ports[1]), "--org", "acme",
 		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr,
-		"--decision-log", "--decision-log-allow-rate", "1", "--decision-log-dir", spool)
-	cmd.Env = servertest.CleanEnv()
-	logs := &servertest.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if err := <-done; t.Failed() {
-			t.Logf("authz exited with %v, output:\n%s", err, logs)
-		}
-	})
+		"--decision-log", "--decision-log-allow-rate", "1", "--decision-log-dir", spool}
+	cmd, _, done := startAuthzProcess(t, authzArgs...)
 
 	hc := &http.Client{Timeout: 5 * time.Second}
 	base := "http://" + httpAddr
@@ -142,15 +127,7 @@ func TestAuthzDecisionLogKill(t *testing.T) {
 	// before the kill: the node holds every record on disk, at least once
 	// (a batch taken just before the kill, whose cursor was not yet
 	// written, goes again).
-	again := exec.Command(policydBinary(t), "authz", "--servers", loopback.Addr(ports[1]), "--org", "acme",
-		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr,
-		"--decision-log", "--decision-log-allow-rate", "1", "--decision-log-dir", spool)
-	again.Env = servertest.CleanEnv()
-	again.Stdout, again.Stderr = logs, logs
-	if err := again.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = again.Process.Kill(); _ = again.Wait() })
+	again, _, _ := startAuthzProcess(t, authzArgs...)
 	var held map[string]int
 	holdsRing := func() error {
 		resp, err := hc.Get(admin + "/v1/decisions?limit=1000")

@@ -72,23 +72,9 @@ func TestAuthzProcess(t *testing.T) {
 	srv := ca.WriteFiles(t, dir, "authz", "authz", "127.0.0.1")
 	caller := ca.WriteFiles(t, dir, "caller", "envoy")
 	httpAddr := loopback.Addr(ports[4])
-	cmd := exec.Command(policydBinary(t), "authz", "--servers", loopback.Addr(ports[1]), "--org", "acme",
+	cmd, _, done := startAuthzProcess(t, "--servers", loopback.Addr(ports[1]), "--org", "acme",
 		"--grpc-addr", loopback.Addr(ports[3]), "--http-addr", httpAddr, "--probe-addr", loopback.Addr(ports[5]),
 		"--serve-cert-file", srv.Cert, "--serve-key-file", srv.Key, "--serve-client-ca-file", srv.CA)
-	cmd.Env = servertest.CleanEnv()
-	logs := &servertest.LogBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		if err := <-done; t.Failed() {
-			t.Logf("authz exited with %v, output:\n%s", err, logs)
-		}
-	})
 
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.PEM)
@@ -162,4 +148,27 @@ func TestAuthzProcess(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("authz did not exit after SIGTERM")
 	}
+}
+
+// startAuthzProcess runs `policyd authz args...` until the test ends, with
+// its output logged if the test fails. done receives Wait's error; a test
+// that takes it puts a value back for the cleanup.
+func startAuthzProcess(t *testing.T, args ...string) (cmd *exec.Cmd, logs *servertest.LogBuffer, done chan error) {
+	t.Helper()
+	cmd = exec.Command(policydBinary(t), append([]string{"authz"}, args...)...)
+	cmd.Env = servertest.CleanEnv()
+	logs = &servertest.LogBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if err := <-done; t.Failed() {
+			t.Logf("authz exited with %v, output:\n%s", err, logs)
+		}
+	})
+	return cmd, logs, done
 }
