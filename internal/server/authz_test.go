@@ -86,7 +86,10 @@ var authzSamples = map[string]authzSample{
 
 	"POST /v1/rollouts": {path: "/v1/rollouts", want: 201,
 		body: `{"changes":[{"op":"put","policy":` + string(toolPolicy("authz-rollout", "acme", "x")) + `}],"stages":[{"percent":100,"bake":"1h"}]}`},
-	"GET /v1/rollouts":      {path: "/v1/rollouts?state=all", want: 200},
+	"GET /v1/rollouts":  {path: "/v1/rollouts?state=all", want: 200},
+	"GET /v1/decisions": {path: "/v1/decisions?limit=10", want: 200},
+	"POST /v1/impact": {path: "/v1/impact", want: 200,
+		body: `{"changes":[{"op":"put","policy":` + string(toolPolicy("authz-impact", "acme", "x")) + `}]}`},
 	"GET /v1/rollouts/{id}": {path: "/v1/rollouts/r0", want: 404},
 	// No such rollout: a 404 proves the role check passed.
 	"POST /v1/rollouts/{id}/pause":   {path: "/v1/rollouts/r0/pause", want: 404, noBody: true},

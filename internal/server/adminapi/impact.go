@@ -50,11 +50,12 @@ type ImpactRequest struct {
 }
 
 func (a *API) routeImpact() {
-	a.route("POST /v1/impact", auth.RoleRead, a.postImpact)
+	a.route("POST /v1/impact", auth.RoleAdmin, a.postImpact)
 }
 
-// postImpact is POST /v1/impact. It writes nothing, so a read token may
-// ask; the node runs one replay at a time (503 to the next meanwhile).
+// postImpact is POST /v1/impact. It writes nothing but costs minutes of
+// CPU on every node, so it takes the admin role, as every POST does; the
+// node runs one replay at a time (503 to the next meanwhile).
 func (a *API) postImpact(w http.ResponseWriter, r *http.Request) error {
 	body, err := readBody(r)
 	if err != nil {
