@@ -100,9 +100,12 @@ func (l *Log) Ingest(b Batch) (Result, error) {
 	}
 	res.Accepted = kept
 	l.received.WithLabelValues(b.Transport).Add(float64(kept))
-	for reason, v := range map[string]uint64{"sdk_buffer_full": d.BufferFull, "sdk_rate_limited": d.RateLimited, "sdk_mask_failed": d.MaskFailed} {
-		if v > 0 {
-			l.dropped.WithLabelValues(reason).Add(float64(v))
+	for _, sdk := range [...]struct {
+		reason string
+		n      uint64
+	}{{"sdk_buffer_full", d.BufferFull}, {"sdk_rate_limited", d.RateLimited}, {"sdk_mask_failed", d.MaskFailed}} {
+		if sdk.n > 0 {
+			l.dropped.WithLabelValues(sdk.reason).Add(float64(sdk.n))
 		}
 	}
 	return res, nil
